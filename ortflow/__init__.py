@@ -1,0 +1,39 @@
+"""ortflow: train ONNX graphs with onnxruntime-training."""
+
+from .base import BaseTrainer
+from .callbacks import Callback, Checkpoint, EarlyStopping, ProgressBar
+from .convert import to_onnx
+from .exceptions import (
+    ConvergenceError,
+    DeviceError,
+    NotDifferentiableError,
+    OrtflowError,
+    UnsafePathError,
+    UnsupportedModelError,
+)
+from .full import OrtGradientOptimizer
+from .graph import get_initializers, load_model, replace_initializers, trainable_initializers
+from .loss import add_loss_output
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BaseTrainer",
+    "Callback",
+    "Checkpoint",
+    "ConvergenceError",
+    "DeviceError",
+    "EarlyStopping",
+    "NotDifferentiableError",
+    "OrtGradientOptimizer",
+    "OrtflowError",
+    "ProgressBar",
+    "UnsafePathError",
+    "UnsupportedModelError",
+    "add_loss_output",
+    "get_initializers",
+    "load_model",
+    "replace_initializers",
+    "to_onnx",
+    "trainable_initializers",
+]

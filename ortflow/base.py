@@ -1,0 +1,364 @@
+"""``BaseTrainer``: the scikit-learn estimator and epoch loop shared by both training modes.
+
+A subclass owns the onnxruntime side and implements the hooks below; the base class validates inputs, splits a
+validation set, shuffles, runs epochs and callbacks, detects divergence, checkpoints and predicts.
+
+Hooks a subclass implements:
+
+- ``_graph_spec(model) -> GraphSpec``: the feeds and outputs of ``model`` (already loaded and checked).
+- ``_build_runtime(model, spec)``: create the sessions for a fresh fit.
+- ``_train_epoch(data, order, learning_rate) -> np.ndarray``: one epoch over ``self._batches``, returning the
+  loss of every batch (it stops early at a non-finite loss; the base reports it).
+- ``_validation_loss(data) -> float``.
+- ``_epoch_learning_rate(samples_seen) -> float | None``: the rate used for the coming epoch (for the record).
+- ``get_state()``, ``_set_weights(state)``.
+- ``_prediction_graph() -> onnx.ModelProto``: the prediction graph, weights not yet replaced.
+- ``_graphs() -> dict[str, onnx.ModelProto | str]``: every graph the trainer uses, for ``save_onnx_graph``.
+- ``_save_runtime_state(folder)`` / ``_load_runtime_state(folder)``: weights and optimizer state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from sklearn.base import BaseEstimator
+from sklearn.utils import check_random_state
+
+from . import graph as g
+from ._ort import InferenceSession, SessionOptions
+from .callbacks import Callback, EarlyStopping, ProgressBar
+from .exceptions import ConvergenceError
+from .validation import check_device, check_fit_data, check_positive_int, check_X
+
+CHECKPOINT_META = "trainer.json"
+
+
+@dataclass
+class GraphSpec:
+    """What a trainer feeds and reads: input, label, weight and prediction outputs."""
+
+    x_name: str
+    n_features: int | None
+    label_shape: list = field(default_factory=lambda: [None])
+    weight_name: str | None = None
+    prediction_outputs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TrainData:
+    """Validated float32 arrays, converted once per fit and sliced per batch."""
+
+    X: np.ndarray
+    y: np.ndarray
+    weight: np.ndarray | None = None
+
+    @property
+    def n_samples(self) -> int:
+        return len(self.X)
+
+    def take(self, index) -> TrainData:
+        w = None if self.weight is None else self.weight[index]
+        return TrainData(self.X[index], self.y[index], w)
+
+
+class BaseTrainer(BaseEstimator):
+    """Shared estimator surface. Subclasses define ``__init__`` (storing parameters untouched) and the hooks."""
+
+    # --- fitting -------------------------------------------------------------------------------------------
+    def fit(self, X, y, sample_weight=None, validation_data=None, resume_from=None):
+        """Train on (X, y); ``validation_data=(X_val, y_val)`` or ``validation_fraction`` adds validation losses.
+
+        ``resume_from`` names a folder written by :meth:`save_checkpoint`: training continues after its last
+        epoch with its weights, optimizer state and random state, up to ``max_iter`` epochs in all.
+        """
+        model = g.load_model(self.model_onnx)
+        g.check_loadable(model)
+        check_device(self.device)
+        spec = self._graph_spec(model)
+        data, val = self._prepare_data(spec, X, y, sample_weight, validation_data)
+        max_iter = check_positive_int("max_iter", self.max_iter)
+        check_positive_int("batch_size", self.batch_size, data.n_samples, "the number of training samples")
+        rng = check_random_state(self.random_state)
+        if val is None and getattr(self, "validation_fraction", None):
+            data, val = self._split_validation(data, rng)
+
+        warm = self.warm_start and hasattr(self, "history_") and resume_from is None
+        if not warm:
+            self._spec = spec
+            self._model = model
+            self._build_runtime(model, spec)
+            self.history_ = []
+        self.n_features_in_ = spec.n_features
+        self._predict_sess = None
+        if resume_from is not None:
+            rng = self._restore_checkpoint(resume_from, rng)
+        if warm:
+            max_iter += len(self.history_)
+
+        self.stop_training_ = False
+        self.diverged_ = False
+        callbacks = self._callbacks()
+        for cb in callbacks:
+            cb.on_train_begin(self)
+        last_good = self.get_state() if not self.exc else None
+        try:
+            for epoch in range(len(self.history_), max_iter):
+                begin = time.perf_counter()
+                order = rng.permutation(data.n_samples) if self.shuffle else None
+                learning_rate = self._epoch_learning_rate(epoch * data.n_samples)
+                losses = self._train_epoch(data, order, learning_rate)
+                sizes = self._batch_sizes(data.n_samples)[: len(losses)]
+                if len(losses) < len(sizes) or not np.isfinite(losses).all():
+                    self._diverged(epoch, losses, learning_rate, last_good)
+                    break
+                record = {
+                    "epoch": epoch + 1,
+                    "train_loss": float(np.dot(losses, sizes) / sizes.sum()),
+                    "validation_loss": None,
+                    "learning_rate": learning_rate,
+                    "time": None,
+                }
+                if val is not None and (epoch + 1) % self.validation_every == 0:
+                    record["validation_loss"] = float(self._validation_loss(val))
+                record["time"] = time.perf_counter() - begin
+                self._append(record)
+                self._rng_state = rng.get_state()
+                if last_good is not None:
+                    last_good = self.get_state()
+                for cb in callbacks:
+                    cb.on_epoch_end(self, record)
+                if self.stop_training_:
+                    break
+        finally:
+            for cb in callbacks:
+                cb.on_train_end(self)
+        return self
+
+    def _prepare_data(self, spec, X, y, sample_weight, validation_data):
+        X, y, w = check_fit_data(X, y, sample_weight, spec.n_features, spec.label_shape)
+        if w is not None and spec.weight_name is None:
+            raise ValueError(
+                "sample_weight was given but the graph has no weight input: add one "
+                "(add_loss_output(..., weight_name='weight')) or set the trainer's weight input name"
+            )
+        if spec.weight_name is not None and w is None:
+            w = np.ones(len(X), dtype=np.float32)
+        val = None
+        if validation_data is not None:
+            if len(validation_data) != 2:
+                raise ValueError("validation_data must be a pair (X_val, y_val)")
+            Xv, yv, _ = check_fit_data(*validation_data, None, spec.n_features, spec.label_shape)
+            wv = None if spec.weight_name is None else np.ones(len(Xv), dtype=np.float32)
+            val = TrainData(Xv, yv, wv)
+        return TrainData(X, y, w), val
+
+    def _split_validation(self, data: TrainData, rng) -> tuple[TrainData, TrainData]:
+        fraction = float(self.validation_fraction)
+        if not 0.0 < fraction < 1.0:
+            raise ValueError(f"validation_fraction={self.validation_fraction!r} must be in (0, 1)")
+        n_val = int(round(fraction * data.n_samples))
+        if n_val < 1 or data.n_samples - n_val < self.batch_size:
+            raise ValueError(
+                f"validation_fraction={fraction} of {data.n_samples} samples leaves too few samples "
+                f"(validation {n_val}, training {data.n_samples - n_val}, batch_size {self.batch_size})"
+            )
+        perm = rng.permutation(data.n_samples)
+        train, val = data.take(np.sort(perm[n_val:])), data.take(np.sort(perm[:n_val]))
+        if val.weight is not None:
+            val.weight = np.ones(len(val.X), dtype=np.float32)
+        return train, val
+
+    def _callbacks(self) -> list[Callback]:
+        callbacks = list(self.callbacks or [])
+        if getattr(self, "early_stopping", False):
+            callbacks.append(EarlyStopping(patience=self.n_iter_no_change, tol=self.tol))
+        if self.verbose:
+            callbacks.append(ProgressBar())
+        for cb in callbacks:
+            if not isinstance(cb, Callback):
+                raise TypeError(f"callbacks holds {cb!r}, which is not an ortflow.callbacks.Callback")
+        return callbacks
+
+    def _batches(self, n_samples: int, order: np.ndarray | None):
+        """Yield row selections of each batch: a slice (a view, no copy) or the shuffled indices."""
+        bs = self.batch_size
+        for start in range(0, n_samples, bs):
+            yield slice(start, start + bs) if order is None else order[start : start + bs]
+
+    def _batch_sizes(self, n_samples: int) -> np.ndarray:
+        sizes = np.full((n_samples + self.batch_size - 1) // self.batch_size, self.batch_size, dtype=np.float64)
+        sizes[-1] = n_samples - self.batch_size * (len(sizes) - 1)
+        return sizes
+
+    def _append(self, record: dict) -> None:
+        self.history_.append(record)
+        self.train_losses_ = [r["train_loss"] for r in self.history_]
+        self.validation_losses_ = [r["validation_loss"] for r in self.history_ if r["validation_loss"] is not None]
+        self.n_iter_ = len(self.history_)
+
+    def _diverged(self, epoch: int, losses: np.ndarray, learning_rate, last_good) -> None:
+        bad = [i for i, v in enumerate(losses) if not np.isfinite(v)]
+        batch = bad[0] if bad else len(losses)
+        value = losses[batch] if bad else float("nan")
+        message = (
+            f"training loss is {value} at epoch {epoch + 1}, batch {batch + 1} (learning_rate={learning_rate}): "
+            "the model diverged; lower the learning rate or scale the data"
+        )
+        self.diverged_ = True
+        if self.exc:
+            raise ConvergenceError(message, epoch=epoch + 1, batch=batch + 1)
+        warnings.warn(message + "; the weights of the last finite epoch are kept", RuntimeWarning, stacklevel=3)
+        self.set_state(last_good)
+        self.stop_training_ = True
+
+    # --- state ---------------------------------------------------------------------------------------------
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        """Set the trained weights from a dict name -> array (as returned by :meth:`get_state`)."""
+        self._check_fitted()
+        unknown = sorted(set(state) - set(self.weights_to_train_))
+        if unknown:
+            raise KeyError(f"set_state: {unknown} are not trained weights; trained: {self.weights_to_train_}")
+        self._set_weights({k: np.asarray(v, dtype=np.float32) for k, v in state.items()})
+        self._predict_sess = None
+
+    def get_trained_onnx(self) -> onnx.ModelProto:
+        """The prediction graph with the trained weights, loadable by a plain InferenceSession."""
+        self._check_fitted()
+        return g.replace_initializers(self._prediction_graph(), self.get_state())
+
+    def save_onnx_graph(self, folder: str | os.PathLike) -> dict[str, str]:
+        """Write every graph the trainer uses (and the trained model) into ``folder``; return name -> path."""
+        self._check_fitted()
+        os.makedirs(folder, exist_ok=True)
+        graphs = dict(self._graphs())
+        graphs["trained_model"] = self.get_trained_onnx()
+        paths = {}
+        for name, proto in graphs.items():
+            path = g.safe_join(folder, f"{name}.onnx")
+            if isinstance(proto, (str, os.PathLike)):
+                shutil.copyfile(proto, path)
+            else:
+                onnx.save(proto, str(path))
+            paths[name] = str(path)
+        return paths
+
+    # --- checkpoints ---------------------------------------------------------------------------------------
+    def save_checkpoint(self, folder: str | os.PathLike) -> str:
+        """Write weights, optimizer state, history and random state to ``folder`` (replaced atomically)."""
+        self._check_fitted()
+        folder = Path(folder)
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self._save_runtime_state(str(tmp))
+        rng_state = getattr(self, "_rng_state", None)
+        meta = {
+            "trainer": type(self).__name__,
+            "epoch": len(self.history_),
+            "history": self.history_,
+            "rng_state": None if rng_state is None else [rng_state[0], rng_state[1].tolist(), *rng_state[2:]],
+        }
+        (tmp / CHECKPOINT_META).write_text(json.dumps(meta))
+        old = folder.with_name(folder.name + ".old")
+        if folder.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            folder.rename(old)
+        tmp.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
+        return str(folder)
+
+    def _restore_checkpoint(self, folder, rng):
+        path = Path(folder) / CHECKPOINT_META
+        if not path.is_file():
+            raise FileNotFoundError(f"resume_from={str(folder)!r} holds no ortflow checkpoint ({CHECKPOINT_META})")
+        meta = json.loads(path.read_text())
+        if meta["trainer"] != type(self).__name__:
+            raise ValueError(f"resume_from={str(folder)!r} was written by {meta['trainer']}, not {type(self).__name__}")
+        self._load_runtime_state(str(folder))
+        self.history_ = []
+        for record in meta["history"]:
+            self._append(record)
+        if meta["rng_state"] is not None:
+            name, keys, *rest = meta["rng_state"]
+            rng.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
+        return rng
+
+    # --- prediction ----------------------------------------------------------------------------------------
+    def predict(self, X) -> np.ndarray:
+        """Labels for a classifier graph, else the first output (raveled when it has one column)."""
+        outputs = self._run_prediction(X)
+        name = "output_label" if "output_label" in outputs else next(iter(outputs))
+        pred = outputs[name]
+        return pred.ravel() if pred.ndim == 2 and pred.shape[1] == 1 else pred
+
+    def predict_proba(self, X) -> np.ndarray:
+        """Class probabilities (classifier graphs with an ``output_probability`` output)."""
+        outputs = self._run_prediction(X)
+        if "output_probability" not in outputs:
+            raise AttributeError("predict_proba: the graph has no 'output_probability' output (not a classifier)")
+        return outputs["output_probability"]
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """Accuracy for a classifier graph, R² otherwise."""
+        from sklearn.metrics import accuracy_score, r2_score
+
+        pred = self.predict(X)
+        if self._is_classifier():
+            return float(accuracy_score(np.asarray(y).ravel(), pred, sample_weight=sample_weight))
+        y = np.asarray(y)
+        return float(r2_score(y.reshape(pred.shape), pred, sample_weight=sample_weight))
+
+    def _is_classifier(self) -> bool:
+        self._check_fitted()
+        return "output_label" in self._spec.prediction_outputs
+
+    def _run_prediction(self, X) -> dict[str, np.ndarray]:
+        self._check_fitted()
+        X = check_X(X, self.n_features_in_)
+        if self._predict_sess is None:
+            self._predict_sess = InferenceSession(
+                self.get_trained_onnx().SerializeToString(), self._session_options(), providers=self._providers()
+            )
+        names = self._spec.prediction_outputs
+        return dict(zip(names, self._predict_sess.run(names, {self._spec.x_name: X})))
+
+    # --- helpers for subclasses ----------------------------------------------------------------------------
+    def _providers(self) -> list[str]:
+        return check_device(self.device)[1]
+
+    def _session_options(self) -> SessionOptions:
+        options = SessionOptions()
+        n_threads = getattr(self, "n_threads", None)
+        if n_threads:
+            options.intra_op_num_threads = int(n_threads)
+        return options
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "history_"):
+            from sklearn.exceptions import NotFittedError
+
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet: call fit first")
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        if hasattr(self, "history_"):
+            state["_pickled_weights"] = self.get_state()
+        for key in [k for k in state if k.startswith("_rt_")] + ["_predict_sess"]:
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state):
+        weights = state.pop("_pickled_weights", None)
+        self.__dict__.update(state)
+        self._predict_sess = None
+        if weights is not None:
+            self._build_runtime(self._model, self._spec)
+            self._set_weights(weights)

@@ -1,0 +1,110 @@
+"""Small objects that extend a trainer's epoch loop (skorch-style callbacks).
+
+A callback receives the trainer and, after each epoch, that epoch's record: a dict with ``epoch`` (1-based),
+``train_loss``, ``validation_loss`` (None when not measured), ``learning_rate`` and ``time`` (seconds).
+Setting ``trainer.stop_training_ = True`` ends training after the current epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+
+class Callback:
+    """Base class: override the hooks you need."""
+
+    def on_train_begin(self, trainer: Any) -> None:
+        """Called once before the first epoch (and after a checkpoint was restored)."""
+
+    def on_epoch_end(self, trainer: Any, record: dict) -> None:
+        """Called after every epoch with its record."""
+
+    def on_train_end(self, trainer: Any) -> None:
+        """Called once after the last epoch, also when training stopped early or diverged."""
+
+
+class EarlyStopping(Callback):
+    """Stop when ``monitor`` has not improved by ``tol`` for ``patience`` epochs; restore the best weights."""
+
+    def __init__(self, monitor: str = "validation_loss", patience: int = 10, tol: float = 1e-4,
+                 restore_best: bool = True):
+        self.monitor = monitor
+        self.patience = patience
+        self.tol = tol
+        self.restore_best = restore_best
+
+    def on_train_begin(self, trainer: Any) -> None:
+        self.best_ = math.inf
+        self.best_epoch_ = 0
+        self.best_state_ = None
+        self._stale = 0
+
+    def on_epoch_end(self, trainer: Any, record: dict) -> None:
+        value = record.get(self.monitor)
+        if value is None:
+            if self.monitor == "validation_loss":
+                value = record["train_loss"]
+            else:
+                raise KeyError(f"EarlyStopping monitors {self.monitor!r}, which the epoch record does not have")
+        if value < self.best_ - self.tol:
+            self.best_, self.best_epoch_, self._stale = value, record["epoch"], 0
+            if self.restore_best:
+                self.best_state_ = trainer.get_state()
+        else:
+            self._stale += 1
+            if self._stale >= self.patience:
+                trainer.stop_training_ = True
+
+    def on_train_end(self, trainer: Any) -> None:
+        if self.restore_best and self.best_state_ is not None and trainer.stop_training_:
+            trainer.set_state(self.best_state_)
+
+
+class Checkpoint(Callback):
+    """Write ``trainer.save_checkpoint(folder)`` every ``every`` epochs (and after the last one)."""
+
+    def __init__(self, folder: str | Path, every: int = 1):
+        self.folder = folder
+        self.every = every
+
+    def on_epoch_end(self, trainer: Any, record: dict) -> None:
+        if record["epoch"] % self.every == 0:
+            trainer.save_checkpoint(self.folder)
+
+    def on_train_end(self, trainer: Any) -> None:
+        if not getattr(trainer, "diverged_", False):
+            trainer.save_checkpoint(self.folder)
+
+
+class ProgressBar(Callback):
+    """A tqdm bar over epochs showing the losses (a plain line per epoch when tqdm is missing)."""
+
+    def __init__(self, stream=None):
+        self.stream = stream
+
+    def on_train_begin(self, trainer: Any) -> None:
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:  # pragma: no cover - tqdm is optional
+            self._bar = None
+            return
+        done = len(getattr(trainer, "history_", []))
+        self._bar = tqdm(total=trainer.max_iter, initial=done, unit="epoch", file=self.stream or sys.stderr,
+                         desc=type(trainer).__name__)
+
+    def on_epoch_end(self, trainer: Any, record: dict) -> None:
+        text = {"loss": f"{record['train_loss']:.4g}"}
+        if record.get("validation_loss") is not None:
+            text["val"] = f"{record['validation_loss']:.4g}"
+        if self._bar is None:
+            print(f"epoch {record['epoch']}: {text}", file=self.stream or sys.stderr)
+        else:
+            self._bar.set_postfix(text, refresh=False)
+            self._bar.update(1)
+
+    def on_train_end(self, trainer: Any) -> None:
+        if self._bar is not None:
+            self._bar.close()

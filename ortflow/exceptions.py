@@ -1,0 +1,47 @@
+"""Errors raised by ortflow; each message names the argument and the offending value."""
+
+from __future__ import annotations
+
+import re
+
+
+class OrtflowError(Exception):
+    """Base class of ortflow's errors."""
+
+
+class ConvergenceError(OrtflowError, ArithmeticError):
+    """The training loss became NaN or infinite."""
+
+    def __init__(self, message: str, epoch: int | None = None, batch: int | None = None):
+        super().__init__(message)
+        self.epoch = epoch
+        self.batch = batch
+
+
+class UnsupportedModelError(OrtflowError, ValueError):
+    """The ONNX graph cannot be loaded or trained by this onnxruntime."""
+
+
+class NotDifferentiableError(UnsupportedModelError):
+    """A node between the loss and a trained weight has no gradient."""
+
+
+class DeviceError(OrtflowError, ValueError):
+    """The requested device is not available."""
+
+
+class UnsafePathError(OrtflowError, ValueError):
+    """A path built from user input or read from a file escapes its folder."""
+
+
+def explain_gradient_failure(exc: Exception) -> UnsupportedModelError:
+    """Turn onnxruntime's gradient-builder error into one that names the node and op without gradient."""
+    text = str(exc)
+    match = re.search(r"has not been registered: (\S+) for node (\S*)", text)
+    if match:
+        op, node = match.groups()
+        return NotDifferentiableError(
+            f"node {node!r} (op {op}) has no gradient in onnxruntime but lies between the loss and a trained "
+            "weight: replace it, or leave the weights before it out of weights_to_train"
+        )
+    return UnsupportedModelError(f"onnxruntime could not build the gradient graph: {text.strip()}")

@@ -1,0 +1,127 @@
+"""Checks shared by the trainers: data, batch size, weights to train, device. Errors name the argument."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from numbers import Integral, Real
+
+import numpy as np
+import onnx
+
+from ._ort import ort
+from .exceptions import DeviceError
+from .graph import FLOAT_TYPES
+
+
+def check_array(name: str, value, ndim: Sequence[int], n_rows: int | None = None) -> np.ndarray:
+    """``value`` as a C-contiguous float32 array (copied only when needed), with finite values."""
+    if value is None:
+        raise ValueError(f"{name} is None")
+    array = np.asarray(value)
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{name} has dtype {array.dtype}; a numeric (float) array is expected")
+    if array.ndim not in ndim:
+        raise ValueError(f"{name} has shape {array.shape}; expected {' or '.join(f'{d}-D' for d in ndim)}")
+    if array.shape[0] == 0:
+        raise ValueError(f"{name} is empty (shape {array.shape}): at least one sample is needed")
+    if n_rows is not None and array.shape[0] != n_rows:
+        raise ValueError(f"{name} has {array.shape[0]} rows but X has {n_rows}")
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    if not np.isfinite(array).all():
+        bad = np.argwhere(~np.isfinite(array))[0]
+        raise ValueError(f"{name} holds NaN or infinite values (first at index {tuple(int(i) for i in bad)})")
+    return array
+
+
+def check_X(X, n_features: int | None) -> np.ndarray:
+    X = check_array("X", X, ndim=(2,))
+    if n_features is not None and X.shape[1] != n_features:
+        raise ValueError(f"X has {X.shape[1]} features but the model expects {n_features}")
+    return X
+
+
+def check_fit_data(X, y, sample_weight, n_features: int | None, label_shape: Sequence) -> tuple:
+    """Validated (X, y, sample_weight) with y shaped like the graph's label input."""
+    X = check_X(X, n_features)
+    y = check_array("y", y, ndim=(1, 2), n_rows=X.shape[0])
+    if len(label_shape) == 2:
+        width = label_shape[1] if isinstance(label_shape[1], int) and label_shape[1] > 0 else None
+        y = y.reshape(len(y), -1)
+        if width is not None and y.shape[1] != width:
+            raise ValueError(f"y has shape {y.shape}; the model predicts {width} column(s)")
+    elif y.ndim != 1:
+        if y.shape[1] != 1:
+            raise ValueError(f"y has shape {y.shape}; the model predicts one value per sample")
+        y = y.ravel()
+    if sample_weight is not None:
+        sample_weight = check_array("sample_weight", sample_weight, ndim=(1,), n_rows=X.shape[0])
+        if (sample_weight < 0).any():
+            raise ValueError("sample_weight has negative values")
+    return X, y, sample_weight
+
+
+def check_positive_int(name: str, value, upper: int | None = None, upper_name: str = "") -> int:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer")
+    if upper is not None and value > upper:
+        raise ValueError(f"{name}={value} is larger than {upper_name} ({upper})")
+    return int(value)
+
+
+def check_positive_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not np.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value!r} must be a positive finite number")
+    return float(value)
+
+
+def check_choice(name: str, value, choices: Sequence[str]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {list(choices)}")
+    return value
+
+
+def check_weights_to_train(model: onnx.ModelProto, weights_to_train) -> list[str]:
+    """The float initializers to train (all of them when ``weights_to_train`` is None)."""
+    kinds = {init.name: init.data_type for init in model.graph.initializer}
+    if weights_to_train is None:
+        names = [n for n, t in kinds.items() if t in FLOAT_TYPES]
+        if not names:
+            raise ValueError("the graph has no float initializer to train")
+        return names
+    if isinstance(weights_to_train, str):
+        raise TypeError(f"weights_to_train={weights_to_train!r} must be a list of names, not a string")
+    names = list(weights_to_train)
+    if not names:
+        raise ValueError("weights_to_train is empty")
+    unknown = [n for n in names if n not in kinds]
+    if unknown:
+        raise ValueError(f"weights_to_train names unknown initializers {unknown}; the graph has {sorted(kinds)}")
+    not_float = [n for n in names if kinds[n] not in FLOAT_TYPES]
+    if not_float:
+        types = {n: onnx.TensorProto.DataType.Name(kinds[n]) for n in not_float}
+        raise ValueError(f"weights_to_train names non-float initializers {types}: only float weights can be trained")
+    return names
+
+
+def check_device(device: str) -> tuple[str, list[str]]:
+    """(device kind 'cpu'/'cuda', onnxruntime providers) for ``device`` ('cpu', 'cuda' or 'cuda:N')."""
+    if not isinstance(device, str):
+        raise DeviceError(f"device={device!r} must be a string such as 'cpu' or 'cuda'")
+    kind, _, index = device.partition(":")
+    if kind == "cpu" and not index:
+        return "cpu", ["CPUExecutionProvider"]
+    if kind == "cuda" and (not index or index.isdigit()):
+        available = ort.get_available_providers()
+        if "CUDAExecutionProvider" not in available:
+            raise DeviceError(
+                f"device={device!r} but this onnxruntime build has no CUDA provider (available: {available}); "
+                "install the CUDA build (pip install 'ortflow[cuda]', replacing onnxruntime-training-cpu) "
+                "or use device='cpu'"
+            )
+        return "cuda", ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    raise DeviceError(f"device={device!r} is not understood; use 'cpu', 'cuda' or 'cuda:N'")
+
+
+def device_index(device: str) -> int:
+    _, _, index = device.partition(":")
+    return int(index) if index else 0
