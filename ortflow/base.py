@@ -336,6 +336,7 @@ class BaseTrainer(BaseEstimator):
 
     def _session_options(self) -> SessionOptions:
         options = SessionOptions()
+        options.log_severity_level = 3  # errors only: ORT warns about harmless shape merges in optimizer graphs
         n_threads = getattr(self, "n_threads", None)
         if n_threads:
             options.intra_op_num_threads = int(n_threads)

@@ -34,8 +34,7 @@ def to_onnx(model: Any, X: np.ndarray | None = None, target_opset: int = 17) -> 
     LinearRegression, Ridge, Lasso, ElasticNet, SGDRegressor, LogisticRegression (binary), MLPRegressor,
     MLPClassifier (binary).
     """
-    from sklearn.linear_model import LogisticRegression, SGDClassifier
-    from sklearn.linear_model._base import LinearModel
+    from sklearn.base import is_classifier, is_regressor
     from sklearn.neural_network import MLPClassifier, MLPRegressor
 
     if target_opset > MAX_OPSET:
@@ -44,10 +43,11 @@ def to_onnx(model: Any, X: np.ndarray | None = None, target_opset: int = 17) -> 
         return _mlp(model, classifier=False, opset=target_opset)
     if isinstance(model, MLPClassifier):
         return _mlp(model, classifier=True, opset=target_opset)
-    if isinstance(model, (LogisticRegression, SGDClassifier)):
+    linear = hasattr(model, "coef_") and hasattr(model, "intercept_")
+    if linear and is_classifier(model):
         layers = [(np.asarray(model.coef_).T, np.atleast_1d(model.intercept_))]
         return _build(layers, None, "identity", n_outputs=1, classes=model.classes_, opset=target_opset)
-    if isinstance(model, LinearModel) and hasattr(model, "coef_"):
+    if linear and is_regressor(model):
         coef = np.asarray(model.coef_)
         coef = coef.reshape(-1, 1) if coef.ndim == 1 else coef.T
         intercept = np.broadcast_to(np.asarray(model.intercept_, dtype=np.float64), (coef.shape[1],))
@@ -104,9 +104,9 @@ def _binary_head(nodes, inits, classes: np.ndarray):
         classes = classes.astype(str).astype(object)
     else:
         classes = classes.astype(np.int64)
-    inits.append(numpy_helper.from_array(np.array([1.0], dtype=np.float32), "one_"))
-    inits.append(helper.make_tensor("classes_", label_type, [2], list(classes)))
     nodes += [
+        helper.make_node("Constant", [], ["one_"], value=numpy_helper.from_array(np.array([1.0], dtype=np.float32))),
+        helper.make_node("Constant", [], ["classes_"], value=helper.make_tensor("classes", label_type, [2], list(classes))),
         helper.make_node("Sigmoid", [RAW_SCORE_OUTPUT], ["proba1_"]),
         helper.make_node("Sub", ["one_", "proba1_"], ["proba0_"]),
         helper.make_node("Concat", ["proba0_", "proba1_"], [PROBA_OUTPUT], axis=1),

@@ -112,8 +112,10 @@ class OrtGradientOptimizer(BaseTrainer):
         check_choice("optimizer", self.optimizer, OPTIMIZERS)
         check_choice("lr_schedule", self.lr_schedule, SCHEDULES)
         check_positive_float("learning_rate", self.learning_rate)
-        self.weights_to_train_ = check_weights_to_train(model, self.weights_to_train)
         loss_graph = g.keep_outputs(model, [self.loss_output_name])
+        self.weights_to_train_ = check_weights_to_train(
+            model if self.weights_to_train is not None else loss_graph, self.weights_to_train
+        )
         kept = {i.name for i in loss_graph.graph.initializer}
         unused = [w for w in self.weights_to_train_ if w not in kept]
         if unused:

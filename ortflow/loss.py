@@ -102,7 +102,6 @@ def add_loss_output(
     if weight_name is not None:
         new.graph.input.append(helper.make_tensor_value_info(weight_name, TensorProto.FLOAT, ["N"]))
     new.graph.node.extend(b.nodes)
-    new.graph.initializer.extend(b.inits)
     old_outputs = list(new.graph.output)
     del new.graph.output[:]
     new.graph.output.append(helper.make_tensor_value_info(loss_name, TensorProto.FLOAT, []))
@@ -153,15 +152,14 @@ def _penalty_term(b: "_Builder", model: onnx.ModelProto, penalty: PenaltySpec) -
 
 
 class _Builder:
-    """Appends uniquely named nodes and constants."""
+    """Appends uniquely named nodes; constants are Constant nodes, so they are never mistaken for weights."""
 
     def __init__(self, prefix: str):
         self.prefix = prefix
         self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
 
     def _name(self, kind: str) -> str:
-        return f"{self.prefix}{kind}_{len(self.nodes) + len(self.inits)}"
+        return f"{self.prefix}{kind}_{len(self.nodes)}"
 
     def node(self, op: str, inputs: list[str], **attrs) -> str:
         out = self._name(op.lower())
@@ -171,5 +169,5 @@ class _Builder:
     def const(self, value) -> str:
         name = self._name("cst")
         array = np.asarray(value, dtype=np.float32) if not isinstance(value, np.ndarray) else value
-        self.inits.append(numpy_helper.from_array(array, name))
+        self.nodes.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array)))
         return name
