@@ -96,6 +96,7 @@ class BaseTrainer(BaseEstimator):
             self._model = model
             self._build_runtime(model, spec)
             self.history_ = []
+            self._append(None)
         self.n_features_in_ = spec.n_features
         self._predict_sess = None
         if resume_from is not None:
@@ -198,8 +199,9 @@ class BaseTrainer(BaseEstimator):
         sizes[-1] = n_samples - self.batch_size * (len(sizes) - 1)
         return sizes
 
-    def _append(self, record: dict) -> None:
-        self.history_.append(record)
+    def _append(self, record: dict | None) -> None:
+        if record is not None:
+            self.history_.append(record)
         self.train_losses_ = [r["train_loss"] for r in self.history_]
         self.validation_losses_ = [r["validation_loss"] for r in self.history_ if r["validation_loss"] is not None]
         self.n_iter_ = len(self.history_)
@@ -284,6 +286,7 @@ class BaseTrainer(BaseEstimator):
             raise ValueError(f"resume_from={str(folder)!r} was written by {meta['trainer']}, not {type(self).__name__}")
         self._load_runtime_state(str(folder))
         self.history_ = []
+        self._append(None)
         for record in meta["history"]:
             self._append(record)
         if meta["rng_state"] is not None:
