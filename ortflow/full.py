@@ -13,7 +13,7 @@ from ._ort import OrtValueVector, api, artifacts, captured_native_stderr, onnxbl
 from .base import BaseTrainer, GraphSpec, TrainData
 from .exceptions import UnsupportedModelError, explain_gradient_failure
 from .schedules import SCHEDULES, learning_rate_at
-from .validation import check_choice, check_positive_float, check_weights_to_train
+from .validation import check_choice, check_positive_float, check_weights_to_train, resolve_device
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 ORT_CHECKPOINT = "ort_checkpoint"
@@ -148,7 +148,7 @@ class OrtGradientOptimizer(BaseTrainer):
         return onnxblock.optim.AdamW(weight_decay=decay)
 
     def _start_module(self, state) -> None:
-        device = self.device
+        device = resolve_device(self.device)
         options = self._session_options()
         self._rt_state = state
         self._rt_module = api.Module(self._rt_paths["training_model"], state, self._rt_paths["eval_model"],

@@ -103,10 +103,18 @@ def check_weights_to_train(model: onnx.ModelProto, weights_to_train) -> list[str
     return names
 
 
+def resolve_device(device: str) -> str:
+    """``'auto'`` becomes ``'cuda'`` when this onnxruntime build has the CUDA provider, else ``'cpu'``."""
+    if device == "auto":
+        return "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+    return device
+
+
 def check_device(device: str) -> tuple[str, list[str]]:
-    """(device kind 'cpu'/'cuda', onnxruntime providers) for ``device`` ('cpu', 'cuda' or 'cuda:N')."""
+    """(device kind 'cpu'/'cuda', onnxruntime providers) for ``device`` ('cpu', 'cuda', 'cuda:N' or 'auto')."""
     if not isinstance(device, str):
         raise DeviceError(f"device={device!r} must be a string such as 'cpu' or 'cuda'")
+    device = resolve_device(device)
     kind, _, index = device.partition(":")
     if kind == "cpu" and not index:
         return "cpu", ["CPUExecutionProvider"]
@@ -119,7 +127,7 @@ def check_device(device: str) -> tuple[str, list[str]]:
                 "or use device='cpu'"
             )
         return "cuda", ["CUDAExecutionProvider", "CPUExecutionProvider"]
-    raise DeviceError(f"device={device!r} is not understood; use 'cpu', 'cuda' or 'cuda:N'")
+    raise DeviceError(f"device={device!r} is not understood; use 'cpu', 'cuda', 'cuda:N' or 'auto'")
 
 
 def device_index(device: str) -> int:

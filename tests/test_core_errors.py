@@ -59,6 +59,7 @@ def test_bad_data(regression_data, graph, change, match):
         ({"lr_schedule": "cosine"}, ValueError, "lr_schedule='cosine'"),
         ({"learning_rate": -1.0}, ValueError, "learning_rate=-1.0 must be a positive"),
         ({"device": "tpu"}, DeviceError, "device='tpu' is not understood"),
+        ({"device": 3}, DeviceError, "device=3 must be a string"),
         ({"loss_output_name": "total"}, ValueError, "loss_output_name='total' is not an output"),
         ({"label_name": "target"}, ValueError, "label_name='target' is not an input"),
         ({"callbacks": [print]}, TypeError, "not an ortflow.callbacks.Callback"),

@@ -170,3 +170,20 @@ def test_sklearn_estimator_checks_that_apply(poor_linear):
     check_no_attributes_set_in_init("OrtGradientOptimizer", est)
     check_get_params_invariance("OrtGradientOptimizer", est)
     check_set_params("OrtGradientOptimizer", est)
+
+
+def test_device_auto_runs_on_what_is_available(regression_data, poor_linear):
+    X, y = regression_data
+    est = OrtGradientOptimizer(poor_linear, max_iter=2, device="auto").fit(X, y)
+    assert np.isfinite(est.train_losses_).all()
+
+
+@pytest.mark.gpu
+def test_cuda_training_matches_cpu(regression_data, poor_linear):
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("needs the CUDA build of onnxruntime-training and a GPU")
+    X, y = regression_data
+    params = dict(max_iter=3, shuffle=False, learning_rate=0.01)
+    cpu = OrtGradientOptimizer(poor_linear, device="cpu", **params).fit(X, y)
+    gpu = OrtGradientOptimizer(poor_linear, device="cuda", **params).fit(X, y)
+    np.testing.assert_allclose(gpu.get_state()["coef_0"], cpu.get_state()["coef_0"], rtol=1e-4, atol=1e-5)
