@@ -12,22 +12,52 @@ from .exceptions import (
     UnsupportedModelError,
 )
 from .full import OrtGradientOptimizer
+from .fwbw import (
+    AbsoluteLearningLoss,
+    BaseLearningLoss,
+    BaseLearningPenalty,
+    BaseLearningRate,
+    ElasticLearningLoss,
+    ElasticLearningPenalty,
+    LearningRateAdam,
+    LearningRateSGD,
+    LearningRateSGDNesterov,
+    NegLogLearningLoss,
+    NoLearningPenalty,
+    OrtGradientForwardBackward,
+    OrtGradientForwardBackwardOptimizer,
+    SquareLearningLoss,
+)
 from .graph import get_initializers, load_model, replace_initializers, trainable_initializers
 from .loss import add_loss_output
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbsoluteLearningLoss",
+    "BaseLearningLoss",
+    "BaseLearningPenalty",
+    "BaseLearningRate",
     "BaseTrainer",
     "Callback",
     "Checkpoint",
     "ConvergenceError",
     "DeviceError",
     "EarlyStopping",
+    "ElasticLearningLoss",
+    "ElasticLearningPenalty",
+    "LearningRateAdam",
+    "LearningRateSGD",
+    "LearningRateSGDNesterov",
+    "NegLogLearningLoss",
+    "NoLearningPenalty",
     "NotDifferentiableError",
+    "OrtGradientForwardBackward",
+    "OrtGradientForwardBackwardOptimizer",
     "OrtGradientOptimizer",
     "OrtflowError",
     "ProgressBar",
+    "SquareLearningLoss",
     "UnsafePathError",
     "UnsupportedModelError",
     "add_loss_output",

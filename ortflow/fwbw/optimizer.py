@@ -1,0 +1,313 @@
+"""``OrtGradientForwardBackwardOptimizer``: forward and backward in onnxruntime's ``TrainingAgent``, the loss and
+the weight update in small ONNX graphs of their own.
+
+Per batch: copy the rows into the batch buffers, ``run_forward``, run the loss graph, ``run_backward``, run the
+update graph. Every tensor of that path lives in a buffer allocated once (per batch size) and every binding is
+built once, so a batch binds nothing: the weights alternate between two buffers and each parity has its own
+feeds and update binding.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from sklearn.base import clone
+
+from .. import graph as g
+from .._ort import OrtValueVector, PartialGraphExecutionState
+from ..base import BaseTrainer, GraphSpec, TrainData
+from ..validation import check_weights_to_train, resolve_device
+from .forward_backward import (
+    DEFAULT_OPSET,
+    DeviceBuffer,
+    OnnxFunction,
+    OrtGradientForwardBackward,
+    quiet_options,
+    select,
+)
+from .learning_rates import BaseLearningRate
+from .losses import BaseLearningLoss
+from .penalties import BaseLearningPenalty
+
+STATE_FILE = "fwbw_state.npz"
+
+
+@dataclass
+class _Batch:
+    """Buffers, feeds and bindings of one batch size. The vectors and bindings hold C OrtValues, which do not own
+    the numpy memory they point to: every buffer they use must stay referenced here."""
+
+    x: DeviceBuffer
+    y: DeviceBuffer
+    w: DeviceBuffer  # sample weights divided by n, shaped (n, 1, ...) like the label
+    prediction: DeviceBuffer
+    loss: DeviceBuffer
+    grad: DeviceBuffer  # gradient of the loss w.r.t. the prediction
+    fw_feeds: list  # one OrtValueVector per weight parity
+    fw_fetches: OrtValueVector
+    loss_binding: object
+    bw_feeds: OrtValueVector
+    uniform: bool = False  # w holds 1 / n everywhere
+
+    def load_weight(self, weight: np.ndarray, rows, uniform: bool) -> None:
+        """Put ``weight[rows] / n`` in ``w`` (the loss graph takes pre-scaled weights)."""
+        n = self.w.shape[0]
+        if uniform:
+            if not self.uniform:
+                self.w.write(np.full(self.w.shape, 1.0 / n, dtype=np.float32))
+                self.uniform = True
+            return
+        self.uniform = False
+        if self.w.array is None:
+            self.w.write((weight[rows] / n).reshape(self.w.shape))
+            return
+        flat = self.w.array.reshape(n)
+        if isinstance(rows, slice):
+            np.multiply(weight[rows], 1.0 / n, out=flat)
+        else:
+            np.take(weight, rows, out=flat)
+            flat *= 1.0 / n
+
+
+class OrtGradientForwardBackwardOptimizer(BaseTrainer):
+    """Train a prediction graph (no loss inside) by forward-backward passes.
+
+    ``learning_rate``, ``learning_loss`` and ``learning_penalty`` take an instance or a registered name
+    (``'SGD'``, ``'SGDNesterov'``, ``'Adam'``; ``'square_error'``, ``'absolute_error'``, ``'elastic'``,
+    ``'neg_log'``; ``None``, ``'elastic'``/``'l1l2'``); the estimator works on clones, never on them.
+    ``output_name`` picks the trained output (default: the only one, or ``raw_score`` when present); the exported
+    graph keeps every output. Sample weights enter the loss graph through its input ``weight_name``
+    (default ``'weight'``).
+    """
+
+    def __init__(
+        self,
+        model_onnx,
+        weights_to_train=None,
+        max_iter=100,
+        batch_size=10,
+        learning_rate="SGD",
+        learning_loss="square_error",
+        learning_penalty=None,
+        device="cpu",
+        warm_start=False,
+        verbose=0,
+        validation_every=1,
+        weight_name=None,
+        exc=True,
+        output_name=None,
+        validation_fraction=None,
+        early_stopping=False,
+        n_iter_no_change=10,
+        tol=1e-4,
+        shuffle=True,
+        random_state=None,
+        callbacks=None,
+        n_threads=None,
+    ):
+        self.model_onnx = model_onnx
+        self.weights_to_train = weights_to_train
+        self.max_iter = max_iter
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
+        self.learning_loss = learning_loss
+        self.learning_penalty = learning_penalty
+        self.device = device
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.validation_every = validation_every
+        self.weight_name = weight_name
+        self.exc = exc
+        self.output_name = output_name
+        self.validation_fraction = validation_fraction
+        self.early_stopping = early_stopping
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
+        self.shuffle = shuffle
+        self.random_state = random_state
+        self.callbacks = callbacks
+        self.n_threads = n_threads
+
+    # --- hooks: graphs and runtime -------------------------------------------------------------------------
+    def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
+        feeds = g.input_names(model)
+        if len(feeds) != 1:
+            raise ValueError(f"the graph must have exactly one input (the features), it has {feeds}")
+        output = self._trained_output(model)
+        if g.elem_type(model, output) != onnx.TensorProto.FLOAT:
+            raise ValueError(f"output {output!r} is not float32: only float32 predictions can be trained")
+        shape = g.shape_of(model, output)
+        if len(shape) not in (1, 2):
+            raise ValueError(f"output {output!r} has rank {len(shape)}; the losses expect (N,) or (N, k)")
+        x_shape = g.shape_of(model, feeds[0])
+        n_features = x_shape[1] if len(x_shape) == 2 and isinstance(x_shape[1], int) and x_shape[1] > 0 else None
+        self._trained_output_ = output
+        return GraphSpec(x_name=feeds[0], n_features=n_features, label_shape=shape,
+                         weight_name=self.weight_name or "weight", prediction_outputs=g.output_names(model))
+
+    def _trained_output(self, model: onnx.ModelProto) -> str:
+        names = g.output_names(model)
+        if self.output_name is not None:
+            if self.output_name not in names:
+                raise ValueError(f"output_name={self.output_name!r} is not an output; outputs are {names}")
+            return self.output_name
+        if len(names) == 1:
+            return names[0]
+        if "raw_score" in names:
+            return "raw_score"
+        raise ValueError(f"the graph has {len(names)} outputs {names}: choose the trained one with output_name")
+
+    def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec) -> None:
+        loss = clone(select("loss", self.learning_loss))
+        penalty = clone(select("penalty", self.learning_penalty))
+        rate = clone(select("learning_rate", self.learning_rate))
+        for value, base, name in ((loss, BaseLearningLoss, "learning_loss"), (penalty, BaseLearningPenalty,
+                                  "learning_penalty"), (rate, BaseLearningRate, "learning_rate")):
+            if not isinstance(value, base):
+                raise TypeError(f"{name}={value!r} is not a {base.__name__}")
+        rate.check()
+        device = resolve_device(self.device)
+        train_graph = g.keep_outputs(model, [self._trained_output_])
+        self.weights_to_train_ = check_weights_to_train(
+            model if self.weights_to_train is not None else train_graph, self.weights_to_train)
+        kept = {i.name for i in train_graph.graph.initializer}
+        unused = [w for w in self.weights_to_train_ if w not in kept]
+        if unused:
+            raise ValueError(f"weights_to_train names {unused}, which do not influence {self._trained_output_!r}")
+        fb = OrtGradientForwardBackward(train_graph, self.weights_to_train_, device=device,
+                                        session_options=self._session_options())
+        inits = g.get_initializers(model)
+        small = quiet_options(1 if device == "cpu" else None)  # elementwise graphs on small tensors: one thread
+        rate.start({w: inits[w] for w in self.weights_to_train_}, device, penalty, small)
+        self._rt_grad_fetches = OrtValueVector()
+        for name in fb.grad_names_:
+            self._rt_grad_fetches.push_back(rate.grads_[name[: -len("_grad")]].c)
+        self._rt_fb, self._rt_rate, self._rt_loss, self._rt_penalty = fb, rate, loss, penalty
+        self._rt_loss_fn = OnnxFunction(loss.build_onnx_function(
+            DEFAULT_OPSET, device, spec.weight_name, rank=len(spec.label_shape), scaled_weight=True), device, small)
+        self._rt_val_loss_fn = OnnxFunction(loss.build_onnx_function(
+            DEFAULT_OPSET, device, spec.weight_name, rank=len(spec.label_shape)), device, small)
+        self._rt_batches: dict[int, _Batch] = {}
+        self._rt_device = device
+
+    def _batch(self, n: int, data: TrainData) -> _Batch:
+        batch = self._rt_batches.get(n)
+        if batch is not None:
+            return batch
+        fb, rate, device = self._rt_fb, self._rt_rate, self._rt_device
+        x = DeviceBuffer((n,) + data.X.shape[1:], device)
+        y = DeviceBuffer((n,) + data.y.shape[1:], device)
+        w = DeviceBuffer((n,) + (1,) * (data.y.ndim - 1), device)
+        prediction = DeviceBuffer((n,) + data.y.shape[1:], device)
+        loss, grad = DeviceBuffer((), device), DeviceBuffer(prediction.shape, device)
+        feeds = []
+        for parity in (0, 1):
+            values = {name: rate.buffers_["weight", name][parity] for name in self.weights_to_train_}
+            values[self._spec.x_name] = x
+            feeds.append(fb.feed_vector(values))
+        fetches, bw_feeds = OrtValueVector(), OrtValueVector()
+        fetches.push_back(prediction.c)
+        bw_feeds.push_back(grad.c)
+        binding = self._rt_loss_fn.bind([prediction, y, w], [loss, grad])
+        batch = _Batch(x, y, w, prediction, loss, grad, feeds, fetches, binding, bw_feeds)
+        self._rt_batches[n] = batch
+        return batch
+
+    # --- hooks: training -----------------------------------------------------------------------------------
+    def _epoch_learning_rate(self, samples_seen: int) -> float:
+        return self._rt_rate.value_at(samples_seen)
+
+    def _train_epoch(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
+        X, y, w, n_samples = data.X, data.y, data.weight, data.n_samples
+        rate, agent, cache = self._rt_rate, self._rt_fb.agent_, self._rt_fb.cache_
+        run_loss, grads, batches = self._rt_loss_fn._sess.run_with_iobinding, self._rt_grad_fetches, self._rt_batches
+        step = rate.stepper(learning_rate)
+        with_penalty = rate.penalty_buffer_ is not None
+        uniform = bool((w == 1).all())
+        on_cpu = self._rt_device == "cpu"
+        copyto, take, new_state = np.copyto, np.take, PartialGraphExecutionState
+        losses = np.empty(len(self._batch_sizes(n_samples)), dtype=np.float64)
+        for i, rows in enumerate(self._batches(n_samples, order)):
+            is_slice = rows.__class__ is slice
+            n = (min(rows.stop, n_samples) - rows.start) if is_slice else len(rows)
+            batch = batches.get(n) or self._batch(n, data)
+            if not on_cpu:
+                batch.x.gather(X, rows)
+                batch.y.gather(y, rows)
+            elif is_slice:
+                copyto(batch.x.array, X[rows])
+                copyto(batch.y.array, y[rows])
+            else:
+                take(X, rows, axis=0, out=batch.x.array)
+                take(y, rows, axis=0, out=batch.y.array)
+            if not (uniform and batch.uniform):
+                batch.load_weight(w, rows, uniform)
+            state = new_state()
+            agent.run_forward(batch.fw_feeds[rate.parity_], batch.fw_fetches, state, cache)
+            run_loss(batch.loss_binding, None)
+            loss = float(batch.loss.array) if on_cpu else batch.loss.scalar()
+            losses[i] = loss
+            if loss - loss != 0.0:  # NaN or infinite
+                return losses[: i + 1]
+            agent.run_backward(batch.bw_feeds, grads, state)
+            step()
+            if with_penalty:
+                losses[i] += rate.penalty_buffer_.scalar()
+        return losses
+
+    def _validation_loss(self, data: TrainData) -> float:
+        fb, current = self._rt_fb, self._rt_rate.current()
+        fb.set_weights(current)
+        prediction = fb.forward([data.X])[0]
+        weight = data.weight if data.weight is not None else np.ones(len(data.X), dtype=np.float32)
+        loss = float(self._rt_val_loss_fn.run(prediction, data.y, weight)[0].numpy())
+        penalized = [buf for name, buf in current.items() if self._rt_penalty.penalizes(name)]
+        if not self._rt_penalty.is_null() and penalized:
+            loss += self._rt_penalty.penalty_loss(self._rt_device, *penalized)
+        return loss
+
+    # --- hooks: state and graphs ---------------------------------------------------------------------------
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Trained weights by name (copies)."""
+        self._check_fitted()
+        weights = self._rt_rate.get_weights()
+        return {name: weights[name] for name in self.weights_to_train_}
+
+    def _set_weights(self, state: dict[str, np.ndarray]) -> None:
+        current = self._rt_rate.current()
+        for name, value in state.items():
+            if value.shape != current[name].shape:
+                raise ValueError(f"set_state: {name!r} has shape {current[name].shape}, the value has {value.shape}")
+        self._rt_rate.set_weights(state)
+
+    def get_optimizer_state(self) -> dict[str, np.ndarray]:
+        """The learning rate's state (velocities, moments, step) as numpy arrays."""
+        self._check_fitted()
+        return self._rt_rate.get_state()
+
+    def _prediction_graph(self) -> onnx.ModelProto:
+        return g.keep_outputs(self._model, self._spec.prediction_outputs)
+
+    def _graphs(self) -> dict:
+        graphs = dict(self._rt_fb.graphs())
+        graphs["loss"] = self._rt_loss_fn.model
+        graphs["update"] = self._rt_rate.function_.model
+        return graphs
+
+    def _save_runtime_state(self, folder: str) -> None:
+        arrays = {f"weight:{k}": v for k, v in self.get_state().items()}
+        arrays.update({f"state:{k}": v for k, v in self._rt_rate.get_state().items()})
+        np.savez(os.path.join(folder, STATE_FILE), **arrays)
+
+    def _load_runtime_state(self, folder: str) -> None:
+        path = os.path.join(folder, STATE_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{folder!r} holds no forward-backward state ({STATE_FILE})")
+        with np.load(path, allow_pickle=False) as stored:
+            weights = {k[len("weight:"):]: stored[k] for k in stored.files if k.startswith("weight:")}
+            state = {k[len("state:"):]: stored[k] for k in stored.files if k.startswith("state:")}
+        self._set_weights({k: v.astype(np.float32) for k, v in weights.items()})
+        self._rt_rate.set_state(state)

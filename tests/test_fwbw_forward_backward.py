@@ -1,0 +1,131 @@
+"""OrtGradientForwardBackward: gradients of real graphs against numpy, errors, exported graphs."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+from sklearn.linear_model import LinearRegression
+from sklearn.neural_network import MLPRegressor
+
+from ortflow import DeviceError, NotDifferentiableError, to_onnx
+from ortflow.fwbw import OrtGradientForwardBackward
+
+
+@pytest.fixture(scope="module")
+def small():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(12, 4)).astype(np.float32)
+    y = (X @ np.array([1.0, -2.0, 0.5, 0.0]) + 0.3).astype(np.float32)
+    return X, y
+
+
+def test_linear_gradients_of_weights_and_input(small):
+    X, y = small
+    model = LinearRegression().fit(X, y)
+    fb = OrtGradientForwardBackward(to_onnx(model), input_names_to_train=["X"])
+    assert fb.grad_names_ == ["X_grad", "coef_0_grad", "intercept_0_grad"]
+    pred = fb.forward([X], training=True)[0].numpy()
+    np.testing.assert_allclose(pred.ravel(), model.predict(X), rtol=1e-5, atol=1e-5)
+    g = np.random.default_rng(2).normal(size=pred.shape).astype(np.float32)
+    gx, gw, gb = (v.numpy() for v in fb.backward([g]))
+    np.testing.assert_allclose(gw, X.T @ g, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gb, g.sum(axis=0), rtol=1e-5)
+    np.testing.assert_allclose(gx, g @ model.coef_.reshape(1, -1), rtol=1e-5, atol=1e-6)
+
+
+def test_mlp_gradients_match_manual_backprop(small):
+    X, y = small
+    mlp = MLPRegressor(hidden_layer_sizes=(5,), max_iter=3, random_state=0)
+    with pytest.warns(Warning):
+        mlp.fit(X, y)
+    fb = OrtGradientForwardBackward(to_onnx(mlp))
+    W0, b0, W1, b1 = mlp.coefs_[0], mlp.intercepts_[0], mlp.coefs_[1], mlp.intercepts_[1]
+    pre = X @ W0 + b0
+    hidden = np.maximum(pre, 0)
+    g = np.ones((len(X), 1), dtype=np.float32) / len(X)
+    out = fb.forward([X], training=True)[0].numpy()
+    np.testing.assert_allclose(out, hidden @ W1 + b1, rtol=1e-4, atol=1e-5)
+    grads = dict(zip(fb.grad_names_, (v.numpy() for v in fb.backward([g]))))
+    gh = (g @ W1.T) * (pre > 0)
+    np.testing.assert_allclose(grads["coef_1_grad"], hidden.T @ g, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grads["intercept_1_grad"], g.sum(axis=0), rtol=1e-4)
+    np.testing.assert_allclose(grads["coef_0_grad"], X.T @ gh, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(grads["intercept_0_grad"], gh.sum(axis=0), rtol=1e-4, atol=1e-6)
+
+
+def test_weights_are_owned_and_replaceable(small):
+    X, _ = small
+    model = LinearRegression().fit(X, X[:, 0])
+    fb = OrtGradientForwardBackward(to_onnx(model), weights_to_train=["coef_0"])
+    assert list(fb.get_weights()) == ["coef_0"]
+    fb.set_weights({"coef_0": np.zeros((4, 1))})
+    np.testing.assert_allclose(fb.forward([X])[0].numpy(), np.full((len(X), 1), model.intercept_), atol=1e-6)
+    with pytest.raises(KeyError, match="not a trained weight"):
+        fb.set_weights({"intercept_0": np.zeros(1)})
+    with pytest.raises(ValueError, match="has shape"):
+        fb.set_weights({"coef_0": np.zeros(4)})
+
+
+def test_backward_needs_a_training_forward(small):
+    X, _ = small
+    fb = OrtGradientForwardBackward(to_onnx(LinearRegression().fit(X, X[:, 0])))
+    with pytest.raises(RuntimeError, match="forward"):
+        fb.backward([np.ones((len(X), 1), dtype=np.float32)])
+    fb.forward([X], training=False)
+    with pytest.raises(RuntimeError, match="forward"):
+        fb.backward([np.ones((len(X), 1), dtype=np.float32)])
+    with pytest.raises(ValueError, match="expects 1 inputs"):
+        fb.forward([X, X])
+
+
+def _round_graph(name="round_node"):
+    coef = numpy_helper.from_array(np.ones((3, 1), np.float32), "coef")
+    bias = numpy_helper.from_array(np.ones((1,), np.float32), "bias")
+    nodes = [
+        helper.make_node("MatMul", ["X", "coef"], ["m"]),
+        helper.make_node("Round", ["m"], ["r"], name=name),
+        helper.make_node("Add", ["r", "bias"], ["Y"]),
+    ]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [None, 3])],
+                              [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, [None, 1])], [coef, bias])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_node_without_gradient_is_named():
+    with pytest.raises(NotDifferentiableError, match=r"'round_node' \(op Round\)"):
+        OrtGradientForwardBackward(_round_graph())
+    with pytest.raises(NotDifferentiableError, match=r"'Round_1' \(op Round\)"):  # unnamed nodes get a name
+        OrtGradientForwardBackward(_round_graph(name=""))
+    # the weight after the Round still trains
+    fb = OrtGradientForwardBackward(_round_graph(), weights_to_train=["bias"])
+    assert fb.grad_names_ == ["bias_grad"]
+
+
+def test_save_onnx_graph_writes_loadable_graphs(tmp_path, small):
+    X, _ = small
+    fb = OrtGradientForwardBackward(to_onnx(LinearRegression().fit(X, X[:, 0])))
+    paths = fb.save_onnx_graph(tmp_path / "g")
+    assert set(paths) == {"model", "forward", "training", "backward", "optimized"}
+    for name, path in paths.items():
+        proto = onnx.load(path)
+        assert len(proto.graph.node) > 0, name
+    assert any(n.op_type == "YieldOp" for n in onnx.load(paths["training"]).graph.node)
+    backward = onnx.load(paths["backward"])
+    assert [o.name for o in backward.graph.output] == fb.grad_names_
+    # the forward graph runs in a plain session once the weights are fed
+    sess = ort.InferenceSession(paths["model"], providers=["CPUExecutionProvider"])
+    feeds = {"X": X, **fb.get_weights()}
+    np.testing.assert_allclose(sess.run(None, feeds)[0], fb.forward([X])[0].numpy(), rtol=1e-6)
+
+
+def test_unknown_input_or_device_is_refused(small):
+    X, _ = small
+    onx = to_onnx(LinearRegression().fit(X, X[:, 0]))
+    with pytest.raises(ValueError, match="not inputs"):
+        OrtGradientForwardBackward(onx, input_names_to_train=["Z"])
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        with pytest.raises(DeviceError, match="no CUDA provider"):
+            OrtGradientForwardBackward(onx, device="cuda")
+    with pytest.raises(DeviceError):
+        OrtGradientForwardBackward(onx, device="tpu")

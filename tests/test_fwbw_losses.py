@@ -1,0 +1,146 @@
+"""fwbw learning losses and penalties against numpy, and the family registry."""
+
+import numpy as np
+import pytest
+
+from ortflow.fwbw import (
+    AbsoluteLearningLoss,
+    BaseLearningLoss,
+    ElasticLearningLoss,
+    ElasticLearningPenalty,
+    LearningRateSGD,
+    NegLogLearningLoss,
+    NoLearningPenalty,
+    SquareLearningLoss,
+    select,
+)
+from ortflow.fwbw.forward_backward import OnnxFunction
+
+RNG = np.random.default_rng(0)
+PRED = RNG.normal(size=(7, 2)).astype(np.float32)
+LABEL = RNG.normal(size=(7, 2)).astype(np.float32)
+WEIGHT = RNG.uniform(0.1, 2.0, size=7).astype(np.float32)
+
+
+def _reference(loss, pred, label, weight):
+    """(mean of w * l summed over columns, derivative of that mean) in float64."""
+    p, y = pred.astype(np.float64), label.astype(np.float64)
+    w = np.ones(len(p)) if weight is None else weight.astype(np.float64)
+    d = p - y
+    if isinstance(loss, SquareLearningLoss):
+        elem, der = d**2, 2 * d
+    elif isinstance(loss, AbsoluteLearningLoss):
+        elem, der = np.abs(d), np.sign(d)
+    elif isinstance(loss, ElasticLearningLoss):
+        elem = loss.l1_weight * np.abs(d) + loss.l2_weight * d**2
+        der = loss.l1_weight * np.sign(d) + 2 * loss.l2_weight * d
+    else:
+        elem = np.logaddexp(0, p) - y * p
+        der = 1 / (1 + np.exp(-p)) - y
+    per = elem.reshape(len(p), -1).sum(axis=1)
+    wb = w.reshape((-1,) + (1,) * (p.ndim - 1))
+    return (w * per).mean(), der * wb / len(p)
+
+
+@pytest.mark.parametrize("loss", [SquareLearningLoss(), AbsoluteLearningLoss(), ElasticLearningLoss(0.3, 0.7)])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("rank", [1, 2])
+def test_regression_losses_match_numpy(loss, weighted, rank):
+    pred, label = (PRED, LABEL) if rank == 2 else (PRED[:, 0], LABEL[:, 0])
+    weight = WEIGHT if weighted else None
+    value, grad = loss.loss_gradient("cpu", label, pred, weight)
+    ref_value, ref_grad = _reference(loss, pred, label, weight)
+    np.testing.assert_allclose(value.numpy(), ref_value, rtol=1e-5)
+    assert grad.numpy().shape == pred.shape
+    np.testing.assert_allclose(grad.numpy(), ref_grad, rtol=1e-5, atol=1e-7)
+
+
+def test_neg_log_loss_matches_numpy_and_ortflow_add_loss_output():
+    score = (RNG.normal(size=(9, 1)) * 4).astype(np.float32)
+    score[0, 0], score[1, 0] = 60.0, -60.0  # saturated: no overflow, no log(0)
+    label = (RNG.uniform(size=(9, 1)) > 0.5).astype(np.float32)
+    label[0, 0], label[1, 0] = 0.0, 1.0
+    loss = NegLogLearningLoss(eps=0.0)
+    value, grad = loss.loss_gradient("cpu", label, score)
+    ref_value, ref_grad = _reference(loss, score, label, None)
+    np.testing.assert_allclose(value.numpy(), ref_value, rtol=1e-5)
+    np.testing.assert_allclose(grad.numpy(), ref_grad, rtol=1e-5, atol=1e-8)
+    assert np.isfinite(value.numpy())
+
+    # the same value as the 'log' score of add_loss_output on a graph that outputs its input
+    import onnx
+    from onnx import helper
+
+    from ortflow import add_loss_output
+
+    ident = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", ["X"], ["raw_score"])], "g",
+        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [None, 1])],
+        [helper.make_tensor_value_info("raw_score", onnx.TensorProto.FLOAT, [None, 1])]),
+        opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    full = OnnxFunction(add_loss_output(ident, "log"))
+    np.testing.assert_allclose(full.run(score, label)[0].numpy(), value.numpy(), rtol=1e-6)
+
+
+def test_neg_log_eps_clips_the_probability_of_the_gradient():
+    score = np.array([[-30.0], [0.0], [30.0]], dtype=np.float32)
+    label = np.array([[0.0], [1.0], [1.0]], dtype=np.float32)
+    _, grad = NegLogLearningLoss(eps=1e-3).loss_gradient("cpu", label, score)
+    np.testing.assert_allclose(grad.numpy().ravel() * 3, [1e-3, -0.5, -1e-3], rtol=1e-4)
+
+
+def test_scaled_weight_graph_equals_the_plain_one():
+    loss = ElasticLearningLoss(0.2, 0.9)
+    plain = OnnxFunction(loss.build_onnx_function(weight_name="w", rank=2))
+    scaled = OnnxFunction(loss.build_onnx_function(weight_name="w", rank=2, scaled_weight=True))
+    a = [v.numpy() for v in plain.run(PRED, LABEL, WEIGHT)]
+    b = [v.numpy() for v in scaled.run(PRED, LABEL, (WEIGHT / len(WEIGHT))[:, None])]
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-6)
+    np.testing.assert_allclose(a[1], b[1], rtol=1e-6)
+
+
+def test_elastic_penalty_value_and_gradient_match_numpy():
+    weights = [RNG.normal(size=(4, 3)).astype(np.float32), RNG.normal(size=5).astype(np.float32)]
+    penalty = ElasticLearningPenalty(l1=0.3, l2=0.2)
+    expected = sum(0.3 * np.abs(w).sum() + 0.2 * (w.astype(np.float64) ** 2).sum() for w in weights)
+    np.testing.assert_allclose(penalty.penalty_loss("cpu", *weights), expected, rtol=1e-5)
+    grad = RNG.normal(size=(4, 3)).astype(np.float32)
+    new = penalty.penalty_gradient("cpu", grad, weights[0]).numpy()
+    np.testing.assert_allclose(new, grad + 0.3 * np.sign(weights[0]) + 0.4 * weights[0], rtol=1e-5)
+    assert NoLearningPenalty().penalty_loss("cpu", *weights) == 0.0
+    np.testing.assert_array_equal(NoLearningPenalty().penalty_gradient("cpu", grad, weights[0]).numpy(), grad)
+
+
+def test_select_by_name_instance_and_user_subclass():
+    assert isinstance(select("loss", "square_error"), SquareLearningLoss)
+    assert isinstance(select("loss", "neg_log"), NegLogLearningLoss)
+    assert isinstance(select("penalty", None), NoLearningPenalty)
+    assert isinstance(select("penalty", "l1l2", l1=0.1), ElasticLearningPenalty)
+    assert select("penalty", "elastic").l1 == 0.5
+    rate = LearningRateSGD(eta0=0.3)
+    assert select("learning_rate", rate) is rate
+
+    class CubeLoss(BaseLearningLoss):
+        names = ("cube_error",)
+
+        def __init__(self):
+            pass
+
+        def _per_sample(self, b, pred, label):
+            d = b.node("Abs", [b.node("Sub", [pred, label])])
+            return b.node("Mul", [b.node("Mul", [d, d]), d])
+
+        def _derivative(self, b, pred, label):
+            d = b.node("Sub", [pred, label])
+            return b.node("Mul", [b.node("Mul", [d, b.node("Abs", [d])]), b.const(3.0)])
+
+    cube = select("loss", "cube_error")
+    value, _ = cube.loss_gradient("cpu", LABEL, PRED)
+    np.testing.assert_allclose(value.numpy(), (np.abs(PRED - LABEL) ** 3).sum(axis=1).mean(), rtol=1e-5)
+
+    with pytest.raises(ValueError, match="is unknown"):
+        select("loss", "nope")
+    with pytest.raises(TypeError, match="registered name or an instance"):
+        select("loss", LearningRateSGD())
+    with pytest.raises(ValueError, match="not a family"):
+        select("optimizer", "SGD")
