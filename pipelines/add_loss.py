@@ -1,0 +1,26 @@
+"""``python -m pipelines.add_loss key=value ...``: the ``add_loss`` stage alone, in its own MLflow run.
+
+Append the configured loss (and weight penalty) to the prediction graph.
+
+The stage itself is pipelines/stages/add_loss.py; its inputs come from ``source.run_id=<an earlier run>`` or
+``source.path=<a folder of files>`` (see docs/PIPELINES.md).
+"""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from .cli import run_stage
+from .config import CONFIG_DIR, register_configs
+
+register_configs()
+
+
+@hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> float | None:
+    return run_stage("add_loss", cfg)
+
+
+if __name__ == "__main__":
+    main()

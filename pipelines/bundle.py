@@ -1,0 +1,134 @@
+"""What the stages hand to each other: named files, each a local path and/or an MLflow artifact URI.
+
+Every stage run logs ``manifest.json`` (all entries known so far, as ``runs:/<run_id>/<path>`` URIs), so a stage
+run alone can start from any earlier run (``source.run_id=...``) or from a folder of files (``source.path=...``).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+MANIFEST = "manifest.json"
+#: entry name -> the file name stages write it under (also what source.path folders are searched for)
+FILES = {
+    "split": "split.npz",
+    "sklearn_model": "sklearn_model.joblib",
+    "model": "model.onnx",
+    "model_with_loss": "model_with_loss.onnx",
+    "trained_model": "trained_model.onnx",
+    "deploy_model": "deploy_model.onnx",
+    "train_summary": "train_summary.json",
+    "evaluation": "evaluation.json",
+}
+#: which stage produces each entry (for error messages)
+PRODUCER = {
+    "split": "convert", "sklearn_model": "convert", "model": "convert", "model_with_loss": "add_loss",
+    "trained_model": "train", "train_summary": "train", "deploy_model": "evaluate", "evaluation": "evaluate",
+}
+
+
+class MissingInputError(LookupError):
+    """A stage needs an entry no earlier stage (or source) provided."""
+
+
+class Bundle:
+    def __init__(self, entries: dict[str, dict] | None = None, origin: str = "the chain"):
+        self.entries: dict[str, dict] = {k: dict(v) for k, v in (entries or {}).items()}
+        self.origin = origin
+        self._cache: Path | None = None
+
+    # ------------------------------------------------------------------ building
+    def add(self, name: str, local: str | Path, run_id: str | None = None, artifact_path: str | None = None) -> None:
+        entry = {"local": str(Path(local).resolve())}
+        if run_id and artifact_path:
+            entry["uri"] = f"runs:/{run_id}/{artifact_path}"
+        self.entries[name] = entry
+
+    def to_json(self) -> str:
+        return json.dumps({k: {"uri": v["uri"]} if "uri" in v else v for k, v in self.entries.items()}, indent=2)
+
+    def write(self, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / MANIFEST
+        path.write_text(self.to_json())
+        return path
+
+    # ------------------------------------------------------------------ reading
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def path(self, name: str, stage: str) -> Path:
+        """A local copy of entry ``name`` (downloaded once from the tracking store when needed)."""
+        entry = self.entries.get(name)
+        if entry is None:
+            raise MissingInputError(
+                f"stage {stage!r} needs {name!r} (written by the {PRODUCER.get(name, '?')!r} stage), which "
+                f"{self.origin} does not provide: pass source.run_id=<a run of {PRODUCER.get(name, 'that stage')} "
+                f"or later> or source.path=<a folder holding {FILES.get(name, name)}>"
+            )
+        local = entry.get("local")
+        if local and Path(local).exists():
+            return Path(local)
+        if "uri" not in entry:
+            raise MissingInputError(f"{name!r}: {local} does not exist")
+        import mlflow
+
+        if self._cache is None:
+            self._cache = Path(tempfile.mkdtemp(prefix="ortflow-inputs-"))
+        target = self._cache / name
+        target.mkdir(exist_ok=True)
+        downloaded = Path(mlflow.artifacts.download_artifacts(artifact_uri=entry["uri"], dst_path=str(target)))
+        entry["local"] = str(downloaded)
+        return downloaded
+
+    def read_json(self, name: str, stage: str) -> dict:
+        return json.loads(self.path(name, stage).read_text())
+
+    # ------------------------------------------------------------------ sources
+    @classmethod
+    def from_run(cls, run_id: str) -> Bundle:
+        import mlflow
+
+        try:
+            local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=MANIFEST)
+        except Exception as exc:  # noqa: BLE001 - MlflowException or OSError, same message
+            raise MissingInputError(
+                f"source.run_id={run_id}: the run has no {MANIFEST} artifact (is it a run of an ortflow stage?): {exc}"
+            ) from exc
+        entries = json.loads(Path(local).read_text())
+        return cls({k: {"uri": v["uri"]} for k, v in entries.items() if "uri" in v}, origin=f"run {run_id}")
+
+    @classmethod
+    def from_path(cls, path: str | Path) -> Bundle:
+        path = Path(path).expanduser().resolve()
+        if not path.exists():
+            raise FileNotFoundError(f"source.path={str(path)!r} does not exist")
+        if path.is_file():
+            if path.name == MANIFEST:
+                entries = json.loads(path.read_text())
+                return cls({k: v for k, v in entries.items()}, origin=str(path))
+            if path.suffix == ".onnx":
+                name = next((k for k, f in FILES.items() if f == path.name), "model")
+                return cls({name: {"local": str(path)}}, origin=str(path))
+            raise ValueError(f"source.path={str(path)!r}: give a folder, a {MANIFEST} or an .onnx file")
+        entries = {name: {"local": str(path / f)} for name, f in FILES.items() if (path / f).exists()}
+        if (path / MANIFEST).exists():
+            saved = json.loads((path / MANIFEST).read_text())
+            entries = {**saved, **entries}
+        if not entries:
+            raise MissingInputError(f"source.path={str(path)!r} holds none of {sorted(FILES.values())}")
+        return cls(entries, origin=str(path))
+
+    @classmethod
+    def from_source(cls, source: DictConfig) -> Bundle:
+        if source.run_id and source.path:
+            raise ValueError("give source.run_id or source.path, not both")
+        if source.run_id:
+            return cls.from_run(str(source.run_id))
+        if source.path:
+            return cls.from_path(str(source.path))
+        return cls(origin="no source (source.run_id and source.path are unset)")

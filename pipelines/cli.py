@@ -1,0 +1,62 @@
+"""What the Hydra entry points run once the config is composed (heavy imports happen here, not before)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from omegaconf import DictConfig
+
+from .config import validate
+
+
+def run_stage(name: str, cfg: DictConfig) -> float | None:
+    """``python -m pipelines.<name>``: one stage in its own run, inputs from ``source.run_id``/``source.path``."""
+
+    def stage() -> float | None:
+        from .runner import run_standalone
+        from .stages import stage_function
+
+        return run_standalone(name, stage_function(name), cfg)
+
+    return _guarded(cfg, stage, f"stage {name!r}")
+
+
+def run_main(cfg: DictConfig) -> float | None:
+    """``python -m pipelines.main``: the chain; prints where the runs are and returns the objective."""
+
+    def chain() -> float | None:
+        from .chain import report, run_chain
+
+        result = run_chain(cfg)
+        print(report(result, cfg))
+        return result.value
+
+    return _guarded(cfg, chain, "pipeline")
+
+
+def _guarded(cfg: DictConfig, body: Callable[[], float | None], what: str) -> float | None:
+    """Validate, run; in a sweep, a failure becomes a FAILED run plus the worst objective instead of an exception.
+
+    Raising would stop Hydra's basic sweeper after the batch (leaving the sweep run open) and NaN crashes the
+    Optuna sweeper; an infinite value keeps the sweep going and steers Optuna away.
+    """
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    try:
+        validate(cfg)
+        return body()
+    except Exception as exc:
+        print(f"ortflow {what} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        if not in_sweep:
+            raise
+        from .callbacks import record_failed_job
+
+        try:
+            record_failed_job(cfg, HydraConfig.get(), exc)  # no-op when the job's run exists (already FAILED)
+        except Exception as record_error:  # noqa: BLE001 - report, keep the sweep going
+            print(f"ortflow: could not record the failed job: {record_error}", file=sys.stderr)
+        direction = str(HydraConfig.get().sweeper.get("direction", "minimize"))
+        return -float("inf") if "max" in direction.lower() else float("inf")

@@ -1,0 +1,313 @@
+"""Structured configs: the typed schema every YAML file under ``conf/`` is merged into.
+
+The root schema ``ortflow_config`` is stored in Hydra's ConfigStore and listed first in ``conf/config.yaml``'s
+defaults, so a value of the wrong type, an unknown key or a choice outside an enum fails at composition with an
+error naming the key (``full_key: trainer.max_iter``). Rules that involve several groups (a classifier with a
+regression loss, Nesterov with the full trainer, ...) are checked by :func:`validate` when a stage starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+#: conf/ at the repository root, as an absolute path: @hydra.main resolves it the same way whether a stage runs
+#: as ``python -m pipelines.<stage>`` or is imported (pipelines.mlproject, tests).
+CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+
+
+class _Choice(str, Enum):
+    """An enum whose members print as their value (``${data.name}`` interpolates to ``regression``)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+class Task(_Choice):
+    regression = "regression"
+    classification = "classification"
+
+
+class DataKind(_Choice):
+    regression = "regression"
+    classification = "classification"
+    diabetes = "diabetes"
+    breast_cancer = "breast_cancer"
+    file = "file"
+
+
+class ModelKind(_Choice):
+    linear = "linear"
+    mlp_regressor = "mlp_regressor"
+    logistic = "logistic"
+    mlp_classifier = "mlp_classifier"
+
+
+class Activation(_Choice):
+    relu = "relu"
+    tanh = "tanh"
+    logistic = "logistic"
+    identity = "identity"
+
+
+class LossKind(_Choice):
+    square = "square"
+    absolute = "absolute"
+    elastic = "elastic"
+    log = "log"
+
+
+class PenaltyKind(_Choice):
+    none = "none"
+    elastic = "elastic"
+
+
+class TrainerKind(_Choice):
+    full = "full"
+    fwbw = "fwbw"
+
+
+class OptimizerKind(_Choice):
+    sgd = "sgd"
+    nesterov = "nesterov"
+    adam = "adam"
+    adamw = "adamw"
+
+
+class Schedule(_Choice):
+    constant = "constant"
+    invscaling = "invscaling"
+
+
+class Direction(_Choice):
+    minimize = "minimize"
+    maximize = "maximize"
+
+
+class Stage(_Choice):
+    convert = "convert"
+    add_loss = "add_loss"
+    train = "train"
+    evaluate = "evaluate"
+    export = "export"
+
+
+STAGES = [s.value for s in Stage]
+MODEL_TASK = {
+    ModelKind.linear: Task.regression,
+    ModelKind.mlp_regressor: Task.regression,
+    ModelKind.logistic: Task.classification,
+    ModelKind.mlp_classifier: Task.classification,
+}
+LOSS_TASK = {
+    LossKind.square: Task.regression,
+    LossKind.absolute: Task.regression,
+    LossKind.elastic: Task.regression,
+    LossKind.log: Task.classification,
+}
+
+
+@dataclass
+class DataConfig:
+    """A data set and how it is split. ``name`` picks the loader; the other keys apply where they make sense."""
+
+    name: DataKind = MISSING
+    task: Task = MISSING
+    # make_regression / make_classification
+    n_samples: int = 1000
+    n_features: int = 20
+    n_informative: int = 10
+    noise: float = 10.0
+    class_sep: float = 1.0
+    # file: a CSV or Parquet table
+    path: Optional[str] = None
+    target: Optional[str] = None
+    features: Optional[List[str]] = None
+    # the split and the preprocessing (statistics from the training part only)
+    test_size: float = 0.2
+    validation_fraction: float = 0.2
+    standardize: bool = True
+    standardize_target: bool = True
+    seed: int = "${seed}"  # type: ignore[assignment]
+
+
+@dataclass
+class ModelConfig:
+    """The scikit-learn model fitted by ``convert``; its weights are where ONNX training starts."""
+
+    name: ModelKind = MISSING
+    task: Task = MISSING
+    hidden_layer_sizes: List[int] = field(default_factory=lambda: [32])
+    activation: Activation = Activation.relu
+    alpha: float = 1e-4
+    C: float = 1.0
+    fit_intercept: bool = True
+    sklearn_max_iter: int = 50
+    target_opset: int = 17
+
+
+@dataclass
+class LossConfig:
+    name: LossKind = MISSING
+    l1_weight: float = 0.5
+    l2_weight: float = 0.5
+
+
+@dataclass
+class PenaltyConfig:
+    name: PenaltyKind = PenaltyKind.none
+    l1: float = 0.0
+    l2: float = 0.0
+    # initializers the penalty applies to with the full trainer; None means every ``coef_*``
+    weights: Optional[List[str]] = None
+
+
+@dataclass
+class TrainerConfig:
+    name: TrainerKind = MISSING
+    optimizer: OptimizerKind = OptimizerKind.sgd
+    learning_rate: float = 0.01
+    lr_schedule: Schedule = Schedule.constant
+    power_t: float = 0.25
+    momentum: float = 0.9
+    max_iter: int = 20
+    batch_size: int = 32
+    device: str = "cpu"
+    seed: int = "${seed}"  # type: ignore[assignment]
+    shuffle: bool = True
+    early_stopping: bool = False
+    n_iter_no_change: int = 10
+    tol: float = 1e-4
+    weights_to_train: Optional[List[str]] = None
+    checkpoint_every: int = 0  # 0: no checkpoints during training (one is still logged at the end when > 0)
+    # continue a training from a checkpoint folder, or from a logged one: runs:/<train run id>/checkpoint
+    resume_from: Optional[str] = None
+    verbose: int = 0
+
+
+@dataclass
+class MlflowConfig:
+    """Where runs go. Environment variables win: MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME/ID, MLFLOW_RUN_ID."""
+
+    tracking_uri: Optional[str] = None  # None: sqlite:///<root>/mlflow.db
+    root: Optional[str] = None  # None: the directory the command was started from
+    artifact_root: Optional[str] = None  # None: <root>/mlartifacts (local stores only)
+    experiment_name: str = "ortflow"
+    run_name: Optional[str] = None
+    registered_model_name: str = "ortflow-${data.name}-${model.name}"
+    tags: Dict[str, str] = field(default_factory=dict)
+    # per-epoch metrics are kept in memory and written asynchronously in batches: every this many seconds ...
+    metrics_flush_seconds: float = 10.0
+    # ... and every this many epochs (0: time only); always at the end of training
+    metrics_flush_every: int = 0
+    log_split: bool = True  # log the train/test split as an artifact (stages run alone read it back)
+    retries: int = 8  # attempts on "database is locked" and similar transient store errors
+
+
+@dataclass
+class PromotionConfig:
+    enabled: bool = True
+    metric: Optional[str] = None  # None: test_mse (regression) or test_log_loss (classification)
+    direction: Optional[Direction] = None  # None: maximize for r2/accuracy/roc_auc/f1, else minimize
+    alias: str = "champion"
+    # compare only with a holder evaluated on the same test rows (a fingerprint of the test split)
+    require_same_data: bool = True
+
+
+@dataclass
+class SourceConfig:
+    """Input of a stage run alone: an earlier stage's run id, or a folder/file holding its outputs."""
+
+    run_id: Optional[str] = None
+    path: Optional[str] = None
+
+
+@dataclass
+class Config:
+    data: DataConfig = MISSING
+    model: ModelConfig = MISSING
+    loss: LossConfig = MISSING
+    penalty: PenaltyConfig = MISSING
+    trainer: TrainerConfig = MISSING
+    mlflow: MlflowConfig = MISSING
+    promotion: PromotionConfig = MISSING
+    source: SourceConfig = field(default_factory=SourceConfig)
+    stages: List[Stage] = field(default_factory=lambda: list(Stage))
+    seed: int = 42
+    # The value a stage (and pipelines.main) returns to Hydra: what an Optuna sweep optimizes.
+    optimized_metric: str = "validation_loss"
+
+
+class ConfigError(ValueError):
+    """A combination of values that cannot work; the message names the keys."""
+
+
+def register_configs() -> None:
+    """Store the schema under the name ``conf/config.yaml`` lists first in its defaults."""
+    ConfigStore.instance().store(name="ortflow_config", node=Config)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Cross-group checks that a per-key type cannot express."""
+    data_task = Task(_value(cfg.data.task))
+    model = ModelKind(_value(cfg.model.name))
+    loss = LossKind(_value(cfg.loss.name))
+    if MODEL_TASK[model] != data_task:
+        raise ConfigError(
+            f"model={model.value} is a {MODEL_TASK[model].value} model but data={_value(cfg.data.name)} is a "
+            f"{data_task.value} data set (data.task); pick a matching model (e.g. "
+            f"{'mlp_classifier' if data_task == Task.classification else 'mlp_regressor'})"
+        )
+    if _value(cfg.model.task) != data_task.value:
+        raise ConfigError(f"model.task={_value(cfg.model.task)} does not match data.task={data_task.value}")
+    if LOSS_TASK[loss] != data_task:
+        hint = "loss=log" if data_task == Task.classification else "loss=square, absolute or elastic"
+        raise ConfigError(f"loss={loss.value} does not fit data.task={data_task.value}: use {hint}")
+    trainer = TrainerKind(_value(cfg.trainer.name))
+    optimizer = OptimizerKind(_value(cfg.trainer.optimizer))
+    if trainer == TrainerKind.full and optimizer == OptimizerKind.nesterov:
+        raise ConfigError("trainer.optimizer=nesterov needs trainer=fwbw (the full trainer offers sgd, adam, adamw)")
+    if trainer == TrainerKind.fwbw and optimizer == OptimizerKind.adamw:
+        raise ConfigError("trainer.optimizer=adamw needs trainer=full (the fwbw trainer offers sgd, nesterov, adam)")
+    if _value(cfg.data.name) == DataKind.file.value and (not cfg.data.path or not cfg.data.target):
+        raise ConfigError("data=file needs data.path (a .csv or .parquet file) and data.target (the label column)")
+    for key in ("data.test_size", "data.validation_fraction"):
+        value = OmegaConf.select(cfg, key)
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"{key}={value} must be in [0, 1)")
+    if not 0.0 < cfg.data.test_size:
+        raise ConfigError("data.test_size must be > 0: evaluate needs a test split")
+    if cfg.mlflow.metrics_flush_every < 0 or cfg.mlflow.metrics_flush_seconds <= 0:
+        raise ConfigError("mlflow.metrics_flush_every must be >= 0 and mlflow.metrics_flush_seconds > 0")
+    for key in ("trainer.max_iter", "trainer.batch_size", "mlflow.retries"):
+        if OmegaConf.select(cfg, key) < 1:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} must be >= 1")
+    if cfg.data.n_samples < 10 or cfg.data.n_features < 1:
+        raise ConfigError(f"data.n_samples={cfg.data.n_samples} must be >= 10 and data.n_features >= 1")
+    if cfg.trainer.learning_rate <= 0:
+        raise ConfigError(f"trainer.learning_rate={cfg.trainer.learning_rate} must be > 0")
+    if _value(cfg.penalty.name) == PenaltyKind.elastic.value and cfg.penalty.l1 <= 0 and cfg.penalty.l2 <= 0:
+        raise ConfigError("penalty=elastic needs penalty.l1 > 0 or penalty.l2 > 0")
+    for stage in cfg.stages:
+        Stage(_value(stage))
+
+
+def _value(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
+
+
+def to_container(cfg: DictConfig) -> dict:
+    """The resolved config as plain Python values (enums as strings)."""
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+
+
+def task_of(cfg: DictConfig) -> str:
+    return _value(cfg.data.task)

@@ -1,0 +1,191 @@
+"""Data sets, the train/validation/test split and its standardization.
+
+Synthetic sets come from ``make_regression``/``make_classification`` (seeded), ``diabetes`` and ``breast_cancer``
+are bundled with scikit-learn (no download), ``file`` reads a CSV or Parquet table. The split is saved as one
+``split.npz`` so a stage run alone works on exactly the rows the earlier stages used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig
+
+from .tracking import original_cwd
+
+
+@dataclass
+class Split:
+    """Standardized arrays (float32) plus the statistics that undo the standardization."""
+
+    task: str
+    X_train: np.ndarray
+    y_train: np.ndarray
+    X_valid: np.ndarray
+    y_valid: np.ndarray
+    X_test: np.ndarray
+    y_test: np.ndarray
+    x_mean: np.ndarray
+    x_scale: np.ndarray
+    y_mean: float
+    y_scale: float
+    feature_names: np.ndarray
+    classes: np.ndarray  # original labels of classes 0 and 1 (classification), empty otherwise
+
+    @property
+    def n_features(self) -> int:
+        return int(self.X_train.shape[1])
+
+    @property
+    def has_validation(self) -> bool:
+        return len(self.y_valid) > 0
+
+    def raw_X(self, X: np.ndarray) -> np.ndarray:
+        return (X * self.x_scale + self.x_mean).astype(np.float32)
+
+    def raw_y(self, y: np.ndarray) -> np.ndarray:
+        return (np.asarray(y, dtype=np.float64) * self.y_scale + self.y_mean).astype(np.float32)
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        np.savez_compressed(path, **{f.name: np.asarray(getattr(self, f.name)) for f in fields(self)})
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Split:
+        with np.load(path, allow_pickle=False) as data:
+            values = {f.name: data[f.name] for f in fields(cls)}
+        values["task"] = str(values["task"])
+        values["y_mean"] = float(values["y_mean"])
+        values["y_scale"] = float(values["y_scale"])
+        return cls(**values)
+
+    def fingerprint(self) -> str:
+        """A short hash of the test rows (standardized features and targets): equal splits, equal hashes."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for array in (self.X_test, self.y_test, self.x_mean, self.x_scale):
+            digest.update(np.ascontiguousarray(array, dtype=np.float32).tobytes())
+        digest.update(np.array([self.y_mean, self.y_scale], dtype=np.float64).tobytes())
+        return digest.hexdigest()[:16]
+
+    def summary(self) -> dict:
+        return {
+            "n_train": len(self.y_train),
+            "n_validation": len(self.y_valid),
+            "n_test": len(self.y_test),
+            "n_features": self.n_features,
+        }
+
+
+def load_dataset(data: DictConfig) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(X, y, feature names) of the configured data set; y holds 0/1 for classification."""
+    from sklearn import datasets
+
+    name = str(data.name)
+    seed = int(data.seed)
+    if name == "regression":
+        X, y = datasets.make_regression(
+            n_samples=data.n_samples, n_features=data.n_features,
+            n_informative=min(data.n_informative, data.n_features), noise=data.noise, random_state=seed,
+        )
+        names = [f"x{i}" for i in range(X.shape[1])]
+    elif name == "classification":
+        n_informative = min(data.n_informative, data.n_features)
+        X, y = datasets.make_classification(
+            n_samples=data.n_samples, n_features=data.n_features, n_informative=n_informative,
+            n_redundant=min(2, data.n_features - n_informative), class_sep=data.class_sep, n_classes=2,
+            random_state=seed,
+        )
+        names = [f"x{i}" for i in range(X.shape[1])]
+    elif name == "diabetes":
+        bunch = datasets.load_diabetes()
+        X, y, names = bunch.data, bunch.target, list(bunch.feature_names)
+    elif name == "breast_cancer":
+        bunch = datasets.load_breast_cancer()
+        X, y, names = bunch.data, bunch.target, [str(n) for n in bunch.feature_names]
+    elif name == "file":
+        X, y, names = _load_table(data)
+    else:  # pragma: no cover - the schema's enum rejects it first
+        raise ValueError(f"data.name={name!r} is unknown")
+    return np.asarray(X, dtype=np.float64), np.asarray(y), names
+
+
+def _load_table(data: DictConfig) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    import pandas as pd
+
+    path = Path(str(data.path)).expanduser()
+    if not path.is_absolute():
+        path = original_cwd() / path
+    if not path.exists():
+        raise FileNotFoundError(f"data.path={data.path!r}: {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix in (".parquet", ".pq"):
+        frame = pd.read_parquet(path)
+    elif suffix in (".csv", ".txt"):
+        frame = pd.read_csv(path)
+    else:
+        raise ValueError(f"data.path={data.path!r}: use a .csv or .parquet file")
+    if data.target not in frame.columns:
+        raise KeyError(f"data.target={data.target!r} is not a column of {path.name}; columns: {list(frame.columns)}")
+    if data.features:
+        missing = [c for c in data.features if c not in frame.columns]
+        if missing:
+            raise KeyError(f"data.features names columns {missing} missing from {path.name}")
+        columns = list(data.features)
+    else:
+        columns = [c for c in frame.select_dtypes("number").columns if c != data.target]
+    if not columns:
+        raise ValueError(f"{path.name} has no numeric feature column besides the target {data.target!r}")
+    frame = frame.dropna(subset=columns + [data.target])
+    return frame[columns].to_numpy(dtype=np.float64), frame[data.target].to_numpy(), [str(c) for c in columns]
+
+
+def make_split(data: DictConfig) -> Split:
+    """Load, split (stratified for classification) and standardize with training statistics."""
+    from sklearn.model_selection import train_test_split
+
+    X, y, names = load_dataset(data)
+    task = str(data.task)
+    seed = int(data.seed)
+    classes = np.array([], dtype=np.float64)
+    if task == "classification":
+        classes, y = np.unique(y, return_inverse=True)
+        if len(classes) != 2:
+            raise ValueError(f"data={data.name}: {len(classes)} classes found; the pipelines train binary classifiers")
+        classes = classes.astype(np.float64) if classes.dtype.kind in "iufb" else np.arange(2, dtype=np.float64)
+        y = y.astype(np.float64)
+    else:
+        y = np.asarray(y, dtype=np.float64)
+    stratify = y if task == "classification" else None
+    X_rest, X_test, y_rest, y_test = train_test_split(X, y, test_size=data.test_size, random_state=seed,
+                                                      stratify=stratify)
+    if data.validation_fraction > 0:
+        stratify = y_rest if task == "classification" else None
+        X_train, X_valid, y_train, y_valid = train_test_split(
+            X_rest, y_rest, test_size=data.validation_fraction, random_state=seed + 1, stratify=stratify)
+    else:
+        X_train, y_train = X_rest, y_rest
+        X_valid, y_valid = X_rest[:0], y_rest[:0]
+    x_mean = X_train.mean(axis=0) if data.standardize else np.zeros(X.shape[1])
+    x_scale = X_train.std(axis=0) if data.standardize else np.ones(X.shape[1])
+    x_scale = np.where(x_scale > 0, x_scale, 1.0)
+    if task == "regression" and data.standardize_target:
+        y_mean, y_scale = float(y_train.mean()), float(y_train.std() or 1.0)
+    else:
+        y_mean, y_scale = 0.0, 1.0
+
+    def fx(a: np.ndarray) -> np.ndarray:
+        return ((a - x_mean) / x_scale).astype(np.float32)
+
+    def fy(a: np.ndarray) -> np.ndarray:
+        return ((a - y_mean) / y_scale).astype(np.float32)
+
+    return Split(
+        task=task, X_train=fx(X_train), y_train=fy(y_train), X_valid=fx(X_valid), y_valid=fy(y_valid),
+        X_test=fx(X_test), y_test=fy(y_test), x_mean=x_mean.astype(np.float32), x_scale=x_scale.astype(np.float32),
+        y_mean=y_mean, y_scale=y_scale, feature_names=np.array(names, dtype=str), classes=classes,
+    )

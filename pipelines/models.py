@@ -1,0 +1,100 @@
+"""scikit-learn estimators from ``cfg.model`` and the ONNX graph surgery the pipelines need around them."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+from omegaconf import DictConfig
+from onnx import helper, numpy_helper
+
+
+def build_estimator(model: DictConfig, seed: int):
+    from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge
+    from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+    name = str(model.name)
+    if name == "linear":
+        if model.alpha > 0:
+            return Ridge(alpha=model.alpha, fit_intercept=model.fit_intercept)
+        return LinearRegression(fit_intercept=model.fit_intercept)
+    if name == "logistic":
+        return LogisticRegression(C=model.C, fit_intercept=model.fit_intercept, max_iter=model.sklearn_max_iter)
+    common = dict(hidden_layer_sizes=tuple(model.hidden_layer_sizes), activation=str(model.activation),
+                  alpha=model.alpha, max_iter=model.sklearn_max_iter, random_state=seed)
+    if name == "mlp_regressor":
+        return MLPRegressor(**common)
+    if name == "mlp_classifier":
+        return MLPClassifier(**common)
+    raise ValueError(f"model.name={name!r} is unknown")  # pragma: no cover - the schema's enum rejects it
+
+
+def fit_estimator(estimator, X: np.ndarray, y: np.ndarray, task: str):
+    """Fit quietly: a few iterations are enough to give ONNX training a starting point."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    target = y.astype(np.int64) if task == "classification" else y.astype(np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        estimator.fit(X, target)
+    return estimator
+
+
+def sklearn_predict(estimator, X: np.ndarray, task: str) -> np.ndarray:
+    """Regression predictions, or the probability of class 1."""
+    if task == "classification":
+        return estimator.predict_proba(X)[:, 1]
+    return np.asarray(estimator.predict(X), dtype=np.float64).reshape(len(X), -1)[:, 0]
+
+
+def with_scaling(onx: onnx.ModelProto, x_mean: np.ndarray, x_scale: np.ndarray, y_mean: float = 0.0,
+                 y_scale: float = 1.0, input_name: str = "X", output_name: str = "variable") -> onnx.ModelProto:
+    """A copy of ``onx`` that takes raw features and, for a regressor, returns predictions in the target's units.
+
+    Training runs on standardized data; the exported model should not ask users to standardize. The graph gets
+    ``X_std = (X - x_mean) / x_scale`` in front and ``y = y_std * y_scale + y_mean`` behind ``output_name``
+    (when the graph has that output and the target was standardized). The statistics are constants, not
+    trainable weights.
+    """
+    model = onnx.ModelProto()
+    model.CopyFrom(onx)
+    graph = model.graph
+    standardized = "scaling_X_standardized"
+    prefix = [
+        helper.make_node("Sub", [input_name, "scaling_x_mean"], ["scaling_X_centered"]),
+        helper.make_node("Div", ["scaling_X_centered", "scaling_x_scale"], [standardized]),
+    ]
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name == input_name:
+                node.input[i] = standardized
+    inits = [
+        numpy_helper.from_array(np.asarray(x_mean, dtype=np.float32), "scaling_x_mean"),
+        numpy_helper.from_array(np.asarray(x_scale, dtype=np.float32), "scaling_x_scale"),
+    ]
+    suffix = []
+    outputs = [o.name for o in graph.output]
+    if output_name in outputs and (y_mean != 0.0 or y_scale != 1.0):
+        inner = "scaling_y_standardized"
+        for node in graph.node:
+            for i, name in enumerate(node.output):
+                if name == output_name:
+                    node.output[i] = inner
+            for i, name in enumerate(node.input):
+                if name == output_name:
+                    node.input[i] = inner
+        inits += [
+            numpy_helper.from_array(np.array([y_scale], dtype=np.float32), "scaling_y_scale"),
+            numpy_helper.from_array(np.array([y_mean], dtype=np.float32), "scaling_y_mean"),
+        ]
+        suffix = [
+            helper.make_node("Mul", [inner, "scaling_y_scale"], ["scaling_y_scaled"]),
+            helper.make_node("Add", ["scaling_y_scaled", "scaling_y_mean"], [output_name]),
+        ]
+    nodes = prefix + list(graph.node) + suffix
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(inits)
+    onnx.checker.check_model(model)
+    return model

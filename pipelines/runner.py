@@ -1,0 +1,142 @@
+"""Running one stage inside an MLflow run, alone or as a step of the chain.
+
+A stage is a function ``fn(ctx: StageContext) -> dict`` of summary metrics. :func:`execute_stage` wraps it: the
+run (created under a parent, or the one ``mlflow run`` passed), the resolved config as params and YAML, the
+stage's wall time, the manifest of outputs; and FAILED with the reason as a tag when it raises.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from . import tracking as tr
+from .bundle import Bundle
+from .callbacks import JOB_RUN_FILE, SWEEP_RUN_ENV, SWEEP_RUN_FILE
+from .config import register_configs, task_of, validate
+
+
+@dataclass
+class StageContext:
+    name: str
+    cfg: DictConfig
+    tracking: tr.Tracking
+    run_id: str
+    work_dir: Path
+    bundle: Bundle
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def task(self) -> str:
+        return task_of(self.cfg)
+
+    def log_file(self, path: str | Path, artifact_path: str | None = None, entry: str | None = None) -> str:
+        """Log ``path`` as an artifact; with ``entry``, later stages find it in the bundle under that name."""
+        logged = tr.log_artifact(self.tracking, self.run_id, path, artifact_path)
+        if entry:
+            self.bundle.add(entry, path, self.run_id, logged)
+        return logged
+
+    def log_metrics(self, metrics: dict[str, Any], step: int = 0) -> None:
+        tr.log_metrics(self.tracking, self.run_id, metrics, step)
+        self.metrics.update({k: v for k, v in metrics.items() if v is not None})
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        tr.set_tags(self.tracking, self.run_id, tags)
+
+
+StageFn = Callable[[StageContext], dict]
+
+
+def execute_stage(name: str, fn: StageFn, cfg: DictConfig, tracking: tr.Tracking, bundle: Bundle, work_dir: Path,
+                  parent_run_id: str | None = None, run_id: str | None = None,
+                  on_start: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run ``fn`` in its own MLflow run; returns the metrics it logged plus ``time_<name>_seconds``."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    tags = {"ortflow.stage": name, "ortflow.task": task_of(cfg), "ortflow.trainer": str(cfg.trainer.name),
+            **dict(cfg.mlflow.tags)}
+    with tr.stage_run(tracking, name, parent_run_id=parent_run_id, run_id=run_id, tags=tags) as rid:
+        if on_start is not None:
+            on_start(rid)
+        ctx = StageContext(name, cfg, tracking, rid, work_dir, bundle)
+        tr.log_config(tracking, rid, cfg, work_dir / "config")
+        begin = time.perf_counter()
+        fn(ctx)
+        ctx.log_metrics({f"time_{name}_seconds": time.perf_counter() - begin})
+        tr.log_artifact(tracking, rid, bundle.write(work_dir))
+    return {**ctx.metrics, "run_id": rid}
+
+
+def prepare(cfg: DictConfig) -> tr.Tracking:
+    """Checks shared by every entry point, then the tracking connection."""
+    register_configs()
+    validate(cfg)
+    return tr.setup(cfg)
+
+
+def job_dir() -> Path:
+    """Hydra's output folder for this job (``outputs/...`` or ``multirun/.../<n>``), or a new temporary one."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return Path(tempfile.mkdtemp(prefix="ortflow-"))
+
+
+def work_dir_for(name: str) -> Path:
+    return job_dir() / name
+
+
+def sweep_parent_run_id() -> str | None:
+    """The sweep's parent run when this process runs a job of a Hydra multirun (see pipelines.callbacks)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return None
+    path = Path(HydraConfig.get().sweep.dir) / SWEEP_RUN_FILE
+    if path.exists():
+        return path.read_text().strip() or None
+    return os.environ.get(SWEEP_RUN_ENV) or None
+
+
+def remember_job_run(run_id: str) -> None:
+    """Leave the job's run id in its output folder, so the sweep callback can tell jobs that made no run."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        folder = Path(HydraConfig.get().runtime.output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / JOB_RUN_FILE).write_text(run_id)
+
+
+def objective(cfg: DictConfig, metrics: dict[str, Any]) -> float | None:
+    """The value returned to Hydra (and Optuna): ``metrics[cfg.optimized_metric]``."""
+    value = metrics.get(str(cfg.optimized_metric))
+    return float(value) if tr.is_finite(value) else (math.nan if value is not None else None)
+
+
+def run_standalone(name: str, fn: StageFn, cfg: DictConfig) -> float | None:
+    """Entry point of ``python -m pipelines.<stage>``: one run, inputs from ``source.run_id``/``source.path``."""
+    tracking = prepare(cfg)
+    bundle = Bundle.from_source(cfg.source)
+    env_run = os.environ.get("MLFLOW_RUN_ID") or None
+    parent = None if env_run else sweep_parent_run_id()
+    metrics = execute_stage(name, fn, cfg, tracking, bundle, work_dir_for(name), parent_run_id=parent,
+                            run_id=env_run, on_start=remember_job_run)
+    print(f"ortflow: stage {name!r} finished: run {metrics['run_id']} "
+          f"(experiment {tracking.experiment_name!r}, store {tracking.uri})")
+    print(f"  continue from it: source.run_id={metrics['run_id']}")
+    print(f"  look at it: {tracking.ui_hint(metrics['run_id'])}")
+    return objective(cfg, metrics)
+
+
+__all__ = ["StageContext", "execute_stage", "run_standalone", "prepare", "objective"]

@@ -1,0 +1,43 @@
+"""Stage ``add_loss``: append the configured loss (and weight penalty) to the prediction graph.
+
+Output: ``model_with_loss.onnx`` (inputs X and label, first output ``loss``), what ``trainer=full`` trains.
+``trainer=fwbw`` trains the prediction graph itself and computes the same loss outside onnxruntime; the graph
+is still written for reference.
+
+    python -m pipelines.add_loss source.run_id=<convert run> loss=absolute penalty=elastic
+"""
+
+from __future__ import annotations
+
+import onnx
+from omegaconf import DictConfig
+
+import ortflow
+
+from ..runner import StageContext
+
+SCORE_NAMES = {"square": "squared_error", "absolute": "absolute_error", "elastic": "elastic", "log": "log"}
+
+
+def penalty_spec(cfg: DictConfig, onx: onnx.ModelProto) -> dict | None:
+    """``{weight: {'l1': a, 'l2': b}}`` for ``add_loss_output`` (default weights: every ``coef_*``)."""
+    if str(cfg.penalty.name) == "none":
+        return None
+    names = list(cfg.penalty.weights) if cfg.penalty.weights else [
+        i.name for i in onx.graph.initializer if i.name.startswith("coef_")]
+    return {name: {"l1": float(cfg.penalty.l1), "l2": float(cfg.penalty.l2)} for name in names}
+
+
+def add_loss(ctx: StageContext) -> dict:
+    cfg = ctx.cfg
+    onx = onnx.load(str(ctx.bundle.path("model", ctx.name)))
+    with_loss = ortflow.add_loss_output(
+        onx, score_name=SCORE_NAMES[str(cfg.loss.name)], loss_name="loss", label_name="label",
+        penalty=penalty_spec(cfg, onx), l1_weight=float(cfg.loss.l1_weight), l2_weight=float(cfg.loss.l2_weight),
+    )
+    path = ctx.work_dir / "model_with_loss.onnx"
+    onnx.save(with_loss, path)
+    ctx.log_file(path, "graphs", entry="model_with_loss")
+    ctx.set_tags({"ortflow.loss": str(cfg.loss.name), "ortflow.penalty": str(cfg.penalty.name),
+                  "ortflow.loss_graph_used_for_training": str(str(cfg.trainer.name) == "full").lower()})
+    return ctx.metrics

@@ -1,0 +1,166 @@
+"""Stage ``train``: train the ONNX graph with onnxruntime-training, starting from the scikit-learn weights.
+
+``trainer=full`` trains ``model_with_loss.onnx`` with :class:`ortflow.OrtGradientOptimizer`; ``trainer=fwbw``
+trains ``model.onnx`` with :class:`ortflow.OrtGradientForwardBackwardOptimizer` and the configured loss.
+Logs the losses of every epoch (step = epoch, written in batches), every graph the trainer used, the trained
+prediction graph, the history and a loss-curve PNG. A diverging run (non-finite loss) ends FAILED.
+
+    python -m pipelines.train source.run_id=<add_loss run> trainer=fwbw trainer.optimizer=nesterov
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from omegaconf import DictConfig
+
+import ortflow
+
+from .. import plots
+from ..data import Split
+from ..runner import StageContext
+from ..tracking import MlflowMetricsCallback
+from .add_loss import penalty_spec
+
+FWBW_LOSSES = {"square": "square_error", "absolute": "absolute_error", "elastic": "elastic", "log": "neg_log"}
+
+
+def common_params(cfg: DictConfig, callbacks: list) -> dict:
+    t = cfg.trainer
+    return dict(
+        weights_to_train=list(t.weights_to_train) if t.weights_to_train else None,
+        max_iter=int(t.max_iter), batch_size=int(t.batch_size), device=str(t.device), verbose=int(t.verbose),
+        early_stopping=bool(t.early_stopping), n_iter_no_change=int(t.n_iter_no_change), tol=float(t.tol),
+        shuffle=bool(t.shuffle), random_state=int(t.seed), callbacks=callbacks, exc=True,
+    )
+
+
+def build_full(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
+    t = cfg.trainer
+    return ortflow.OrtGradientOptimizer(
+        graph, loss_output_name="loss", learning_rate=float(t.learning_rate), lr_schedule=str(t.lr_schedule),
+        power_t=float(t.power_t), optimizer=str(t.optimizer), **common_params(cfg, callbacks),
+    )
+
+
+def build_fwbw(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
+    from ortflow import fwbw
+
+    t = cfg.trainer
+    eta0 = float(t.learning_rate)
+    schedule = dict(learning_rate=str(t.lr_schedule), power_t=float(t.power_t))
+    optimizer = str(t.optimizer)
+    if optimizer == "nesterov":
+        learning_rate = fwbw.LearningRateSGDNesterov(eta0=eta0, momentum=float(t.momentum), **schedule)
+    elif optimizer == "adam":
+        learning_rate = fwbw.LearningRateAdam(eta0=eta0)
+    else:
+        learning_rate = fwbw.LearningRateSGD(eta0=eta0, **schedule)
+    loss = str(cfg.loss.name)
+    if loss == "elastic":
+        learning_loss = fwbw.ElasticLearningLoss(l1_weight=float(cfg.loss.l1_weight),
+                                                 l2_weight=float(cfg.loss.l2_weight))
+    else:
+        learning_loss = FWBW_LOSSES[loss]
+    penalty = None
+    spec = penalty_spec(cfg, graph)  # the same weights as the full trainer's penalty (default: every coef_*)
+    if spec:
+        penalty = fwbw.ElasticLearningPenalty(l1=float(cfg.penalty.l1), l2=float(cfg.penalty.l2), weights=list(spec))
+    return fwbw.OrtGradientForwardBackwardOptimizer(
+        graph, learning_rate=learning_rate, learning_loss=learning_loss, learning_penalty=penalty,
+        **common_params(cfg, callbacks),
+    )
+
+
+def train(ctx: StageContext) -> dict:
+    cfg = ctx.cfg
+    split = Split.load(ctx.bundle.path("split", ctx.name))
+    full = str(cfg.trainer.name) == "full"
+    graph = onnx.load(str(ctx.bundle.path("model_with_loss" if full else "model", ctx.name)))
+    logger = MlflowMetricsCallback(ctx.tracking, ctx.run_id, flush_every=int(cfg.mlflow.metrics_flush_every),
+                                   flush_seconds=float(cfg.mlflow.metrics_flush_seconds))
+    callbacks = [logger]
+    if cfg.trainer.checkpoint_every > 0:
+        callbacks.append(ortflow.Checkpoint(ctx.work_dir / "checkpoint", every=int(cfg.trainer.checkpoint_every)))
+    estimator = (build_full if full else build_fwbw)(cfg, graph, callbacks)
+    validation = (split.X_valid, split.y_valid) if split.has_validation else None
+
+    resume_from = _checkpoint_folder(cfg.trainer.resume_from)
+    if resume_from:
+        ctx.set_tags({"ortflow.resumed_from": str(cfg.trainer.resume_from)})
+    begin = time.perf_counter()
+    try:
+        estimator.fit(split.X_train, split.y_train, validation_data=validation, resume_from=resume_from)
+    except ortflow.ConvergenceError:
+        logger.wait()
+        history = getattr(estimator, "history_", [])
+        ctx.set_tags({"ortflow.diverged": "true"})
+        if history:
+            ctx.log_file(plots.loss_curves(history, ctx.work_dir / "plots" / "loss_curves.png",
+                                           title="loss (diverged)"), "plots")
+        raise
+    fit_seconds = time.perf_counter() - begin
+    in_loop_seconds = logger.loop_seconds
+
+    # The epoch metrics are being written in the background; save and log the graphs meanwhile.
+    history = estimator.history_
+    paths = estimator.save_onnx_graph(ctx.work_dir / "graphs")
+    if "trained_model" not in paths:
+        paths["trained_model"] = str(ctx.work_dir / "graphs" / "trained_model.onnx")
+        onnx.save(estimator.get_trained_onnx(), paths["trained_model"])
+    for name, path in sorted(paths.items()):
+        ctx.log_file(path, "graphs", entry="trained_model" if name == "trained_model" else None)
+    if cfg.trainer.checkpoint_every > 0 and (ctx.work_dir / "checkpoint").exists():
+        ctx.tracking.client.log_artifacts(ctx.run_id, str(ctx.work_dir / "checkpoint"), "checkpoint")
+    (ctx.work_dir / "history.json").write_text(json.dumps(history, indent=1, default=_json_default))
+    ctx.log_file(ctx.work_dir / "history.json", "history")
+    ctx.log_file(plots.loss_curves(history, ctx.work_dir / "plots" / "loss_curves.png",
+                                   title=f"{cfg.model.name} / trainer={cfg.trainer.name}"), "plots")
+    logger.wait()
+
+    train_losses = [r["train_loss"] for r in history]
+    valid_losses = [r["validation_loss"] for r in history if r.get("validation_loss") is not None]
+    n_epochs = len(history)
+    summary = {
+        "n_epochs": n_epochs,
+        "final_train_loss": train_losses[-1] if train_losses else None,
+        "best_validation_loss": min(valid_losses) if valid_losses else None,
+        "time_fit_seconds": fit_seconds,
+        "time_per_epoch_seconds": fit_seconds / max(n_epochs, 1),
+        # time the epoch loop spent in the MLflow callback, and all tracking time (loop + final wait)
+        "tracking_in_loop_seconds": in_loop_seconds,
+        "tracking_overhead_seconds": logger.overhead_seconds,
+        "tracking_in_loop_fraction": in_loop_seconds / fit_seconds if fit_seconds > 0 else 0.0,
+        "tracking_overhead_fraction": logger.overhead_seconds / fit_seconds if fit_seconds > 0 else 0.0,
+        "metric_flushes": logger.flushes,
+    }
+    ctx.log_metrics(summary)
+    # the per-epoch histories are logged with steps; the chain and Optuna read the final values from here
+    ctx.metrics["train_loss"] = train_losses[-1] if train_losses else None
+    ctx.metrics["validation_loss"] = valid_losses[-1] if valid_losses else None
+    (ctx.work_dir / "train_summary.json").write_text(json.dumps(
+        {**summary, "train_loss": ctx.metrics["train_loss"], "validation_loss": ctx.metrics["validation_loss"],
+         "trainer": type(estimator).__name__}, indent=1, default=_json_default))
+    ctx.log_file(ctx.work_dir / "train_summary.json", None, entry="train_summary")
+    return ctx.metrics
+
+
+def _checkpoint_folder(resume_from: str | None) -> str | None:
+    """A local checkpoint folder; ``runs:/...`` and other artifact URIs are downloaded first."""
+    if not resume_from:
+        return None
+    if "://" in str(resume_from) or str(resume_from).startswith("runs:/"):
+        import mlflow
+
+        return mlflow.artifacts.download_artifacts(artifact_uri=str(resume_from))
+    return str(Path(str(resume_from)).expanduser().resolve())
+
+
+def _json_default(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")

@@ -1,0 +1,394 @@
+"""Everything the pipelines say to MLflow: where runs go, run lifecycles, params, metrics, artifacts.
+
+Defaults: an embedded sqlite store ``sqlite:///<root>/mlflow.db`` with artifacts under ``<root>/mlartifacts``,
+``<root>`` being the directory the command started from (``hydra.job.chdir`` is false). ``MLFLOW_TRACKING_URI``,
+``MLFLOW_EXPERIMENT_NAME``/``MLFLOW_EXPERIMENT_ID`` and ``MLFLOW_RUN_ID`` (set by ``mlflow run``) win over the config.
+
+Every store call goes through :func:`call`, which retries transient errors ("database is locked" when parallel
+jobs write to one sqlite file, a busy server) with jittered exponential back-off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from omegaconf import DictConfig, OmegaConf
+
+from ortflow.callbacks import Callback
+
+from .config import to_container
+
+_log = logging.getLogger("pipelines.tracking")
+FAILURE_TAG = "ortflow.failure_reason"
+MAX_PARAM_LENGTH = 6000
+_TRANSIENT = ("database is locked", "database table is locked", "temporarily unavailable", "connection refused",
+              "connection reset", "max retries exceeded")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Errors worth a retry: sqlite lock contention, a server that is briefly unavailable."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    if isinstance(exc, MlflowException) and "already exists" in text:
+        return False
+    return any(marker in text for marker in _TRANSIENT)
+
+
+def call(fn: Callable, *args: Any, retries: int = 8, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, retried up to ``retries`` times on transient store errors."""
+    for attempt in range(retries + 1):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - filtered just below
+            if attempt >= retries or not is_transient(exc):
+                raise
+            delay = min(5.0, 0.05 * 2**attempt) * (0.5 + random.random())
+            _log.warning("MLflow store busy (%s), retry %d/%d in %.2f s", str(exc).splitlines()[0][:200],
+                         attempt + 1, retries, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class RetryingClient:
+    """An ``MlflowClient`` whose methods retry transient errors (see :func:`call`)."""
+
+    def __init__(self, client: MlflowClient, retries: int = 8):
+        self._client = client
+        self.retries = retries
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def retrying(*args: Any, **kwargs: Any) -> Any:
+            return call(attr, *args, retries=self.retries, **kwargs)
+
+        return retrying
+
+
+@dataclass
+class Tracking:
+    """A configured connection to one tracking store and experiment."""
+
+    uri: str
+    client: RetryingClient
+    experiment_id: str
+    experiment_name: str
+    root: Path
+    retries: int
+
+    @property
+    def is_local_sqlite(self) -> bool:
+        return self.uri.startswith("sqlite:")
+
+    def ui_hint(self, run_id: str | None = None) -> str:
+        """How to look at the results."""
+        if self.uri.startswith(("http://", "https://")):
+            path = f"#/experiments/{self.experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+            return f"open {self.uri.rstrip('/')}/{path}"
+        return f"mlflow ui --backend-store-uri {self.uri} --port 5000   # then open http://127.0.0.1:5000"
+
+
+def original_cwd() -> Path:
+    """The directory the command was started from (Hydra may have changed the cwd when chdir is on)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if HydraConfig.initialized():
+        from hydra.utils import get_original_cwd
+
+        return Path(get_original_cwd())
+    return Path.cwd()
+
+
+def resolve_root(cfg: DictConfig) -> Path:
+    root = cfg.mlflow.root
+    return Path(root).expanduser().resolve() if root else original_cwd()
+
+
+def resolve_tracking_uri(cfg: DictConfig) -> str:
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    if cfg.mlflow.tracking_uri:
+        return str(cfg.mlflow.tracking_uri)
+    return f"sqlite:///{resolve_root(cfg) / 'mlflow.db'}"
+
+
+def _artifact_location(cfg: DictConfig, uri: str, experiment_name: str) -> str | None:
+    """Where a new experiment keeps artifacts: <root>/mlartifacts/<name> for local stores; the server decides else."""
+    if cfg.mlflow.artifact_root:
+        base = Path(cfg.mlflow.artifact_root).expanduser()
+        base = base if base.is_absolute() else resolve_root(cfg) / base
+    elif uri.startswith(("sqlite:", "file:")) or "://" not in uri:
+        base = resolve_root(cfg) / "mlartifacts"
+    else:
+        return None
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in experiment_name) or "experiment"
+    return (base / safe).resolve().as_uri()
+
+
+def setup(cfg: DictConfig) -> Tracking:
+    """Point MLflow at the store and make sure the experiment exists."""
+    uri = resolve_tracking_uri(cfg)
+    retries = int(cfg.mlflow.retries)
+    mlflow.set_tracking_uri(uri)
+    client = RetryingClient(MlflowClient(tracking_uri=uri), retries=retries)
+    experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
+    if experiment_id:
+        experiment = client.get_experiment(experiment_id)
+    else:
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or cfg.mlflow.experiment_name
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            try:
+                client.create_experiment(name, artifact_location=_artifact_location(cfg, uri, name))
+            except MlflowException as exc:  # another job created it first
+                if "already exists" not in str(exc).lower() and "unique constraint" not in str(exc).lower():
+                    raise
+            experiment = client.get_experiment_by_name(name)
+    mlflow.set_experiment(experiment_id=experiment.experiment_id)
+    return Tracking(uri, client, experiment.experiment_id, experiment.name, resolve_root(cfg), retries)
+
+
+# ----------------------------------------------------------------------------------------------- run lifecycle
+
+
+def failure_reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:4900]
+
+
+def _open_run(tracking: Tracking, run_name: str, run_id: str | None, parent_run_id: str | None,
+              tags: Mapping[str, str] | None) -> str:
+    """A new run (nested under ``parent_run_id``), or the existing ``run_id`` with ``tags`` added."""
+    if run_id is not None:
+        set_tags(tracking, run_id, tags or {})
+        return run_id
+    all_tags = dict(tags or {})
+    if parent_run_id:
+        all_tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
+    return tracking.client.create_run(tracking.experiment_id, run_name=run_name, tags=all_tags).info.run_id
+
+
+def _status_of(exc: BaseException) -> str:
+    return "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+
+
+@contextlib.contextmanager
+def parent_run(tracking: Tracking, run_name: str, run_id: str | None = None, parent_run_id: str | None = None,
+               tags: Mapping[str, str] | None = None) -> Iterator[str]:
+    """A run that groups others (the chain, a sweep job); not the fluent active run. Ends FAILED on errors."""
+    run_id = _open_run(tracking, run_name, run_id, parent_run_id, tags)
+    try:
+        yield run_id
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            tracking.client.set_tag(run_id, FAILURE_TAG, failure_reason(exc))
+            tracking.client.set_terminated(run_id, _status_of(exc))
+        raise
+    tracking.client.set_terminated(run_id, "FINISHED")
+
+
+@contextlib.contextmanager
+def stage_run(tracking: Tracking, run_name: str, parent_run_id: str | None = None, run_id: str | None = None,
+              tags: Mapping[str, str] | None = None) -> Iterator[str]:
+    """The fluent active run of one stage (``mlflow.onnx.log_model`` needs one).
+
+    A new run is created under ``parent_run_id`` unless ``run_id`` names an existing one (``mlflow run``'s run).
+    On an exception the run gets the reason as the tag ``ortflow.failure_reason`` and ends FAILED.
+    """
+    run_id = _open_run(tracking, run_name, run_id, parent_run_id, tags)
+    call(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None, retries=tracking.retries)
+    try:
+        yield run_id
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            tracking.client.set_tag(run_id, FAILURE_TAG, failure_reason(exc))
+        with contextlib.suppress(Exception):
+            call(mlflow.end_run, status=_status_of(exc), retries=tracking.retries)
+        raise
+    call(mlflow.end_run, status="FINISHED", retries=tracking.retries)
+
+
+# ---------------------------------------------------------------------------------------------------- logging
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as dotted keys; lists stay values (``model.hidden_layer_sizes: [32, 16]``)."""
+    out: dict[str, Any] = {}
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            out.update(flatten(item, f"{prefix}{key}."))
+    else:
+        out[prefix[:-1]] = value
+    return out
+
+
+def log_config(tracking: Tracking, run_id: str, cfg: DictConfig, folder: Path) -> None:
+    """Flattened resolved config as params, the YAML (and Hydra's overrides) as artifacts under ``config/``."""
+    resolved = to_container(cfg)
+    params = [Param(k, _param_text(v)) for k, v in flatten(resolved).items()]
+    for start in range(0, len(params), 100):
+        tracking.client.log_batch(run_id, params=params[start:start + 100])
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(resolved)))
+    overrides = hydra_overrides()
+    if overrides is not None:
+        (folder / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
+        tracking.client.set_tag(run_id, "ortflow.overrides", " ".join(overrides)[:4900] or "(none)")
+    tracking.client.log_artifacts(run_id, str(folder), "config")
+
+
+def hydra_overrides() -> list[str] | None:
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return list(HydraConfig.get().overrides.task)
+
+
+def _param_text(value: Any) -> str:
+    text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    return text[:MAX_PARAM_LENGTH]
+
+
+def log_metrics(tracking: Tracking, run_id: str, metrics: Mapping[str, Any], step: int = 0) -> None:
+    """Log the finite numbers of ``metrics`` in one batch (None and non-numbers are skipped)."""
+    now = int(time.time() * 1000)
+    batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if _is_number(v)]
+    for start in range(0, len(batch), 1000):
+        tracking.client.log_batch(run_id, metrics=batch[start:start + 1000])
+
+
+def set_tags(tracking: Tracking, run_id: str, tags: Mapping[str, Any]) -> None:
+    items = [RunTag(k, str(v)[:4900]) for k, v in tags.items() if v is not None]
+    if items:
+        tracking.client.log_batch(run_id, tags=items)
+
+
+def log_artifact(tracking: Tracking, run_id: str, path: str | Path, artifact_path: str | None = None) -> str:
+    """Log one file; returns its artifact path inside the run."""
+    path = Path(path)
+    tracking.client.log_artifact(run_id, str(path), artifact_path)
+    return f"{artifact_path}/{path.name}" if artifact_path else path.name
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, (int, float)) or (hasattr(value, "dtype") and getattr(value, "ndim", 1) == 0)
+
+
+def is_finite(value: Any) -> bool:
+    try:
+        return value is not None and math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+class MlflowMetricsCallback(Callback):
+    """Sends each epoch's record (train/validation loss, learning rate, epoch time) to a run, with step=epoch.
+
+    Records are kept in memory (the epoch loop pays for one list append) and handed to MLflow's asynchronous
+    logging in one ``log_batch`` every ``flush_seconds`` seconds (long runs stay live in the UI), every
+    ``flush_every`` epochs when that is > 0, and at the end of training; a background thread writes.
+    :meth:`wait` blocks until everything is stored (a batch that failed is written again synchronously, with
+    retries): call it after other work so the last write overlaps that work.
+    ``overhead_seconds`` is the time spent in this callback plus in :meth:`wait`. The learning rate is logged
+    at the first epoch and whenever it changes.
+    """
+
+    KEYS = {"train_loss": "train_loss", "validation_loss": "validation_loss", "time": "epoch_time_seconds"}
+
+    def __init__(self, tracking: Tracking, run_id: str, flush_every: int = 0, flush_seconds: float = 10.0,
+                 synchronous: bool = False):
+        self.tracking = tracking
+        self.run_id = run_id
+        self.flush_every = flush_every
+        self.flush_seconds = flush_seconds
+        self.synchronous = synchronous
+        self.overhead_seconds = 0.0
+        self.loop_seconds = 0.0  # the part spent inside the epoch loop (on_epoch_end)
+        self.flushes = 0
+        self._records: list[tuple[int, dict]] = []
+        self._pending: list[tuple[Any, list[Metric]]] = []
+        self._last_flush = time.perf_counter()
+        self._last_lr: float | None = None
+
+    def on_train_begin(self, trainer: Any) -> None:
+        self._last_flush = time.perf_counter()
+
+    def on_epoch_end(self, trainer: Any, record: dict) -> None:
+        start = time.perf_counter()
+        self._records.append((int(time.time() * 1000), record))
+        if (self.flush_every and len(self._records) >= self.flush_every) or (
+                start - self._last_flush >= self.flush_seconds):
+            self.flush()
+        elapsed = time.perf_counter() - start
+        self.loop_seconds += elapsed
+        self.overhead_seconds += elapsed
+
+    def on_train_end(self, trainer: Any) -> None:
+        start = time.perf_counter()
+        self.flush()  # queued: call wait() once the caller has done its own work
+        self.overhead_seconds += time.perf_counter() - start
+
+    def _metrics(self) -> list[Metric]:
+        metrics = []
+        for now, record in self._records:
+            step = int(record["epoch"])
+            for key, name in self.KEYS.items():
+                value = record.get(key)
+                if value is not None and is_finite(value):
+                    metrics.append(Metric(name, float(value), now, step))
+            lr = record.get("learning_rate")
+            if lr is not None and lr != self._last_lr and is_finite(lr):
+                metrics.append(Metric("learning_rate", float(lr), now, step))
+                self._last_lr = lr
+        self._records = []
+        return metrics
+
+    def flush(self) -> None:
+        """Queue (or write, when synchronous) the buffered epochs."""
+        metrics = self._metrics()
+        for begin in range(0, len(metrics), 1000):
+            chunk = metrics[begin:begin + 1000]
+            if self.synchronous:
+                self.tracking.client.log_batch(self.run_id, metrics=chunk)
+            else:
+                try:
+                    operation = self.tracking.client.log_batch(self.run_id, metrics=chunk, synchronous=False)
+                except Exception:  # noqa: BLE001 - the queue refused: write it now
+                    self.tracking.client.log_batch(self.run_id, metrics=chunk)
+                else:
+                    self._pending.append((operation, chunk))
+            self.flushes += 1
+        self._last_flush = time.perf_counter()
+
+    def wait(self) -> None:
+        """Block until every queued batch is stored."""
+        start = time.perf_counter()
+        self.flush()
+        pending, self._pending = self._pending, []
+        for operation, chunk in pending:
+            try:
+                if operation is not None:
+                    operation.wait()
+            except Exception:  # noqa: BLE001 - retried below with back-off
+                if chunk:
+                    self.tracking.client.log_batch(self.run_id, metrics=chunk)
+        self.overhead_seconds += time.perf_counter() - start

@@ -1,0 +1,109 @@
+"""The pipelines as users start them: Hydra CLI, -m sweeps (joblib in parallel, Optuna), ``mlflow run``."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow import MlflowClient
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = "ortflow-smoke-regression-mlp_regressor"
+
+
+def _run(cmd, cwd, env, timeout=300):
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return proc, proc.stdout + proc.stderr
+
+
+def test_cli_wrong_type_fails_naming_the_key(tmp_path, pipeline_subprocess_env):
+    proc, out = _run([sys.executable, "-m", "pipelines.main", "trainer.max_iter=abc"], tmp_path,
+                     pipeline_subprocess_env)
+    assert proc.returncode != 0
+    assert "trainer.max_iter" in out and "could not be converted to Integer" in out
+    assert not (tmp_path / "mlflow.db").exists()  # nothing ran
+
+
+def test_cli_incompatible_choice_fails_before_any_run(tmp_path, pipeline_subprocess_env):
+    proc, out = _run([sys.executable, "-m", "pipelines.train", "model=logistic"], tmp_path,
+                     pipeline_subprocess_env)
+    assert proc.returncode != 0 and "ConfigError" in out and "model=logistic" in out
+
+
+@pytest.mark.slow
+def test_multirun_four_jobs_two_in_parallel_on_sqlite(tmp_path, pipeline_subprocess_env):
+    cmd = [sys.executable, "-m", "pipelines.main", "-m", "experiment=smoke",
+           "trainer.learning_rate=0.002,0.005,0.01,0.02", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
+    proc, out = _run(cmd, tmp_path, pipeline_subprocess_env)
+    assert proc.returncode == 0, out[-4000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("ortflow").experiment_id
+    runs = client.search_runs([experiment], max_results=1000)
+    sweeps = [r for r in runs if r.data.tags.get("ortflow.sweep") == "true"]
+    assert len(sweeps) == 1 and sweeps[0].info.status == "FINISHED"
+    sweep = sweeps[0]
+    jobs = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweep.info.run_id]
+    assert len(jobs) == 4 and all(r.info.status == "FINISHED" for r in jobs)
+    assert sorted(r.data.params["trainer.learning_rate"] for r in jobs) == ["0.002", "0.005", "0.01", "0.02"]
+    for job in jobs:
+        stages = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == job.info.run_id]
+        assert len(stages) == 5 and all(r.info.status == "FINISHED" for r in stages)
+        assert len(client.get_metric_history(
+            next(r for r in stages if r.data.tags["ortflow.stage"] == "train").info.run_id, "train_loss")) == 3
+    assert len(runs) == 1 + 4 + 4 * 5  # no run lost, none duplicated
+    assert sweep.data.metrics["jobs_finished"] == 4
+    assert sweep.data.metrics["best_objective"] == min(r.data.metrics["objective"] for r in jobs)
+    versions = client.search_model_versions(f"name='{MODEL}'")
+    assert len(versions) == 4
+    champion = client.get_model_version_by_alias(MODEL, "champion")
+    best = min(float(v.tags["ortflow.promotion.candidate_value"]) for v in versions)
+    assert float(champion.tags["ortflow.promotion.candidate_value"]) == pytest.approx(best)
+    assert "database is locked" not in out.lower() or "retry" in out.lower()
+
+
+@pytest.mark.slow
+def test_optuna_sweep_minimizes_the_returned_validation_loss(tmp_path, pipeline_subprocess_env):
+    cmd = [sys.executable, "-m", "pipelines.main", "-m", "hparams_search=optuna", "experiment=smoke",
+           "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=1", "stages=[convert,add_loss,train]",
+           # one trial diverges: it must be recorded as FAILED without ending the study
+           "hydra.sweeper.params={trainer.learning_rate: 'choice(0.01, 0.02, 1000.0)'}",
+           "hydra.sweeper.sampler.n_startup_trials=3"]
+    proc, out = _run(cmd, tmp_path, pipeline_subprocess_env)
+    assert proc.returncode == 0, out[-4000:]
+    result = yaml.safe_load(next((tmp_path / "multirun").rglob("optimization_results.yaml")).read_text())
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("ortflow").experiment_id], max_results=1000)
+    sweep = next(r for r in runs if r.data.tags.get("ortflow.sweep") == "true")
+    jobs = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweep.info.run_id]
+    assert len(jobs) == 3
+    finished = [r for r in jobs if r.info.status == "FINISHED"]
+    assert finished and all(math.isfinite(r.data.metrics["objective"]) for r in finished)
+    assert result["best_value"] == pytest.approx(min(r.data.metrics["objective"] for r in finished))
+    for job in jobs:
+        if job.data.params["trainer.learning_rate"] == "1000.0":
+            assert job.info.status == "FAILED" and "ConvergenceError" in job.data.tags["ortflow.failure_reason"]
+
+
+@pytest.mark.slow
+def test_mlflow_run_local_env_manager(tmp_path, pipeline_subprocess_env):
+    env = dict(pipeline_subprocess_env, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    overrides = f"experiment=smoke trainer=fwbw hydra.run.dir={tmp_path / 'outputs'}"
+    cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "--env-manager", "local", "--experiment-name",
+           "mlproject", "-P", f"overrides={overrides}"]
+    proc, out = _run(cmd, tmp_path, env)
+    assert proc.returncode == 0, out[-4000:]
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs([client.get_experiment_by_name("mlproject").experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params["overrides"].strip("'") == overrides  # mlflow run's own run is the parent
+    assert parent.data.params["trainer.name"] == "fwbw"
+    stages = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.tags["ortflow.stage"] for r in stages) == sorted(
+        ["convert", "add_loss", "train", "evaluate", "export"])
+    assert "test_mse" in parent.data.metrics
+    assert f"ortflow pipeline finished: run {parent.info.run_id}" in out

@@ -1,0 +1,171 @@
+"""Hydra composition of conf/ against the structured schema, and the small pure helpers of pipelines/."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime
+import pytest
+from omegaconf import OmegaConf
+
+from pipelines import promotion
+from pipelines.bundle import Bundle, MissingInputError
+from pipelines.config import ConfigError, validate
+from pipelines.models import with_scaling
+from pipelines.tracking import flatten, is_transient, resolve_tracking_uri
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+def _causes(exc: BaseException) -> str:
+    """The messages of an exception and of its causes (Hydra wraps the OmegaConf error)."""
+    text = []
+    while exc is not None:
+        text.append(f"{type(exc).__name__}: {exc}")
+        exc = exc.__cause__ or exc.__context__
+    return "\n".join(text)
+
+
+def test_default_config_composes_small_defaults(compose_pipeline):
+    cfg = compose_pipeline()
+    validate(cfg)
+    assert (str(cfg.data.name), str(cfg.model.name), str(cfg.loss.name), str(cfg.trainer.name)) == (
+        "regression", "mlp_regressor", "square", "full")
+    assert (cfg.data.n_samples, cfg.data.n_features, cfg.trainer.max_iter) == (1000, 20, 20)
+    assert cfg.mlflow.registered_model_name == "ortflow-regression-mlp_regressor"
+    assert cfg.trainer.seed == cfg.seed == cfg.data.seed
+    assert [str(s) for s in cfg.stages] == ["convert", "add_loss", "train", "evaluate", "export"]
+    assert cfg.promotion.alias == "champion"
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
+def test_every_experiment_composes_and_validates(compose_pipeline, experiment):
+    cfg = compose_pipeline(f"experiment={experiment}")
+    validate(cfg)
+
+
+@pytest.mark.parametrize("group,option", [
+    (group.name, option.stem)
+    for group in sorted(CONF.iterdir()) if group.is_dir() and group.name not in ("experiment", "hparams_search")
+    for option in sorted(group.glob("*.yaml"))
+])
+def test_every_group_option_composes(compose_pipeline, group, option):
+    cfg = compose_pipeline(f"{group}={option}")
+    assert OmegaConf.select(cfg, group) is not None
+
+
+def test_optuna_search_config_composes(compose_pipeline):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["hparams_search=optuna"], return_hydra_config=True)
+    assert cfg.optimized_metric == "validation_loss"
+    assert cfg.hydra.sweeper.direction == "minimize"
+    assert "trainer.learning_rate" in cfg.hydra.sweeper.params
+
+
+@pytest.mark.parametrize("override,key", [
+    ("trainer.max_iter=abc", "trainer.max_iter"),
+    ("trainer.learning_rate=fast", "trainer.learning_rate"),
+    ("data.n_samples=1.5", "data.n_samples"),
+    ("trainer.optimizer=rmsprop", "trainer.optimizer"),
+    ("model.activation=gelu", "model.activation"),
+    ("promotion.direction=up", "promotion.direction"),
+    ("trainer.early_stopping=maybe", "trainer.early_stopping"),
+])
+def test_wrong_typed_value_fails_at_composition_naming_the_key(compose_pipeline, override, key):
+    with pytest.raises(Exception) as info:
+        compose_pipeline(override)
+    assert key in _causes(info.value)
+
+
+def test_unknown_key_and_unknown_choice_fail(compose_pipeline):
+    with pytest.raises(Exception) as info:
+        compose_pipeline("trainer.epochs=3")
+    assert "trainer.epochs" in _causes(info.value)
+    with pytest.raises(Exception) as info:
+        compose_pipeline("data=mnist")
+    text = _causes(info.value)
+    assert "data/mnist" in text and "breast_cancer" in text  # the message lists the available options
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (["model=logistic"], ["model=logistic", "data"]),
+    (["data=breast_cancer", "model=mlp_classifier"], ["loss=square", "loss=log"]),
+    (["trainer.optimizer=nesterov"], ["trainer.optimizer=nesterov", "trainer=fwbw"]),
+    (["trainer=fwbw", "trainer.optimizer=adamw"], ["trainer.optimizer=adamw", "trainer=full"]),
+    (["data.test_size=1.5"], ["data.test_size"]),
+    (["data=file"], ["data.path", "data.target"]),
+])
+def test_incompatible_groups_fail_with_the_keys(compose_pipeline, overrides, words):
+    cfg = compose_pipeline(*overrides) if overrides != ["data=file"] else compose_pipeline(
+        "data=file", "data.path=''", "data.target=''")
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_tracking_uri_defaults_to_sqlite_under_root_and_env_wins(compose_pipeline, clean_mlflow_env, monkeypatch,
+                                                               tmp_path):
+    cfg = compose_pipeline(f"mlflow.root={tmp_path}")
+    assert resolve_tracking_uri(cfg) == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = compose_pipeline("mlflow.tracking_uri=http://127.0.0.1:5999")
+    assert resolve_tracking_uri(cfg) == "http://127.0.0.1:5999"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///elsewhere.db")
+    assert resolve_tracking_uri(cfg) == "sqlite:///elsewhere.db"
+
+
+def test_flatten_and_transient_errors():
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": None}) == {"a.b": 1, "a.c": [1, 2], "d": None}
+    import sqlite3
+
+    assert is_transient(sqlite3.OperationalError("database is locked"))
+    assert not is_transient(ValueError("bad value"))
+
+
+def test_promotion_rules():
+    assert promotion.default_metric("regression") == "test_mse"
+    assert promotion.default_metric("classification") == "test_log_loss"
+    assert promotion.default_direction("test_r2") == "maximize"
+    assert promotion.default_direction("test_roc_auc") == "maximize"
+    assert promotion.default_direction("test_mse") == "minimize"
+    assert promotion.better(1.0, 2.0, "minimize") and not promotion.better(2.0, 2.0, "minimize")
+    assert promotion.better(0.9, 0.8, "maximize") and not promotion.better(0.8, 0.9, "maximize")
+
+
+def test_bundle_from_path_finds_known_files(tmp_path):
+    (tmp_path / "model.onnx").write_bytes(b"x")
+    (tmp_path / "split.npz").write_bytes(b"x")
+    bundle = Bundle.from_path(tmp_path)
+    assert bundle.path("model", "add_loss") == tmp_path / "model.onnx"
+    assert "split" in bundle and "trained_model" not in bundle
+    with pytest.raises(MissingInputError, match="trained_model.*train"):
+        bundle.path("trained_model", "evaluate")
+    assert "model" in Bundle.from_path(tmp_path / "model.onnx")
+    manifest = json.loads(bundle.to_json())
+    assert set(manifest) == {"model", "split"}
+
+
+def test_with_scaling_folds_standardization_into_the_graph():
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.array([[1.0], [2.0]], dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["X", "coef_0"], ["variable"])], "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor_value_info("variable", TensorProto.FLOAT, [None, 1])],
+        [numpy_helper.from_array(w, "coef_0")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    mean, scale = np.array([1.0, -1.0], np.float32), np.array([2.0, 4.0], np.float32)
+    wrapped = with_scaling(model, mean, scale, y_mean=10.0, y_scale=3.0)
+    X = np.array([[3.0, 3.0], [1.0, -1.0]], dtype=np.float32)
+    got = onnxruntime.InferenceSession(wrapped.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"X": X})[0]
+    expected = (((X - mean) / scale) @ w) * 3.0 + 10.0
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    assert [i.name for i in wrapped.graph.initializer if i.name.startswith("coef")] == ["coef_0"]
+    onnx.checker.check_model(wrapped)
+    assert math.isfinite(float(got.sum()))
