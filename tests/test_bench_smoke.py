@@ -1,0 +1,56 @@
+"""The benchmark suite runs end to end on tiny sizes and writes well-formed results (no timing assertions)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_bench_quick_tiny_writes_results(tmp_path):
+    out = tmp_path / "results"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [
+        sys.executable, "-m", "bench.run", "--quick", "--tiny", "--no-docs", "--no-pipeline", "--no-mlflow",
+        "--out", str(out), "--cases", "A,C,D-200,D-400", "--engines", "raw,ortflow-full,ortflow-fwbw,sklearn",
+        "--memory-engines", "ortflow-full", "--threads", "1", "--repeats", "2",
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    results = json.loads((out / "latest-tiny.json").read_text())
+    assert (out / "latest-tiny.md").read_text().startswith("Run: `python -m bench.run")
+    assert results["schema"] == 1 and results["mode"] == "tiny" and results["repeats"] == 2
+    machine = results["machine"]
+    assert machine["threads_used"] == 1 and machine["versions"]["onnxruntime"]
+    assert {"cpu", "logical_cores", "thread_settings"} <= set(machine)
+
+    cases = {c["case"]["key"]: c for c in results["cases"]}
+    assert {"A", "C", "D-200", "D-400"} == set(cases)
+    a = cases["A"]
+    assert {"raw", "ortflow-full", "sklearn"} <= set(a["engines"])
+    for name, engine in a["engines"].items():
+        ms = engine["ms_per_epoch"]
+        assert ms["n"] == 2 and ms["min"] <= ms["median"] <= ms["max"]
+        assert len(engine["loss_curve"]) == a["case"]["epochs"]
+        assert len(engine["epoch_s_all"]) == 2
+        assert "ratio_to_ref" in engine
+    assert a["engines"]["raw"]["ratio_to_ref"] == pytest.approx(1.0)
+    assert a["loss_check"]["valid"] is True  # same start, same data order: the same losses
+    # C compares momentum engines only: the raw loop and full training are skipped with a reason.
+    assert "raw" not in cases["C"]["engines"] and "momentum" in cases["C"]["skipped"].get("raw", "momentum")
+
+    mem = cases["D-400"]["memory"]["ortflow-full"]
+    assert mem["peak_rss_mb"] >= mem["base_rss_mb"] > 0 and mem["data_mb"] > 0
+
+    statuses = {t["status"] for t in results["targets"]}
+    assert statuses <= {"pass", "FAIL", "void", "n/a"}
+    assert any(t["target"].startswith("ortflow full / raw loop") for t in results["targets"])
+    sweep = results["ort_settings"][0]
+    assert sweep["case"] == "A" and "default (threads=T)" in sweep["variants"]
+    assert all(Path(p).is_file() for p in results["plots"])
