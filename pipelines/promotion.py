@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
+import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from .tracking import Tracking, is_finite, set_tags
@@ -20,6 +23,7 @@ from .tracking import Tracking, is_finite, set_tags
 MAXIMIZED = ("r2", "accuracy", "roc_auc", "auc", "f1", "precision", "recall")
 TAG = "ortflow.promotion."
 FINGERPRINT_TAG = "ortflow.data_fingerprint"
+SETTLE_ROUNDS = 5
 
 
 @dataclass
@@ -77,11 +81,20 @@ def current_holder(tracking: Tracking, name: str, alias: str):
 def promote(tracking: Tracking, name: str, version: str | None, run_id: str, value: float | None, metric: str,
             direction: str, alias: str, run_failed: bool = False, fingerprint: str | None = None,
             require_same_data: bool = True) -> Decision:
-    """Decide, move the alias when the candidate wins, and record the decision as tags (version and run).
+    """Decide, move the alias when the candidate wins, settle races, record the decision as tags (version and run).
 
     ``fingerprint`` identifies the test set the metric was measured on; with ``require_same_data`` a candidate
     measured on other data than the holder's never takes the alias (the two numbers are not comparable).
+    A candidate that can win first tags its version with its metric, value and fingerprint, so that promoters
+    running at the same time see it; after deciding, :func:`settle` puts the alias on the best tagged version.
     """
+    eligible = not run_failed and version is not None and is_finite(value)
+    if eligible:
+        comparable = {f"{TAG}metric": metric, f"{TAG}candidate_value": str(float(value))}
+        if fingerprint:
+            comparable[FINGERPRINT_TAG] = fingerprint
+        for key, text in comparable.items():
+            tracking.client.set_model_version_tag(name, version, key, text)
     with _registry_lock(tracking):
         holder = current_holder(tracking, name, alias)
         h_version = str(holder.version) if holder is not None else None
@@ -109,12 +122,76 @@ def promote(tracking: Tracking, name: str, version: str | None, run_id: str, val
             decision = Decision(False, "kept", f"{metric} {value:.6g} does not beat {h_value:.6g} ({direction})",
                                 **common)
         if decision.promoted:
-            tracking.client.set_registered_model_alias(name, alias, version)
+            _set_alias(tracking, name, alias, version)
+    if eligible:
+        final = settle(tracking, name, alias, metric, direction, require_same_data)
+        if decision.promoted and final is not None and str(final.version) != version:
+            f_value = holder_value(tracking, name, final, metric)
+            score = f" with {metric} {f_value:.6g}" if f_value is not None else ""
+            decision = Decision(False, "kept", f"version {final.version}{score} took @{alias} in a concurrent "
+                                "promotion", metric, direction, alias, decision.candidate_value, str(final.version),
+                                f_value)
     if version is not None:
         for key, text in decision.tags().items():
             tracking.client.set_model_version_tag(name, version, key, text)
     set_tags(tracking, run_id, decision.tags())
     return decision
+
+
+def settle(tracking: Tracking, name: str, alias: str, metric: str, direction: str, require_same_data: bool = True,
+           max_rounds: int = SETTLE_ROUNDS) -> ModelVersion | None:
+    """Move the alias to the best version comparable with its holder until a read finds nothing to move.
+
+    Each round (after a short jittered pause, which only lets racing writes land first) reads the holder, then
+    the versions. The target depends only on what the store holds, so every promoter computes the same one: the
+    holder unless a version is strictly better, among those tagged with ``metric`` and a finite value, whose
+    decision is not ``rejected`` and (with ``require_same_data``) whose fingerprint does not differ from the
+    holder's. Why the alias ends on the best version: every eligible candidate tags itself before deciding, then
+    settles, and a promoter stops only after a read that found nothing to move, made after its own last write.
+    The globally last such read thus comes after the last alias write and after every candidate's tags: it saw
+    the final holder and all candidates, and found no better version, or its promoter would have written again.
+    ``max_rounds`` only bounds promoters that disagree (another metric or direction on the same alias).
+    Returns the holder after the last round (None when no version holds the alias).
+    """
+    for _ in range(max_rounds):
+        time.sleep(random.uniform(0.05, 0.15))
+        holder = current_holder(tracking, name, alias)
+        if holder is None:
+            return None
+        best = _best(tracking, name, holder, metric, direction, require_same_data)
+        if best == str(holder.version):
+            return holder
+        _set_alias(tracking, name, alias, best)
+    return current_holder(tracking, name, alias)
+
+
+def _best(tracking: Tracking, name: str, holder: ModelVersion, metric: str, direction: str,
+          require_same_data: bool) -> str:
+    """The version the alias belongs on: the holder, or an eligible version strictly better than it."""
+    best, best_value = str(holder.version), holder_value(tracking, name, holder, metric)
+    h_fingerprint = holder.tags.get(FINGERPRINT_TAG)
+    for mv in sorted(tracking.client.search_model_versions(f"name='{name}'"), key=lambda mv: int(mv.version)):
+        tags = mv.tags
+        value, fingerprint = tags.get(f"{TAG}candidate_value"), tags.get(FINGERPRINT_TAG)
+        if (tags.get(f"{TAG}metric") != metric or not is_finite(value) or tags.get(f"{TAG}decision") == "rejected"
+                or (require_same_data and fingerprint and h_fingerprint and fingerprint != h_fingerprint)):
+            continue
+        if best_value is None or better(float(value), best_value, direction):
+            best, best_value = str(mv.version), float(value)
+    return best
+
+
+def _set_alias(tracking: Tracking, name: str, alias: str, version: str, attempts: int = 5) -> None:
+    """Point ``alias`` at ``version``; a concurrent first write of the alias is retried (the store inserts it)."""
+    for attempt in range(attempts):
+        try:
+            tracking.client.set_registered_model_alias(name, alias, version)
+            return
+        except MlflowException as exc:
+            text = str(exc).lower()
+            if attempt + 1 >= attempts or not ("unique constraint" in text or "duplicate key" in text):
+                raise
+            time.sleep(random.uniform(0.01, 0.05))
 
 
 @contextlib.contextmanager
