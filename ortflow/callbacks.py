@@ -64,19 +64,36 @@ class EarlyStopping(Callback):
 
 
 class Checkpoint(Callback):
-    """Write ``trainer.save_checkpoint(folder)`` every ``every`` epochs (and after the last one)."""
+    """Write ``trainer.save_checkpoint(folder)`` every ``every`` epochs (and after the last one).
+
+    The folder is replaced at each write (the last checkpoint wins). Subclasses can override
+    :meth:`on_checkpoint`, called after each write, to copy or upload it; ``saved_epoch_`` is the epoch of
+    the last write (None before the first).
+    """
 
     def __init__(self, folder: str | Path, every: int = 1):
         self.folder = folder
         self.every = every
 
+    def on_train_begin(self, trainer: Any) -> None:
+        self.saved_epoch_ = None
+
     def on_epoch_end(self, trainer: Any, record: dict) -> None:
         if record["epoch"] % self.every == 0:
-            trainer.save_checkpoint(self.folder)
+            self._save(trainer)
 
     def on_train_end(self, trainer: Any) -> None:
-        if not getattr(trainer, "diverged_", False):
-            trainer.save_checkpoint(self.folder)
+        # the last epoch's checkpoint, unless on_epoch_end just wrote it
+        if not getattr(trainer, "diverged_", False) and getattr(self, "saved_epoch_", None) != len(trainer.history_):
+            self._save(trainer)
+
+    def on_checkpoint(self, trainer: Any, folder: str, epoch: int) -> None:
+        """Called after each checkpoint is written to ``folder`` (``epoch``: the epochs it holds)."""
+
+    def _save(self, trainer: Any) -> None:
+        folder = trainer.save_checkpoint(self.folder)
+        self.saved_epoch_ = len(trainer.history_)
+        self.on_checkpoint(trainer, folder, self.saved_epoch_)
 
 
 class ProgressBar(Callback):

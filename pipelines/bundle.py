@@ -10,7 +10,10 @@ import json
 import tempfile
 from pathlib import Path
 
+import onnx
 from omegaconf import DictConfig
+
+from ortflow.graph import load_model, safe_join
 
 MANIFEST = "manifest.json"
 #: entry name -> the file name stages write it under (also what source.path folders are searched for)
@@ -79,11 +82,15 @@ class Bundle:
 
         if self._cache is None:
             self._cache = Path(tempfile.mkdtemp(prefix="ortflow-inputs-"))
-        target = self._cache / name
+        target = safe_join(self._cache, name)  # names come from a run's manifest: never outside the cache
         target.mkdir(exist_ok=True)
         downloaded = Path(mlflow.artifacts.download_artifacts(artifact_uri=entry["uri"], dst_path=str(target)))
         entry["local"] = str(downloaded)
         return downloaded
+
+    def load_onnx(self, name: str, stage: str) -> onnx.ModelProto:
+        """Entry ``name`` as an ONNX model, through ortflow's loader (external data must stay in its folder)."""
+        return load_model(self.path(name, stage))
 
     def read_json(self, name: str, stage: str) -> dict:
         return json.loads(self.path(name, stage).read_text())
@@ -100,7 +107,9 @@ class Bundle:
                 f"source.run_id={run_id}: the run has no {MANIFEST} artifact (is it a run of an ortflow stage?): {exc}"
             ) from exc
         entries = json.loads(Path(local).read_text())
-        return cls({k: {"uri": v["uri"]} for k, v in entries.items() if "uri" in v}, origin=f"run {run_id}")
+        # only the entries the stages know; a name from a manifest also becomes a folder name (see path)
+        return cls({k: {"uri": v["uri"]} for k, v in entries.items() if k in FILES and "uri" in v},
+                   origin=f"run {run_id}")
 
     @classmethod
     def from_path(cls, path: str | Path) -> Bundle:

@@ -187,8 +187,10 @@ class TrainerConfig:
     n_iter_no_change: int = 10
     tol: float = 1e-4
     weights_to_train: Optional[List[str]] = None
-    checkpoint_every: int = 0  # 0: no checkpoints during training (one is still logged at the end when > 0)
-    # continue a training from a checkpoint folder, or from a logged one: runs:/<train run id>/checkpoint
+    # N > 0: a checkpoint every N epochs and after the last, each logged under the run's checkpoint/ at once
+    checkpoint_every: int = 0
+    # continue a training from a checkpoint folder, or from a logged one: runs:/<train run id>/checkpoint, or
+    # just <train run id> (a run killed while RUNNING is then marked KILLED, tagged ortflow.resumed_by)
     resume_from: Optional[str] = None
     verbose: int = 0
 
@@ -210,6 +212,10 @@ class MlflowConfig:
     metrics_flush_every: int = 0
     log_split: bool = True  # log the train/test split as an artifact (stages run alone read it back)
     retries: int = 8  # attempts on "database is locked" and similar transient store errors
+    # ... within this many seconds in all (a tracking server restarted within it is survived)
+    retry_seconds: float = 60.0
+    # a tracking server must answer its /health within this many seconds at start, or nothing runs
+    connect_timeout: float = 5.0
 
 
 @dataclass
@@ -287,6 +293,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("data.test_size must be > 0: evaluate needs a test split")
     if cfg.mlflow.metrics_flush_every < 0 or cfg.mlflow.metrics_flush_seconds <= 0:
         raise ConfigError("mlflow.metrics_flush_every must be >= 0 and mlflow.metrics_flush_seconds > 0")
+    if cfg.mlflow.retry_seconds <= 0 or cfg.mlflow.connect_timeout <= 0:
+        raise ConfigError("mlflow.retry_seconds and mlflow.connect_timeout must be > 0")
     for key in ("trainer.max_iter", "trainer.batch_size", "mlflow.retries"):
         if OmegaConf.select(cfg, key) < 1:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} must be >= 1")

@@ -5,12 +5,15 @@ Defaults: an embedded sqlite store ``sqlite:///<root>/mlflow.db`` with artifacts
 ``MLFLOW_EXPERIMENT_NAME``/``MLFLOW_EXPERIMENT_ID`` and ``MLFLOW_RUN_ID`` (set by ``mlflow run``) win over the config.
 
 Every store call goes through :func:`call`, which retries transient errors ("database is locked" when parallel
-jobs write to one sqlite file, a busy server) with jittered exponential back-off.
+jobs write to one sqlite file, a server that is down or busy) with jittered exponential back-off, for at most
+``mlflow.retries`` attempts within ``mlflow.retry_seconds``. A tracking server is asked for its ``/health`` before
+anything runs (:func:`check_reachable`); a store that stays away mid-run ends in :class:`TrackingUnavailableError`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -48,15 +51,21 @@ def is_transient(exc: BaseException) -> bool:
     return any(marker in text for marker in _TRANSIENT)
 
 
-def call(fn: Callable, *args: Any, retries: int = 8, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``, retried up to ``retries`` times on transient store errors."""
+class TrackingUnavailableError(RuntimeError):
+    """The tracking store cannot be reached; the message names its URI and where local outputs were kept."""
+
+
+def call(fn: Callable, *args: Any, retries: int = 8, retry_seconds: float = 60.0, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, retried on transient store errors: ``retries`` times within ``retry_seconds``."""
+    deadline = time.monotonic() + retry_seconds
     for attempt in range(retries + 1):
         try:
             return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - filtered just below
-            if attempt >= retries or not is_transient(exc):
+            left = deadline - time.monotonic()
+            if attempt >= retries or left <= 0 or not is_transient(exc):
                 raise
-            delay = min(5.0, 0.05 * 2**attempt) * (0.5 + random.random())
+            delay = min(left, 5.0, 0.05 * 2**attempt * (0.5 + random.random()))
             _log.warning("MLflow store busy (%s), retry %d/%d in %.2f s", str(exc).splitlines()[0][:200],
                          attempt + 1, retries, delay)
             time.sleep(delay)
@@ -66,9 +75,10 @@ def call(fn: Callable, *args: Any, retries: int = 8, **kwargs: Any) -> Any:
 class RetryingClient:
     """An ``MlflowClient`` whose methods retry transient errors (see :func:`call`)."""
 
-    def __init__(self, client: MlflowClient, retries: int = 8):
+    def __init__(self, client: MlflowClient, retries: int = 8, retry_seconds: float = 60.0):
         self._client = client
         self.retries = retries
+        self.retry_seconds = retry_seconds
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._client, name)
@@ -76,7 +86,7 @@ class RetryingClient:
             return attr
 
         def retrying(*args: Any, **kwargs: Any) -> Any:
-            return call(attr, *args, retries=self.retries, **kwargs)
+            return call(attr, *args, retries=self.retries, retry_seconds=self.retry_seconds, **kwargs)
 
         return retrying
 
@@ -91,6 +101,11 @@ class Tracking:
     experiment_name: str
     root: Path
     retries: int
+    retry_seconds: float = 60.0
+
+    def call(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` with this store's retry policy (see :func:`call`)."""
+        return call(fn, *args, retries=self.retries, retry_seconds=self.retry_seconds, **kwargs)
 
     @property
     def is_local_sqlite(self) -> bool:
@@ -142,12 +157,43 @@ def _artifact_location(cfg: DictConfig, uri: str, experiment_name: str) -> str |
     return (base / safe).resolve().as_uri()
 
 
+# MLflow's own HTTP retries (7, doubling from 2 s) would hold a call for minutes while a server is down: keep them
+# short and let `call` wait, within mlflow.retry_seconds. Variables the user set win.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+
+
+def check_reachable(uri: str, timeout: float) -> None:
+    """Raise :class:`TrackingUnavailableError` unless the tracking server at ``uri`` answers ``/health``."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as response:
+            if response.status == 200:
+                return
+            problem = f"HTTP {response.status}"
+    except urllib.error.HTTPError as exc:
+        problem = f"HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        problem = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+    raise TrackingUnavailableError(
+        f"the MLflow tracking server {uri} is unreachable ({problem}; timeout {timeout:g} s): nothing was run. "
+        "Start the server, fix MLFLOW_TRACKING_URI / mlflow.tracking_uri, or unset both to use the embedded "
+        "sqlite store")
+
+
 def setup(cfg: DictConfig) -> Tracking:
-    """Point MLflow at the store and make sure the experiment exists."""
+    """Point MLflow at the store (after checking a server answers) and make sure the experiment exists."""
     uri = resolve_tracking_uri(cfg)
-    retries = int(cfg.mlflow.retries)
+    retries, retry_seconds = int(cfg.mlflow.retries), float(cfg.mlflow.retry_seconds)
+    for name, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    check_reachable(uri, float(cfg.mlflow.connect_timeout))
     mlflow.set_tracking_uri(uri)
-    client = RetryingClient(MlflowClient(tracking_uri=uri), retries=retries)
+    client = RetryingClient(MlflowClient(tracking_uri=uri), retries=retries, retry_seconds=retry_seconds)
     experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
     if experiment_id:
         experiment = client.get_experiment(experiment_id)
@@ -162,7 +208,7 @@ def setup(cfg: DictConfig) -> Tracking:
                     raise
             experiment = client.get_experiment_by_name(name)
     mlflow.set_experiment(experiment_id=experiment.experiment_id)
-    return Tracking(uri, client, experiment.experiment_id, experiment.name, resolve_root(cfg), retries)
+    return Tracking(uri, client, experiment.experiment_id, experiment.name, resolve_root(cfg), retries, retry_seconds)
 
 
 # ----------------------------------------------------------------------------------------------- run lifecycle
@@ -184,6 +230,20 @@ def _open_run(tracking: Tracking, run_name: str, run_id: str | None, parent_run_
     return tracking.client.create_run(tracking.experiment_id, run_name=run_name, tags=all_tags).info.run_id
 
 
+def _mark_failed(tracking: Tracking, run_id: str, exc: BaseException, fluent: bool) -> None:
+    """Tag the reason and end the run FAILED (KILLED on Ctrl-C). When the store itself is lost, one attempt
+    each, without retries: the error must reach the user now, not after minutes of waiting."""
+    lost = isinstance(exc, TrackingUnavailableError)
+    client = tracking.client._client if lost else tracking.client
+    with contextlib.suppress(Exception):
+        client.set_tag(run_id, FAILURE_TAG, failure_reason(exc))
+    with contextlib.suppress(Exception):
+        if fluent:  # pops the active run even when the store does not answer
+            (mlflow.end_run if lost else functools.partial(tracking.call, mlflow.end_run))(status=_status_of(exc))
+        else:
+            client.set_terminated(run_id, _status_of(exc))
+
+
 def _status_of(exc: BaseException) -> str:
     return "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
 
@@ -196,9 +256,7 @@ def parent_run(tracking: Tracking, run_name: str, run_id: str | None = None, par
     try:
         yield run_id
     except BaseException as exc:
-        with contextlib.suppress(Exception):
-            tracking.client.set_tag(run_id, FAILURE_TAG, failure_reason(exc))
-            tracking.client.set_terminated(run_id, _status_of(exc))
+        _mark_failed(tracking, run_id, exc, fluent=False)
         raise
     tracking.client.set_terminated(run_id, "FINISHED")
 
@@ -212,16 +270,13 @@ def stage_run(tracking: Tracking, run_name: str, parent_run_id: str | None = Non
     On an exception the run gets the reason as the tag ``ortflow.failure_reason`` and ends FAILED.
     """
     run_id = _open_run(tracking, run_name, run_id, parent_run_id, tags)
-    call(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None, retries=tracking.retries)
+    tracking.call(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None)
     try:
         yield run_id
     except BaseException as exc:
-        with contextlib.suppress(Exception):
-            tracking.client.set_tag(run_id, FAILURE_TAG, failure_reason(exc))
-        with contextlib.suppress(Exception):
-            call(mlflow.end_run, status=_status_of(exc), retries=tracking.retries)
+        _mark_failed(tracking, run_id, exc, fluent=True)
         raise
-    call(mlflow.end_run, status="FINISHED", retries=tracking.retries)
+    tracking.call(mlflow.end_run, status="FINISHED")
 
 
 # ---------------------------------------------------------------------------------------------------- logging
@@ -363,32 +418,62 @@ class MlflowMetricsCallback(Callback):
         return metrics
 
     def flush(self) -> None:
-        """Queue (or write, when synchronous) the buffered epochs."""
+        """Queue (or write, when synchronous) the buffered epochs. Never raises: a batch the store refused stays
+        pending, for :meth:`wait` to write again (training goes on while a tracking server is down)."""
         metrics = self._metrics()
         for begin in range(0, len(metrics), 1000):
             chunk = metrics[begin:begin + 1000]
-            if self.synchronous:
-                self.tracking.client.log_batch(self.run_id, metrics=chunk)
-            else:
-                try:
-                    operation = self.tracking.client.log_batch(self.run_id, metrics=chunk, synchronous=False)
-                except Exception:  # noqa: BLE001 - the queue refused: write it now
-                    self.tracking.client.log_batch(self.run_id, metrics=chunk)
-                else:
-                    self._pending.append((operation, chunk))
+            operation = None
+            try:
+                operation = self.tracking.client._client.log_batch(
+                    self.run_id, metrics=chunk, synchronous=self.synchronous)
+                if self.synchronous:
+                    continue
+            except Exception as exc:  # noqa: BLE001 - kept pending, written again by wait()
+                _log.warning("epoch metrics not stored yet (%s); kept for a later write", str(exc).splitlines()[0])
+            self._pending.append((operation, chunk))
             self.flushes += 1
         self._last_flush = time.perf_counter()
 
     def wait(self) -> None:
-        """Block until every queued batch is stored."""
+        """Block until every epoch metric is stored; batches whose write failed are written again with the
+        store's retries. Raises when the store stays away; :meth:`spool` then saves what was not stored."""
         start = time.perf_counter()
-        self.flush()
-        pending, self._pending = self._pending, []
-        for operation, chunk in pending:
-            try:
-                if operation is not None:
+        try:
+            self.flush()
+            while self._pending:
+                operation, chunk = self._pending[0]
+                try:
+                    if operation is None:
+                        raise RuntimeError("not written yet")
                     operation.wait()
-            except Exception:  # noqa: BLE001 - retried below with back-off
-                if chunk:
+                except Exception:  # noqa: BLE001 - written again, with retries
                     self.tracking.client.log_batch(self.run_id, metrics=chunk)
-        self.overhead_seconds += time.perf_counter() - start
+                self._pending.pop(0)
+        finally:
+            self.overhead_seconds += time.perf_counter() - start
+
+    def spool(self, path: str | Path, reason: str) -> int:
+        """Write the epoch metrics not known to be stored, and why, to ``path`` (JSON, see :func:`resend`)."""
+        metrics = [m for _, chunk in self._pending for m in chunk] + self._metrics()
+        self._pending = []
+        Path(path).write_text(json.dumps({
+            "tracking_uri": self.tracking.uri, "run_id": self.run_id, "failure_reason": reason,
+            "metrics": [[m.key, m.value, m.timestamp, m.step] for m in metrics]}))
+        return len(metrics)
+
+
+def resend(path: str | Path, tracking_uri: str | None = None) -> int:
+    """Send the metrics spooled by :meth:`MlflowMetricsCallback.spool` to their run, and end that run FAILED with
+    the spooled reason if it is still RUNNING (its stage did not finish logging); returns the metric count."""
+    spooled = json.loads(Path(path).read_text())
+    client = RetryingClient(MlflowClient(tracking_uri=tracking_uri or spooled["tracking_uri"]))
+    run_id = spooled["run_id"]
+    metrics = [Metric(key, float(value), int(timestamp), int(step)) for key, value, timestamp, step in
+               spooled["metrics"]]
+    for begin in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[begin:begin + 1000])
+    if client.get_run(run_id).info.status == "RUNNING":
+        client.set_tag(run_id, FAILURE_TAG, spooled["failure_reason"][:4900])
+        client.set_terminated(run_id, "FAILED")
+    return len(metrics)

@@ -20,6 +20,27 @@ def classification_data():
     return X.astype(np.float32), y.astype(np.int64)
 
 
+@pytest.fixture
+def model_with_outside_data(tmp_path, regression_data):
+    """A folder holding ``model.onnx`` whose first initializer's external data is ``../secret.bin``."""
+    import onnx
+    from sklearn.linear_model import LinearRegression
+
+    from ortflow import to_onnx
+
+    onx = to_onnx(LinearRegression().fit(*regression_data))
+    (tmp_path / "secret.bin").write_bytes(b"\0" * 64)
+    coef = onx.graph.initializer[0]
+    coef.ClearField("raw_data")
+    coef.data_location = onnx.TensorProto.EXTERNAL
+    entry = coef.external_data.add()
+    entry.key, entry.value = "location", "../secret.bin"
+    folder = tmp_path / "model"
+    folder.mkdir()
+    onnx.save(onx, str(folder / "model.onnx"))
+    return folder
+
+
 # --- pipelines (tests/test_pipeline*.py): a real MLflow server, sqlite stores, Hydra composition -------------
 
 import os as _os
@@ -42,45 +63,79 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """A real ``mlflow server`` (sqlite backend, served artifacts) on a free port of 127.0.0.1; its URL."""
-    folder = tmp_path_factory.mktemp("mlflow-server")
-    port = _free_port()
-    env = {k: v for k, v in _os.environ.items() if k not in _MLFLOW_ENV}
-    cmd = [_sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder / 'server.db'}",
-           "--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-           "--workers", "1"]
-    log = open(folder / "server.log", "w")
-    proc = _subprocess.Popen(cmd, cwd=folder, env=env, stdout=log, stderr=_subprocess.STDOUT,
-                             start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = _time.monotonic() + 90
-    try:
+class MlflowServer:
+    """A real ``mlflow server`` process (sqlite backend, served artifacts) on 127.0.0.1 that a test can stop and
+    start again on the same port and store."""
+
+    def __init__(self, folder: _Path, port: int | None = None):
+        self.folder = folder
+        self.port = port or _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+        self._log = None
+
+    def start(self, timeout: float = 90) -> None:
+        env = {k: v for k, v in _os.environ.items() if k not in _MLFLOW_ENV}
+        cmd = [_sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+               f"sqlite:///{self.folder / 'server.db'}", "--artifacts-destination", str(self.folder / "artifacts"),
+               "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+        self._log = open(self.folder / "server.log", "a")
+        self.proc = _subprocess.Popen(cmd, cwd=self.folder, env=env, stdout=self._log, stderr=_subprocess.STDOUT,
+                                      start_new_session=True)
+        deadline = _time.monotonic() + timeout
         while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited ({proc.returncode}): {(folder / 'server.log').read_text()}")
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited ({self.proc.returncode}): {self.log_text()}")
             try:
-                with _urlrequest.urlopen(f"{url}/health", timeout=2) as response:
+                with _urlrequest.urlopen(f"{self.url}/health", timeout=2) as response:
                     if response.status == 200:
-                        break
+                        return
             except OSError:
                 pass
             if _time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server not ready after 90 s: {(folder / 'server.log').read_text()}")
+                self.stop()
+                raise RuntimeError(f"mlflow server not ready after {timeout} s: {self.log_text()}")
             _time.sleep(0.3)
-        yield url
-    finally:
-        # the server forks uvicorn workers: stop the whole process group
+
+    def stop(self) -> None:
+        """Stop the whole process group (the server forks uvicorn workers)."""
+        if self.proc is None:
+            return
         try:
-            _os.killpg(proc.pid, _signal.SIGTERM)
-            proc.wait(timeout=3)
+            _os.killpg(self.proc.pid, _signal.SIGTERM)
+            self.proc.wait(timeout=3)
         except ProcessLookupError:
             pass
         except _subprocess.TimeoutExpired:  # uvicorn may wait for idle keep-alive connections
-            _os.killpg(proc.pid, _signal.SIGKILL)
-            proc.wait(timeout=10)
-        log.close()
+            _os.killpg(self.proc.pid, _signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+        self._log.close()
+
+    def log_text(self) -> str:
+        return (self.folder / "server.log").read_text()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """The URL of a real ``mlflow server`` shared by the tests that only use it."""
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def own_mlflow_server(tmp_path_factory):
+    """A real ``mlflow server`` of this test alone, which the test may stop and start (a :class:`MlflowServer`)."""
+    server = MlflowServer(tmp_path_factory.mktemp("own-mlflow-server"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

@@ -126,19 +126,8 @@ def test_divergence_without_exc_keeps_last_finite_weights(regression_data, graph
     assert all(np.isfinite(est.train_losses_))
 
 
-def test_external_data_outside_the_folder_is_refused(tmp_path, regression_data):
-    X, y = regression_data
-    onx = to_onnx(LinearRegression().fit(X, y))
-    outside = tmp_path / "secret.bin"
-    outside.write_bytes(b"\0" * 32)
-    coef = onx.graph.initializer[0]
-    coef.ClearField("raw_data")
-    coef.data_location = onnx.TensorProto.EXTERNAL
-    entry = coef.external_data.add()
-    entry.key, entry.value = "location", "../secret.bin"
-    folder = tmp_path / "model"
-    folder.mkdir()
-    onnx.save(onx, str(folder / "model.onnx"))
+def test_external_data_outside_the_folder_is_refused(model_with_outside_data):
+    folder = model_with_outside_data
     with pytest.raises(UnsafePathError, match="'../secret.bin', outside the model's folder"):
         load_model(folder / "model.onnx")
 

@@ -30,7 +30,7 @@ def penalty_spec(cfg: DictConfig, onx: onnx.ModelProto) -> dict | None:
 
 def add_loss(ctx: StageContext) -> dict:
     cfg = ctx.cfg
-    onx = onnx.load(str(ctx.bundle.path("model", ctx.name)))
+    onx = ctx.bundle.load_onnx("model", ctx.name)
     with_loss = ortflow.add_loss_output(
         onx, score_name=SCORE_NAMES[str(cfg.loss.name)], loss_name="loss", label_name="label",
         penalty=penalty_spec(cfg, onx), l1_weight=float(cfg.loss.l1_weight), l2_weight=float(cfg.loss.l2_weight),

@@ -44,7 +44,7 @@ def onnx_predict(session: onnxruntime.InferenceSession, X: np.ndarray, task: str
 
 def evaluate(ctx: StageContext) -> dict:
     split = Split.load(ctx.bundle.path("split", ctx.name))
-    trained = onnx.load(str(ctx.bundle.path("trained_model", ctx.name)))
+    trained = ctx.bundle.load_onnx("trained_model", ctx.name)
     deploy = deploy_graph(split, trained)
     path = ctx.work_dir / "deploy_model.onnx"
     onnx.save(deploy, path)

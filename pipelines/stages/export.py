@@ -21,7 +21,7 @@ from mlflow.models import infer_signature
 from .. import promotion
 from ..data import Split
 from ..runner import StageContext
-from ..tracking import call, is_finite
+from ..tracking import is_finite
 
 
 def pip_requirements() -> list[str]:
@@ -42,7 +42,7 @@ def pip_requirements() -> list[str]:
 def export(ctx: StageContext) -> dict:
     cfg = ctx.cfg
     split = Split.load(ctx.bundle.path("split", ctx.name))
-    model = onnx.load(str(ctx.bundle.path("deploy_model", ctx.name)))
+    model = ctx.bundle.load_onnx("deploy_model", ctx.name)
     evaluation = ctx.bundle.read_json("evaluation", ctx.name)["metrics"]
     ctx.log_metrics(evaluation)  # the version's run carries the metrics the next promotion compares with
 
@@ -57,10 +57,9 @@ def export(ctx: StageContext) -> dict:
     outputs = dict(zip([o.name for o in session.get_outputs()],
                        session.run(None, {session.get_inputs()[0].name: example})))
     signature = infer_signature(example, outputs)
-    info = call(
+    info = ctx.tracking.call(
         mlflow.onnx.log_model, model, name="model", signature=signature, input_example=example,
         pip_requirements=pip_requirements(), onnx_execution_providers=["CPUExecutionProvider"],
-        retries=ctx.tracking.retries,
     )
     ctx.set_tags({"ortflow.model_uri": info.model_uri, "ortflow.promotion.metric": metric})
 
@@ -74,9 +73,9 @@ def export(ctx: StageContext) -> dict:
         return ctx.metrics
     fingerprint = split.fingerprint()
     ctx.set_tags({promotion.FINGERPRINT_TAG: fingerprint})
-    version = call(mlflow.register_model, info.model_uri, name, retries=ctx.tracking.retries,
-                   tags={"ortflow.run_id": ctx.run_id, f"ortflow.metric.{metric}": str(value),
-                         promotion.FINGERPRINT_TAG: fingerprint})
+    version = ctx.tracking.call(mlflow.register_model, info.model_uri, name,
+                                tags={"ortflow.run_id": ctx.run_id, f"ortflow.metric.{metric}": str(value),
+                                      promotion.FINGERPRINT_TAG: fingerprint})
     ctx.set_tags({"ortflow.registered_model": name, "ortflow.registered_version": str(version.version)})
     if cfg.promotion.enabled:
         decision = promotion.promote(ctx.tracking, name, str(version.version), ctx.run_id, value, metric, direction,

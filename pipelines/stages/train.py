@@ -10,9 +10,10 @@ prediction graph, the history and a loss-curve PNG. A diverging run (non-finite 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from pathlib import Path
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import onnx
@@ -21,6 +22,8 @@ from omegaconf import DictConfig
 import ortflow
 
 from .. import plots
+from .. import tracking as tr
+from ..checkpoints import MarkResumed, MlflowCheckpoint, resume_point
 from ..data import Split
 from ..runner import StageContext
 from ..tracking import MlflowMetricsCallback
@@ -76,22 +79,26 @@ def build_fwbw(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
     )
 
 
-def train(ctx: StageContext) -> dict:
+def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict:
+    """The stage; ``callbacks`` join the trainer's own (MLflow metrics, checkpoints)."""
     cfg = ctx.cfg
     split = Split.load(ctx.bundle.path("split", ctx.name))
     full = str(cfg.trainer.name) == "full"
-    graph = onnx.load(str(ctx.bundle.path("model_with_loss" if full else "model", ctx.name)))
+    graph = ctx.bundle.load_onnx("model_with_loss" if full else "model", ctx.name)
     logger = MlflowMetricsCallback(ctx.tracking, ctx.run_id, flush_every=int(cfg.mlflow.metrics_flush_every),
                                    flush_seconds=float(cfg.mlflow.metrics_flush_seconds))
-    callbacks = [logger]
+    trainer_callbacks = [logger, *callbacks]
     if cfg.trainer.checkpoint_every > 0:
-        callbacks.append(ortflow.Checkpoint(ctx.work_dir / "checkpoint", every=int(cfg.trainer.checkpoint_every)))
-    estimator = (build_full if full else build_fwbw)(cfg, graph, callbacks)
+        # each checkpoint is also logged under the run's checkpoint/ (in the background): a killed run resumes
+        trainer_callbacks.append(MlflowCheckpoint(ctx.work_dir / "checkpoint", int(cfg.trainer.checkpoint_every),
+                                          ctx.tracking, ctx.run_id))
+    resume = resume_point(ctx)  # trainer.resume_from: downloaded, checked, and this run tagged
+    if resume is not None and resume.run_id:
+        trainer_callbacks.append(MarkResumed(ctx.tracking, resume.run_id, ctx.run_id))  # the killed run ends KILLED
+    estimator = (build_full if full else build_fwbw)(cfg, graph, trainer_callbacks)
     validation = (split.X_valid, split.y_valid) if split.has_validation else None
 
-    resume_from = _checkpoint_folder(cfg.trainer.resume_from)
-    if resume_from:
-        ctx.set_tags({"ortflow.resumed_from": str(cfg.trainer.resume_from)})
+    resume_from = resume.folder if resume is not None else None
     begin = time.perf_counter()
     try:
         estimator.fit(split.X_train, split.y_train, validation_data=validation, resume_from=resume_from)
@@ -106,21 +113,19 @@ def train(ctx: StageContext) -> dict:
     fit_seconds = time.perf_counter() - begin
     in_loop_seconds = logger.loop_seconds
 
-    # The epoch metrics are being written in the background; save and log the graphs meanwhile.
+    # Everything is saved locally first, so a tracking store lost now loses nothing; then logged while the
+    # epoch metrics are being written in the background.
     history = estimator.history_
     paths = estimator.save_onnx_graph(ctx.work_dir / "graphs")
-    if "trained_model" not in paths:
-        paths["trained_model"] = str(ctx.work_dir / "graphs" / "trained_model.onnx")
-        onnx.save(estimator.get_trained_onnx(), paths["trained_model"])
-    for name, path in sorted(paths.items()):
-        ctx.log_file(path, "graphs", entry="trained_model" if name == "trained_model" else None)
-    if cfg.trainer.checkpoint_every > 0 and (ctx.work_dir / "checkpoint").exists():
-        ctx.tracking.client.log_artifacts(ctx.run_id, str(ctx.work_dir / "checkpoint"), "checkpoint")
     (ctx.work_dir / "history.json").write_text(json.dumps(history, indent=1, default=_json_default))
-    ctx.log_file(ctx.work_dir / "history.json", "history")
-    ctx.log_file(plots.loss_curves(history, ctx.work_dir / "plots" / "loss_curves.png",
-                                   title=f"{cfg.model.name} / trainer={cfg.trainer.name}"), "plots")
-    logger.wait()
+    curves = plots.loss_curves(history, ctx.work_dir / "plots" / "loss_curves.png",
+                               title=f"{cfg.model.name} / trainer={cfg.trainer.name}")
+    with _kept_locally_if_store_lost(ctx, logger):
+        for name, path in sorted(paths.items()):
+            ctx.log_file(path, "graphs", entry="trained_model" if name == "trained_model" else None)
+        ctx.log_file(ctx.work_dir / "history.json", "history")
+        ctx.log_file(curves, "plots")
+        logger.wait()
 
     train_losses = [r["train_loss"] for r in history]
     valid_losses = [r["validation_loss"] for r in history if r.get("validation_loss") is not None]
@@ -149,15 +154,24 @@ def train(ctx: StageContext) -> dict:
     return ctx.metrics
 
 
-def _checkpoint_folder(resume_from: str | None) -> str | None:
-    """A local checkpoint folder; ``runs:/...`` and other artifact URIs are downloaded first."""
-    if not resume_from:
-        return None
-    if "://" in str(resume_from) or str(resume_from).startswith("runs:/"):
-        import mlflow
-
-        return mlflow.artifacts.download_artifacts(artifact_uri=str(resume_from))
-    return str(Path(str(resume_from)).expanduser().resolve())
+@contextlib.contextmanager
+def _kept_locally_if_store_lost(ctx: StageContext, logger: MlflowMetricsCallback) -> Iterator[None]:
+    """Turn a tracking store that stays away into a :class:`TrackingUnavailableError` that says where the
+    trained model, the graphs and the epoch metrics not stored were kept."""
+    try:
+        yield
+    except Exception as exc:
+        if not tr.is_transient(exc):
+            raise
+        spool = ctx.work_dir / "unsent_metrics.json"
+        lost = (f"the tracking store {ctx.tracking.uri} stopped answering during stage 'train' "
+                f"({str(exc).splitlines()[0][:300]})")
+        count = logger.spool(spool, f"TrackingUnavailableError: {lost}; outputs kept in {ctx.work_dir}")
+        raise tr.TrackingUnavailableError(
+            f"{lost}. Training finished and nothing is lost: the trained model and every graph are in "
+            f"{ctx.work_dir / 'graphs'}, the epoch history in {ctx.work_dir / 'history.json'}, and the {count} "
+            f"epoch metric points not stored in {spool} (`python -m pipelines.resend {spool}` sends them and "
+            "marks the run FAILED once the store is back)") from exc
 
 
 def _json_default(value):

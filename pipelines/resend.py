@@ -1,0 +1,24 @@
+"""``python -m pipelines.resend FILE [TRACKING_URI]``: send epoch metrics a lost tracking store did not receive.
+
+The train stage writes ``unsent_metrics.json`` next to its outputs when the store stops answering for good
+(see :class:`pipelines.tracking.TrackingUnavailableError`); this sends them to the same run once it is back.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .tracking import resend
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (1, 2):
+        print(__doc__.splitlines()[0], file=sys.stderr)
+        return 2
+    count = resend(argv[0], argv[1] if len(argv) == 2 else None)
+    print(f"ortflow: {count} metric points sent from {argv[0]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,213 @@
+"""Reliability: a train stage killed by SIGKILL resumes from the checkpoint it logged to MLflow while training.
+
+Real components only: a sqlite tracking store in tmp_path, ``python -m pipelines.train`` in a subprocess killed
+with SIGKILL once its run shows a checkpoint, the train stage run again with ``trainer.resume_from``, and an
+uninterrupted run with the same seed and config to compare the trained weights with.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import onnx
+import pytest
+from mlflow import MlflowClient
+from onnx import numpy_helper
+
+from pipelines.bundle import Bundle
+from pipelines.chain import run_chain
+from pipelines.checkpoints import (BACKUP_SUFFIX, MANIFEST, RESUMED_BY_TAG, RESUMED_FROM_EPOCH_TAG,
+                                   RESUMED_FROM_RUN_TAG, RESUMED_FROM_TAG, check_folder)
+from pipelines.runner import execute_stage, prepare
+from pipelines.stages.train import train
+
+# enough epochs that the killed run, writing and logging a checkpoint every epoch, trains for a few seconds
+EPOCHS = 1000
+TRAINERS = {
+    "full": ["trainer=full"],
+    "fwbw": ["trainer=fwbw", "trainer.optimizer=nesterov"],  # momentum is part of the state
+}
+REPO_CONF = Path(__file__).resolve().parent.parent / "conf"
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """One sqlite store for the module (creating its schema takes seconds) and an add_loss run in it."""
+    from hydra import compose, initialize_config_dir
+
+    from pipelines.config import register_configs
+
+    folder = tmp_path_factory.mktemp("resume")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    register_configs()
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID"):
+            patch.delenv(name, raising=False)
+        with initialize_config_dir(config_dir=str(REPO_CONF), version_base="1.3"):
+            cfg = compose("config", overrides=["experiment=smoke", f"mlflow.tracking_uri={uri}",
+                                               f"mlflow.root={folder}", "stages=[convert,add_loss]"])
+        result = run_chain(cfg, work_dir=folder / "prepare")
+        while mlflow.active_run() is not None:
+            mlflow.end_run()
+    return folder, uri, result.stage_run_ids["add_loss"]
+
+
+def _base(folder, uri, add_loss_run, trainer):
+    # shuffle is on (the default): the random state must be restored too; one experiment per trainer
+    return ["experiment=smoke", f"mlflow.tracking_uri={uri}", f"mlflow.root={folder}",
+            f"mlflow.experiment_name=resume-{trainer}", f"source.run_id={add_loss_run}", *TRAINERS[trainer],
+            f"trainer.max_iter={EPOCHS}"]
+
+
+def _train_in_process(compose_pipeline, work_dir, *overrides):
+    cfg = compose_pipeline(*overrides)
+    return execute_stage("train", train, cfg, prepare(cfg), Bundle.from_source(cfg.source), work_dir)["run_id"]
+
+
+def _wait_for(what, predicate, proc, log, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if proc.poll() is not None:
+            pytest.fail(f"the train process ended ({proc.returncode}) before {what}:\n{log.read_text()[-4000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} after {timeout} s:\n{log.read_text()[-4000:]}")
+        time.sleep(0.05)
+
+
+def _weights(uri, run_id):
+    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="graphs/trained_model.onnx",
+                                               tracking_uri=uri)
+    return {t.name: numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
+
+
+def _losses(client, run_id):
+    return {m.step: m.value for m in client.get_metric_history(run_id, "train_loss")}
+
+
+@pytest.mark.parametrize("trainer", sorted(TRAINERS))
+def test_killed_train_run_resumes_from_its_logged_checkpoint(trainer, prepared, compose_pipeline, clean_mlflow_env,
+                                                             tmp_path, pipeline_subprocess_env):
+    folder, uri, add_loss_run = prepared
+    client = MlflowClient(uri)
+    base = _base(folder, uri, add_loss_run, trainer)
+
+    # 1. the train stage as a user starts it, killed by SIGKILL once a checkpoint is in its run's artifacts
+    env = dict(pipeline_subprocess_env, MLFLOW_TRACKING_URI=uri)
+    cmd = [sys.executable, "-m", "pipelines.train", *(o for o in base if not o.startswith("mlflow.tracking_uri=")),
+           "trainer.checkpoint_every=1",
+           f"hydra.run.dir={tmp_path / 'killed'}"]
+    log = tmp_path / "killed.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        def train_run():
+            experiment = client.get_experiment_by_name(f"resume-{trainer}")
+            runs = client.search_runs([experiment.experiment_id]) if experiment else []
+            return runs[0].info.run_id if runs else None
+
+        killed = _wait_for("a train run", train_run, proc, log)
+        _wait_for("a logged checkpoint", lambda: MANIFEST in {
+            Path(f.path).name for f in client.list_artifacts(killed, "checkpoint")}, proc, log)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert client.get_run(killed).info.status == "RUNNING"  # nobody could end it
+
+    # 2. resumed from it (the fwbw case with the shorthand: the run id alone means its checkpoint/)
+    resume_from = killed if trainer == "fwbw" else f"runs:/{killed}/checkpoint"
+    resumed = _train_in_process(compose_pipeline, tmp_path / "resumed", *base, f"trainer.resume_from={resume_from}",
+                                "trainer.checkpoint_every=500")
+    resumed_run = client.get_run(resumed)
+    assert resumed_run.info.status == "FINISHED"
+    tags = resumed_run.data.tags
+    assert tags[RESUMED_FROM_RUN_TAG] == killed
+    assert tags[RESUMED_FROM_TAG] in (f"runs:/{killed}/checkpoint", f"runs:/{killed}/checkpoint{BACKUP_SUFFIX}")
+    start = int(tags[RESUMED_FROM_EPOCH_TAG])
+    assert 1 <= start < EPOCHS
+    # the killed run logged epoch metrics up to (at least) its checkpoint; the new run continues after it
+    resumed_losses = _losses(client, resumed)
+    assert sorted(resumed_losses) == list(range(start + 1, EPOCHS + 1))
+    assert resumed_run.data.metrics["n_epochs"] == EPOCHS
+    assert resumed_run.data.metrics["checkpoints_logged"] >= 1
+    history = json.loads(Path(mlflow.artifacts.download_artifacts(
+        run_id=resumed, artifact_path="history/history.json", tracking_uri=uri)).read_text())
+    assert [r["epoch"] for r in history] == list(range(1, EPOCHS + 1))
+    # its own checkpoint, logged while it trained, is complete
+    assert check_folder(mlflow.artifacts.download_artifacts(run_id=resumed, artifact_path="checkpoint",
+                                                            tracking_uri=uri)) == "ok"
+
+    # 3. the killed run is closed, naming the run that resumed it
+    killed_run = client.get_run(killed)
+    assert killed_run.info.status == "KILLED"
+    assert killed_run.data.tags[RESUMED_BY_TAG] == resumed
+
+    # 4. the same weights and losses as an uninterrupted run with the same seed and config
+    reference = _train_in_process(compose_pipeline, tmp_path / "reference", *base)
+    expected, got = _weights(uri, reference), _weights(uri, resumed)
+    assert sorted(got) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    reference_losses = _losses(client, reference)
+    np.testing.assert_allclose([resumed_losses[s] for s in sorted(resumed_losses)],
+                               [reference_losses[s] for s in sorted(resumed_losses)], rtol=1e-5)
+    np.testing.assert_allclose([r["train_loss"] for r in history],
+                               [reference_losses[s] for s in range(1, EPOCHS + 1)], rtol=1e-5)
+
+
+def test_checkpoints_logged_in_the_background_and_a_torn_copy_falls_back_to_the_backup(
+        prepared, compose_pipeline, clean_mlflow_env, tmp_path, regression_data):
+    """Logged from the epoch loop or from a thread, each copy is complete; a process killed while logging
+    leaves ``checkpoint/`` torn: the complete ``checkpoint_backup/`` is used."""
+    from mlflow.utils.file_utils import local_file_uri_to_path
+    from sklearn.neural_network import MLPRegressor
+
+    from ortflow import OrtGradientOptimizer, add_loss_output, to_onnx
+    from pipelines.checkpoints import CheckpointError, MlflowCheckpoint, checkpoint_uri, resolve
+
+    folder, uri, _ = prepared
+    tracking = prepare(compose_pipeline(f"mlflow.tracking_uri={uri}", f"mlflow.root={folder}",
+                                        "mlflow.experiment_name=resume-torn"))
+    run_id = tracking.client.create_run(tracking.experiment_id).info.run_id
+    X, y = regression_data
+    graph = add_loss_output(to_onnx(MLPRegressor(hidden_layer_sizes=(4,), max_iter=1, random_state=0).fit(X, y)))
+    in_loop = MlflowCheckpoint(tmp_path / "in-loop", 2, tracking, run_id, background=False)
+    OrtGradientOptimizer(graph, max_iter=3, callbacks=[in_loop]).fit(X, y)
+    assert in_loop.logged == 2  # epochs 2 and 3 (the last)
+    logger = MlflowCheckpoint(tmp_path / "ckpt", 1, tracking, run_id)  # in the background
+    OrtGradientOptimizer(graph, max_iter=5, callbacks=[logger]).fit(X, y)
+    assert 1 <= logger.logged <= 5 and logger.failures == 0  # a checkpoint still waiting is replaced by the next
+    assert not logger.spool.exists()
+    artifacts = Path(local_file_uri_to_path(MlflowClient(uri).get_run(run_id).info.artifact_uri))
+    primary, backup = artifacts / "checkpoint", artifacts / f"checkpoint{BACKUP_SUFFIX}"
+    assert sorted(p.name for p in primary.iterdir()) == sorted(p.name for p in backup.iterdir())
+
+    assert checkpoint_uri(run_id) == checkpoint_uri(f"runs:/{run_id}") == f"runs:/{run_id}/checkpoint"
+    point = resolve(tracking, run_id, tmp_path / "intact")  # the last epoch is always logged
+    assert (point.source, point.run_id, point.epoch) == (f"runs:/{run_id}/checkpoint", run_id, 5)
+
+    # killed while overwriting the state file of the primary copy: truncated, the manifest is the old one
+    state = next(p for p in primary.iterdir() if p.name not in ("trainer.json", MANIFEST))
+    state.write_bytes(state.read_bytes()[:10])
+    point = resolve(tracking, f"runs:/{run_id}/checkpoint", tmp_path / "torn")
+    assert point.source == f"runs:/{run_id}/checkpoint{BACKUP_SUFFIX}" and point.epoch == 5
+    assert check_folder(point.folder) == "ok"
+    resumed = OrtGradientOptimizer(graph, max_iter=6).fit(X, y, resume_from=point.folder)
+    assert [r["epoch"] for r in resumed.history_] == [1, 2, 3, 4, 5, 6]
+
+    (backup / "trainer.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="no complete checkpoint"):
+        resolve(tracking, run_id, tmp_path / "both")
+    with pytest.raises(CheckpointError, match="no run 0123456789abcdef0123456789abcdef"):
+        resolve(tracking, "0123456789abcdef0123456789abcdef", tmp_path / "unknown")
