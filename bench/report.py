@@ -87,11 +87,11 @@ def check_targets(results: dict) -> list[dict]:
                     note=f"training peak {row['training_mb']:.0f} MB for {row['data_mb']:.0f} MB of data, "
                     f"constant {mem['constant'].get(engine, 0):.0f} MB (smallest size)")
     ml = results.get("mlflow")
-    if ml and "modes" in ml:
-        for mode in ("pipelines", "sync", "async", "buffered"):
-            if mode in ml["modes"]:
-                add(f"MLflow tracking overhead ({mode} callback)", ml["case"], ml["modes"][mode]["overhead"], "<=",
-                    0.05, note="pipelines/tracking.py" if mode == "pipelines" else "bench variant")
+    if ml and "pipelines" in ml.get("modes", {}):
+        # Only the callback the pipelines use is held to the target; the other modes are contrasts, shown in the
+        # MLflow table to say why logging is buffered.
+        add("MLflow tracking overhead (pipelines callback)", ml["case"], ml["modes"]["pipelines"]["overhead"], "<=",
+            0.05, note="pipelines/tracking.py; other logging modes in the MLflow table below")
     return rows
 
 

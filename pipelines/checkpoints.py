@@ -11,7 +11,8 @@ leaves a copy torn; with two copies written one after the other, at most one is,
 downloads it, takes ``checkpoint/`` when its files match its manifest and ``checkpoint_backup/`` otherwise, and
 tags the new run ``ortflow.resumed_from``, ``ortflow.resumed_from_run`` and ``ortflow.resumed_from_epoch``.
 Once the checkpoint is restored, :class:`MarkResumed` ends the source run as ``KILLED`` with the tag
-``ortflow.resumed_by`` when it is still ``RUNNING`` (its process was killed and could not end it).
+``ortflow.resumed_by`` when it is still ``RUNNING`` (its process was killed and could not end it), and so the
+parent run of the chain it ran in.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig
 
 import ortflow
@@ -342,14 +344,26 @@ def resume_point(ctx) -> ResumePoint | None:
     return point
 
 
-def mark_resumed(tracking: tr.Tracking, source_run_id: str, run_id: str) -> bool:
-    """End ``source_run_id`` as KILLED, tagged with the run resuming it, if it is still RUNNING."""
+def mark_resumed(tracking: tr.Tracking, source_run_id: str, run_id: str) -> list[str]:
+    """End ``source_run_id`` as KILLED, tagged with the run resuming it, if it is still RUNNING.
+
+    A process killed inside ``python -m pipelines.main`` also left its chain's parent run RUNNING: that parent
+    (``ortflow.pipeline=main``) is ended the same way, unless it is the resuming run's own parent.
+    Returns the ids of the runs it ended.
+    """
     source = tracking.client.get_run(source_run_id)
     if source.info.status != "RUNNING" or source_run_id == run_id:
-        return False
-    tracking.client.set_tag(source_run_id, RESUMED_BY_TAG, run_id)
-    tracking.client.set_terminated(source_run_id, "KILLED")
-    return True
+        return []
+    marked = [source_run_id]
+    parent_id = source.data.tags.get(MLFLOW_PARENT_RUN_ID)
+    if parent_id and parent_id != tracking.client.get_run(run_id).data.tags.get(MLFLOW_PARENT_RUN_ID):
+        parent = tracking.client.get_run(parent_id)
+        if parent.info.status == "RUNNING" and parent.data.tags.get("ortflow.pipeline") == "main":
+            marked.append(parent_id)
+    for killed in marked:
+        tracking.client.set_tag(killed, RESUMED_BY_TAG, run_id)
+        tracking.client.set_terminated(killed, "KILLED")
+    return marked
 
 
 class MarkResumed(Callback):
@@ -359,7 +373,7 @@ class MarkResumed(Callback):
         self.tracking = tracking
         self.source_run_id = source_run_id
         self.run_id = run_id
-        self.marked = False
+        self.marked: list[str] = []
 
     def on_train_begin(self, trainer: Any) -> None:
         try:
@@ -368,5 +382,5 @@ class MarkResumed(Callback):
             _log.warning("could not mark run %s as resumed by %s: %s", self.source_run_id, self.run_id,
                          tr.failure_reason(exc))
         if self.marked:
-            print(f"ortflow: run {self.source_run_id} was still RUNNING (its process died): marked KILLED, "
+            print(f"ortflow: run(s) {', '.join(self.marked)} still RUNNING (their process died): marked KILLED, "
                   f"resumed by run {self.run_id}")

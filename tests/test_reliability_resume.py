@@ -83,6 +83,29 @@ def _wait_for(what, predicate, proc, log, timeout=120.0):
         time.sleep(0.05)
 
 
+def _kill_once_checkpointed(cmd, folder, env, log, client, find_train_run):
+    """Start ``cmd``, SIGKILL it once the train run ``find_train_run()`` returns has a checkpoint; that run's id."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        killed = _wait_for("a train run", find_train_run, proc, log)
+        _wait_for("a logged checkpoint", lambda: MANIFEST in {
+            Path(f.path).name for f in client.list_artifacts(killed, "checkpoint")}, proc, log)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    return killed
+
+
+def _train_runs(client, experiment_name):
+    experiment = client.get_experiment_by_name(experiment_name)
+    runs = client.search_runs([experiment.experiment_id], "tags.`ortflow.stage` = 'train'") if experiment else []
+    return runs[0].info.run_id if runs else None
+
+
 def _weights(uri, run_id):
     path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="graphs/trained_model.onnx",
                                                tracking_uri=uri)
@@ -105,24 +128,8 @@ def test_killed_train_run_resumes_from_its_logged_checkpoint(trainer, prepared, 
     cmd = [sys.executable, "-m", "pipelines.train", *(o for o in base if not o.startswith("mlflow.tracking_uri=")),
            "trainer.checkpoint_every=1",
            f"hydra.run.dir={tmp_path / 'killed'}"]
-    log = tmp_path / "killed.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        def train_run():
-            experiment = client.get_experiment_by_name(f"resume-{trainer}")
-            runs = client.search_runs([experiment.experiment_id]) if experiment else []
-            return runs[0].info.run_id if runs else None
-
-        killed = _wait_for("a train run", train_run, proc, log)
-        _wait_for("a logged checkpoint", lambda: MANIFEST in {
-            Path(f.path).name for f in client.list_artifacts(killed, "checkpoint")}, proc, log)
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
+    killed = _kill_once_checkpointed(cmd, folder, env, tmp_path / "killed.log", client,
+                                     lambda: _train_runs(client, f"resume-{trainer}"))
     assert client.get_run(killed).info.status == "RUNNING"  # nobody could end it
 
     # 2. resumed from it (the fwbw case with the shorthand: the run id alone means its checkpoint/)
@@ -164,6 +171,35 @@ def test_killed_train_run_resumes_from_its_logged_checkpoint(trainer, prepared, 
                                [reference_losses[s] for s in sorted(resumed_losses)], rtol=1e-5)
     np.testing.assert_allclose([r["train_loss"] for r in history],
                                [reference_losses[s] for s in range(1, EPOCHS + 1)], rtol=1e-5)
+
+
+def test_killed_chain_parent_is_closed_when_its_train_stage_is_resumed(prepared, compose_pipeline, clean_mlflow_env,
+                                                                       tmp_path, pipeline_subprocess_env):
+    """``python -m pipelines.main`` killed while training leaves the chain's parent and its train run RUNNING;
+    resuming the train run ends both as KILLED, naming the run that took over."""
+    folder, uri, _ = prepared
+    client = MlflowClient(uri)
+    experiment_name = "resume-chain"
+    overrides = ["experiment=smoke", f"mlflow.root={folder}", f"mlflow.experiment_name={experiment_name}",
+                 "stages=[convert,add_loss,train]", *TRAINERS["full"], f"trainer.max_iter={EPOCHS}"]
+    env = dict(pipeline_subprocess_env, MLFLOW_TRACKING_URI=uri)
+    cmd = [sys.executable, "-m", "pipelines.main", *overrides, "trainer.checkpoint_every=1",
+           f"hydra.run.dir={tmp_path / 'killed'}"]
+    killed = _kill_once_checkpointed(cmd, folder, env, tmp_path / "killed.log", client,
+                                     lambda: _train_runs(client, experiment_name))
+    parent = client.get_run(killed).data.tags["mlflow.parentRunId"]
+    assert client.get_run(parent).data.tags["ortflow.pipeline"] == "main"
+    assert client.get_run(parent).info.status == client.get_run(killed).info.status == "RUNNING"
+    add_loss_run = client.get_run(parent).data.tags["ortflow.run.add_loss"]
+
+    resumed = _train_in_process(compose_pipeline, tmp_path / "resumed", f"mlflow.tracking_uri={uri}",
+                                *[o for o in overrides if not o.startswith("stages=")],
+                                f"source.run_id={add_loss_run}", f"trainer.resume_from={killed}")
+    assert client.get_run(resumed).info.status == "FINISHED"
+    for run_id in (killed, parent):
+        run = client.get_run(run_id)
+        assert run.info.status == "KILLED", run_id
+        assert run.data.tags[RESUMED_BY_TAG] == resumed
 
 
 def test_checkpoints_logged_in_the_background_and_a_torn_copy_falls_back_to_the_backup(
