@@ -123,10 +123,13 @@ def train_raw(case: Case, data: CaseData, epochs: int, threads: int, settings: d
     ``module.lazy_reset_grad()``. With ``capi=True`` the pybind objects behind Module/Optimizer are called
     directly (what a trainer can do to skip the Python wrappers)."""
     from ortflow._ort import OrtValueVector, api, artifacts
-    from ortflow.graph import keep_outputs, trainable_initializers
+    from ortflow.graph import keep_outputs, relu_as_mask, trainable_initializers
 
     begin = time.perf_counter()
+    settings = dict(settings or {})
     model = keep_outputs(loss_graph(case, data), ["loss"])
+    if settings.pop("relu_as_mask", False):  # the graph ortflow's trainers train on CPU
+        model = relu_as_mask(model)
     with tempfile.TemporaryDirectory(prefix="bench-raw-") as folder:
         artifacts.generate_artifacts(
             model,

@@ -192,6 +192,7 @@ ORT_SETTINGS = {
     "no mem pattern": {"enable_mem_pattern": False},
     "no cpu arena": {"enable_cpu_mem_arena": False},
     "threads=1, no spinning": {"threads": 1, "session.intra_op.allow_spinning": "0"},
+    "graph: Relu as x*(x>0) (ortflow)": {"relu_as_mask": True},
 }
 
 

@@ -121,6 +121,8 @@ class OrtGradientOptimizer(BaseTrainer):
         if unused:
             raise ValueError(f"weights_to_train names {unused}, which do not influence {self.loss_output_name!r}")
         frozen = [n for n in g.trainable_initializers(loss_graph) if n not in self.weights_to_train_]
+        if resolve_device(self.device) == "cpu":
+            loss_graph = g.relu_as_mask(loss_graph)
         self._rt_tmp = tempfile.TemporaryDirectory(prefix="ortflow-full-")
         folder = self._rt_tmp.name
         try:

@@ -9,6 +9,7 @@ from typing import Union
 
 import numpy as np
 import onnx
+import onnx.shape_inference
 from onnx import TensorProto, numpy_helper
 
 from ._ort import MAX_IR_VERSION, MAX_OPSET
@@ -172,3 +173,65 @@ def safe_join(folder: str | os.PathLike, name: str) -> Path:
     if os.path.isabs(name) or not target.is_relative_to(root):
         raise UnsafePathError(f"file name {name!r} escapes the output folder {str(root)!r}")
     return target
+
+
+def relu_as_mask(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Copy of ``model`` where float/double ``Relu(x)`` nodes compute ``x * Cast(x > 0)`` instead.
+
+    The values are the same (except ``Relu(-inf) = 0`` becomes NaN); the gradient changes kernels. onnxruntime
+    1.19's CPU ``ReluGrad`` is a scalar Eigen ``select``, ~20x slower than ``Relu`` itself (190 µs against 10 µs on
+    256 x 256 floats); the rewritten node's gradient is one vectorized ``Mul`` by the mask. The trainers apply it
+    to the graphs they train on CPU; the prediction graph (``get_trained_onnx``) keeps its ``Relu``.
+    """
+    is_relu = [n.op_type == "Relu" and n.domain in ("", "ai.onnx") for n in model.graph.node]
+    if not any(is_relu):
+        return model
+    types = _elem_types(model)
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    taken = all_names(model) | {n.name for n in model.graph.node}
+
+    def fresh(base: str) -> str:
+        name, i = base, 0
+        while name in taken:
+            i += 1
+            name = f"{base}_{i}"
+        taken.add(name)
+        return name
+
+    zeros: dict[int, str] = {}
+    nodes = []
+    for node, relu in zip(new.graph.node, is_relu):
+        dtype = types.get(node.input[0]) if relu else None
+        if dtype not in (TensorProto.FLOAT, TensorProto.DOUBLE):
+            nodes.append(node)
+            continue
+        if dtype not in zeros:
+            zeros[dtype] = fresh("ortflow_relu_zero")
+            value = numpy_helper.from_array(np.zeros((), dtype=onnx.helper.tensor_dtype_to_np_dtype(dtype)), zeros[dtype])
+            nodes.insert(0, onnx.helper.make_node("Constant", [], [zeros[dtype]], value=value,
+                                                  name=fresh("ortflow_relu_zero_node")))
+        x, y = node.input[0], node.output[0]
+        base = node.name or y
+        positive, mask = fresh(f"{y}_positive"), fresh(f"{y}_mask")
+        nodes += [
+            onnx.helper.make_node("Greater", [x, zeros[dtype]], [positive], name=fresh(f"{base}_greater")),
+            onnx.helper.make_node("Cast", [positive], [mask], to=dtype, name=fresh(f"{base}_cast")),
+            onnx.helper.make_node("Mul", [x, mask], [y], name=fresh(f"{base}_mask")),
+        ]
+    del new.graph.node[:]
+    new.graph.node.extend(nodes)
+    return new
+
+
+def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """Element type of every tensor that onnx's shape inference (or the graph itself) types."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model).graph
+    except Exception:  # an op onnx does not know (com.microsoft...): use what the graph declares
+        inferred = model.graph
+    types = {i.name: i.data_type for i in model.graph.initializer}
+    for value in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
+            types[value.name] = value.type.tensor_type.elem_type
+    return types

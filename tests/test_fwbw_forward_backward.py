@@ -129,3 +129,43 @@ def test_unknown_input_or_device_is_refused(small):
             OrtGradientForwardBackward(onx, device="cuda")
     with pytest.raises(DeviceError):
         OrtGradientForwardBackward(onx, device="tpu")
+
+
+def _agent_step(fb, agent, cache, X, grad_output):
+    """Forward then backward through ``agent`` (a TrainingAgent of ``fb``), returning prediction and gradients."""
+    from ortflow._ort import OrtValue, OrtValueVector, PartialGraphExecutionState
+    from ortflow.fwbw.forward_backward import to_ortvalue
+
+    x = to_ortvalue(X)
+    feeds = fb.feed_vector({"X": x, **fb.weights})
+    fetches, grads, bw_feeds, state = OrtValueVector(), OrtValueVector(), OrtValueVector(), PartialGraphExecutionState()
+    agent.run_forward(feeds, fetches, state, cache)
+    g = to_ortvalue(grad_output)
+    bw_feeds.push_back(g._ortvalue)
+    agent.run_backward(bw_feeds, grads, state)
+    return OrtValue(fetches[0]).numpy(), [OrtValue(grads[i]).numpy() for i in range(len(fb.grad_names_))]
+
+
+def test_static_agent_drops_broadcast_bookkeeping_and_keeps_gradients(small, tmp_path):
+    X, y = small
+    mlp = MLPRegressor(hidden_layer_sizes=(6,), max_iter=3, random_state=0)
+    with pytest.warns(Warning):
+        mlp.fit(X, y)
+    fb = OrtGradientForwardBackward(to_onnx(mlp))
+    g = np.random.default_rng(3).normal(size=(len(X), 1)).astype(np.float32)
+    agent, cache = fb.static_agent([X.shape])
+    assert fb.static_agent([X.shape])[0] is agent  # built once per shape
+    static_pred, static_grads = _agent_step(fb, agent, cache, X, g)
+    dynamic_pred, dynamic_grads = _agent_step(fb, fb.agent_, fb.cache_, X, g)
+    np.testing.assert_allclose(static_pred, dynamic_pred, rtol=1e-6)
+    for name, a, b in zip(fb.grad_names_, static_grads, dynamic_grads):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7, err_msg=name)
+    ops = lambda model: {n.op_type for n in model.graph.node}  # noqa: E731
+    assert "BroadcastGradientArgs" in ops(fb.gradient_model_)
+    paths = fb.save_onnx_graph(tmp_path)
+    assert "BroadcastGradientArgs" not in ops(onnx.load(paths["training_12x4"]))
+    # a shape the graph cannot take falls back to the shape-agnostic agent, with the reason kept
+    assert fb.static_agent([(12, 7)])[0] is fb.agent_
+    assert (12, 7) in next(iter(fb.static_failures_))
+    with pytest.raises(ValueError, match="expects 1 shapes"):
+        fb.static_agent([X.shape, X.shape])

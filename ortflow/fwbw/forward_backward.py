@@ -277,7 +277,8 @@ class OrtGradientForwardBackward:
     ``weights_to_train`` (default: every float initializer) become inputs of the training graph; the object keeps
     their current values in ``weights`` (name -> OrtValue). ``forward(inputs, training=True)`` keeps the execution
     state that ``backward(grad_outputs)`` consumes; ``backward`` returns the gradients of ``input_names_to_train``
-    then of the weights, in the order of ``grad_names_``.
+    then of the weights, in the order of ``grad_names_``. On CPU, Relu nodes are trained as ``x * (x > 0)``
+    (:func:`ortflow.graph.relu_as_mask`).
     """
 
     def __init__(
@@ -310,6 +311,8 @@ class OrtGradientForwardBackward:
 
     def _weights_as_inputs(self, model: onnx.ModelProto) -> onnx.ModelProto:
         new = onnx.ModelProto()
+        if check_device(self.device)[0] == "cpu":
+            model = g.relu_as_mask(model)
         new.CopyFrom(model)
         for i, node in enumerate(new.graph.node):  # named nodes, so a missing gradient names its node
             if not node.name:
@@ -328,19 +331,8 @@ class OrtGradientForwardBackward:
         return new
 
     def _build(self, session_options: SessionOptions | None) -> None:
-        config = OrtModuleGraphBuilderConfiguration()
-        config.initializer_names = list(self.weights_to_train_)
-        config.initializer_names_to_train = list(self.weights_to_train_)
-        config.input_names_require_grad = list(self.input_names_to_train_)
-        config.build_gradient_graph = True
-        builder = OrtModuleGraphBuilder()
-        try:
-            with captured_native_stderr():
-                builder.initialize(self.training_input_model_.SerializeToString(), config)
-                builder.build(_C.TrainingGraphTransformerConfiguration())
-        except RuntimeError as exc:
-            raise explain_gradient_failure(exc) from exc
-        self.gradient_model_ = onnx.load_from_string(builder.get_gradient_model())
+        self._session_options = session_options or quiet_options()
+        self.agent_, self.cache_, self.gradient_model_, builder = self._build_agent(None)
         self.forward_model_ = onnx.load_from_string(builder.get_forward_model())
         info = builder.get_graph_info()
         self.graph_info_ = info
@@ -351,16 +343,63 @@ class OrtGradientForwardBackward:
                 f"onnxruntime built no gradient for weights {missing or self.weights_to_train_}")
         self.feed_names_ = [i.name for i in self.gradient_model_.graph.input]
         self.grad_names_ = [o.name for o in self.gradient_model_.graph.output]
-        self._session_options = session_options or quiet_options()
+        self.non_differentiable_ = list(info.output_grad_indices_non_differentiable)
+        self._static: dict[tuple, tuple] = {}
+
+    def _build_agent(self, input_shapes: list[list[int]] | None):
+        """(TrainingAgent, OrtValueCache, training graph, builder) for inputs of any shape (``None``) or of
+        exactly ``input_shapes``."""
+        config = OrtModuleGraphBuilderConfiguration()
+        config.initializer_names = list(self.weights_to_train_)
+        config.initializer_names_to_train = list(self.weights_to_train_)
+        config.input_names_require_grad = list(self.input_names_to_train_)
+        config.build_gradient_graph = True
+        builder = OrtModuleGraphBuilder()
+        try:
+            with captured_native_stderr():
+                builder.initialize(self.training_input_model_.SerializeToString(), config)
+                if input_shapes is None:
+                    builder.build(_C.TrainingGraphTransformerConfiguration())
+                else:
+                    builder.build(_C.TrainingGraphTransformerConfiguration(), input_shapes)
+        except RuntimeError as exc:
+            raise explain_gradient_failure(exc) from exc
+        model = onnx.load_from_string(builder.get_gradient_model())
         _, providers = check_device(self.device)
-        self._sess = InferenceSession(self.gradient_model_.SerializeToString(), self._session_options,
-                                      providers=providers)
+        sess = InferenceSession(model.SerializeToString(), self._session_options, providers=providers)
+        self._sessions = [*getattr(self, "_sessions", []), sess]  # the agent holds the C session only
+        if input_shapes is None:
+            self._sess = sess
+        info = builder.get_graph_info()
         dev = ort_device(self.device)
         n_fw = len(info.user_output_names) + len(info.frontier_node_arg_map)
-        self.agent_ = TrainingAgent(self._sess._sess, self.feed_names_, [dev] * n_fw, self.grad_names_,
-                                    [dev] * len(self.grad_names_), 0)
-        self.cache_ = OrtValueCache()
-        self.non_differentiable_ = list(info.output_grad_indices_non_differentiable)
+        grads = [o.name for o in model.graph.output]
+        agent = TrainingAgent(sess._sess, [i.name for i in model.graph.input], [dev] * n_fw, grads,
+                              [dev] * len(grads), 0)
+        return agent, OrtValueCache(), model, builder
+
+    def static_agent(self, input_shapes: Sequence[Sequence[int]]) -> tuple:
+        """(TrainingAgent, OrtValueCache) of a training graph built for inputs of exactly ``input_shapes`` (one
+        per model input). Knowing the shapes, onnxruntime resolves the broadcast bookkeeping of the backward
+        pass (Shape, BroadcastGradientArgs, Reshape nodes) when it builds the graph instead of at every batch:
+        a third less time per batch on an MLP at batch 15 (docs/PERFORMANCE.md). Built once per shape; feeds
+        and fetches are ordered as for :attr:`agent_`. Falls back to :attr:`agent_` (reason in
+        ``static_failures_``) when onnxruntime cannot build the graph for these shapes."""
+        key = tuple(tuple(int(d) for d in shape) for shape in input_shapes)
+        if len(key) != len(self.input_names_):
+            raise ValueError(f"static_agent expects {len(self.input_names_)} shapes {self.input_names_}, got {key}")
+        if key not in self._static:
+            try:
+                agent, cache, model, _ = self._build_agent([list(shape) for shape in key])
+                if ([i.name for i in model.graph.input] != self.feed_names_
+                        or [o.name for o in model.graph.output] != self.grad_names_):
+                    raise UnsupportedModelError("the training graph for static shapes has other inputs or outputs")
+                self._static[key] = (agent, cache, model)
+            except (RuntimeError, UnsupportedModelError) as exc:
+                self.static_failures_ = {**getattr(self, "static_failures_", {}), key: str(exc)}
+                self._static[key] = (self.agent_, self.cache_, None)
+        agent, cache, _ = self._static[key]
+        return agent, cache
 
     # --- weights ---
     def get_weights(self) -> dict[str, np.ndarray]:
@@ -438,14 +477,18 @@ class OrtGradientForwardBackward:
 
     def graphs(self) -> dict[str, onnx.ModelProto]:
         """Every graph: the model with weights as inputs, forward, training (forward + backward), backward,
-        optimized."""
-        return {
+        optimized, and ``training_<rows>`` per static training graph built by :meth:`static_agent`."""
+        graphs = {
             "model": self.training_input_model_,
             "forward": self.forward_model_,
             "training": self.gradient_model_,
             "backward": self.backward_model(),
             "optimized": self.optimized_model(),
         }
+        for key, (_, _, model) in self._static.items():
+            if model is not None:
+                graphs["training_" + "_".join("x".join(map(str, shape)) for shape in key)] = model
+        return graphs
 
     def save_onnx_graph(self, folder: str | os.PathLike) -> dict[str, str]:
         """Write :meth:`graphs` into ``folder`` as ``<name>.onnx``; return name -> path."""

@@ -50,6 +50,8 @@ class _Batch:
     fw_fetches: OrtValueVector
     loss_binding: object
     bw_feeds: OrtValueVector
+    agent: object  # the TrainingAgent of this batch size (static shapes) and its cache
+    cache: object
     uniform: bool = False  # w holds 1 / n everywhere
 
     def load_weight(self, weight: np.ndarray, rows, uniform: bool) -> None:
@@ -212,7 +214,8 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         fetches.push_back(prediction.c)
         bw_feeds.push_back(grad.c)
         binding = self._rt_loss_fn.bind([prediction, y, w], [loss, grad])
-        batch = _Batch(x, y, w, prediction, loss, grad, feeds, fetches, binding, bw_feeds)
+        agent, cache = fb.static_agent([x.shape])
+        batch = _Batch(x, y, w, prediction, loss, grad, feeds, fetches, binding, bw_feeds, agent, cache)
         self._rt_batches[n] = batch
         return batch
 
@@ -222,7 +225,7 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
 
     def _train_epoch(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
         X, y, w, n_samples = data.X, data.y, data.weight, data.n_samples
-        rate, agent, cache = self._rt_rate, self._rt_fb.agent_, self._rt_fb.cache_
+        rate = self._rt_rate
         run_loss, grads, batches = self._rt_loss_fn._sess.run_with_iobinding, self._rt_grad_fetches, self._rt_batches
         step = rate.stepper(learning_rate)
         with_penalty = rate.penalty_buffer_ is not None
@@ -246,13 +249,13 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
             if not (uniform and batch.uniform):
                 batch.load_weight(w, rows, uniform)
             state = new_state()
-            agent.run_forward(batch.fw_feeds[rate.parity_], batch.fw_fetches, state, cache)
+            batch.agent.run_forward(batch.fw_feeds[rate.parity_], batch.fw_fetches, state, batch.cache)
             run_loss(batch.loss_binding, None)
             loss = float(batch.loss.array) if on_cpu else batch.loss.scalar()
             losses[i] = loss
             if loss - loss != 0.0:  # NaN or infinite
                 return losses[: i + 1]
-            agent.run_backward(batch.bw_feeds, grads, state)
+            batch.agent.run_backward(batch.bw_feeds, grads, state)
             step()
             if with_penalty:
                 losses[i] += rate.penalty_buffer_.scalar()
