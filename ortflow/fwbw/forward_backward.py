@@ -332,7 +332,7 @@ class OrtGradientForwardBackward:
 
     def _build(self, session_options: SessionOptions | None) -> None:
         self._session_options = session_options or quiet_options()
-        self.agent_, self.cache_, self.gradient_model_, builder = self._build_agent(None)
+        self.agent_, self.cache_, self.gradient_model_, builder = self._build_agent(None, self._session_options)
         self.forward_model_ = onnx.load_from_string(builder.get_forward_model())
         info = builder.get_graph_info()
         self.graph_info_ = info
@@ -346,9 +346,9 @@ class OrtGradientForwardBackward:
         self.non_differentiable_ = list(info.output_grad_indices_non_differentiable)
         self._static: dict[tuple, tuple] = {}
 
-    def _build_agent(self, input_shapes: list[list[int]] | None):
+    def _build_agent(self, input_shapes: list[list[int]] | None, options: SessionOptions):
         """(TrainingAgent, OrtValueCache, training graph, builder) for inputs of any shape (``None``) or of
-        exactly ``input_shapes``."""
+        exactly ``input_shapes``, in a session with ``options``."""
         config = OrtModuleGraphBuilderConfiguration()
         config.initializer_names = list(self.weights_to_train_)
         config.initializer_names_to_train = list(self.weights_to_train_)
@@ -366,7 +366,7 @@ class OrtGradientForwardBackward:
             raise explain_gradient_failure(exc) from exc
         model = onnx.load_from_string(builder.get_gradient_model())
         _, providers = check_device(self.device)
-        sess = InferenceSession(model.SerializeToString(), self._session_options, providers=providers)
+        sess = InferenceSession(model.SerializeToString(), options, providers=providers)
         self._sessions = [*getattr(self, "_sessions", []), sess]  # the agent holds the C session only
         if input_shapes is None:
             self._sess = sess
@@ -378,19 +378,22 @@ class OrtGradientForwardBackward:
                               [dev] * len(grads), 0)
         return agent, OrtValueCache(), model, builder
 
-    def static_agent(self, input_shapes: Sequence[Sequence[int]]) -> tuple:
+    def static_agent(self, input_shapes: Sequence[Sequence[int]], session_options: SessionOptions | None = None
+                     ) -> tuple:
         """(TrainingAgent, OrtValueCache) of a training graph built for inputs of exactly ``input_shapes`` (one
         per model input). Knowing the shapes, onnxruntime resolves the broadcast bookkeeping of the backward
         pass (Shape, BroadcastGradientArgs, Reshape nodes) when it builds the graph instead of at every batch:
         a third less time per batch on an MLP at batch 15 (docs/PERFORMANCE.md). Built once per shape; feeds
-        and fetches are ordered as for :attr:`agent_`. Falls back to :attr:`agent_` (reason in
-        ``static_failures_``) when onnxruntime cannot build the graph for these shapes."""
+        and fetches are ordered as for :attr:`agent_`; ``session_options`` (default: those of :attr:`agent_`) apply
+        to the first call for a shape. Falls back to :attr:`agent_` (reason in ``static_failures_``) when
+        onnxruntime cannot build the graph for these shapes."""
         key = tuple(tuple(int(d) for d in shape) for shape in input_shapes)
         if len(key) != len(self.input_names_):
             raise ValueError(f"static_agent expects {len(self.input_names_)} shapes {self.input_names_}, got {key}")
         if key not in self._static:
             try:
-                agent, cache, model, _ = self._build_agent([list(shape) for shape in key])
+                agent, cache, model, _ = self._build_agent([list(shape) for shape in key],
+                                                           session_options or self._session_options)
                 if ([i.name for i in model.graph.input] != self.feed_names_
                         or [o.name for o in model.graph.output] != self.grad_names_):
                     raise UnsupportedModelError("the training graph for static shapes has other inputs or outputs")

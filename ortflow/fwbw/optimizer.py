@@ -214,7 +214,10 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         fetches.push_back(prediction.c)
         bw_feeds.push_back(grad.c)
         binding = self._rt_loss_fn.bind([prediction, y, w], [loss, grad])
-        agent, cache = fb.static_agent([x.shape])
+        # Another batch size (the last, shorter batch) runs on one thread: a second thread pool, woken once per
+        # epoch, spins against the main one on the next batches (measured: +15% per epoch on D-wide, 2 threads).
+        single = quiet_options(1) if device == "cpu" and n != self.batch_size else None
+        agent, cache = fb.static_agent([x.shape], single)
         batch = _Batch(x, y, w, prediction, loss, grad, feeds, fetches, binding, bw_feeds, agent, cache)
         self._rt_batches[n] = batch
         return batch
