@@ -332,7 +332,9 @@ class OrtGradientForwardBackward:
 
     def _build(self, session_options: SessionOptions | None) -> None:
         self._session_options = session_options or quiet_options()
+        self._sessions: list[InferenceSession] = []  # the agents hold the C sessions only
         self.agent_, self.cache_, self.gradient_model_, builder = self._build_agent(None, self._session_options)
+        self._sess = self._sessions[0]
         self.forward_model_ = onnx.load_from_string(builder.get_forward_model())
         info = builder.get_graph_info()
         self.graph_info_ = info
@@ -367,9 +369,7 @@ class OrtGradientForwardBackward:
         model = onnx.load_from_string(builder.get_gradient_model())
         _, providers = check_device(self.device)
         sess = InferenceSession(model.SerializeToString(), options, providers=providers)
-        self._sessions = [*getattr(self, "_sessions", []), sess]  # the agent holds the C session only
-        if input_shapes is None:
-            self._sess = sess
+        self._sessions.append(sess)
         info = builder.get_graph_info()
         dev = ort_device(self.device)
         n_fw = len(info.user_output_names) + len(info.frontier_node_arg_map)
