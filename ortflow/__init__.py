@@ -20,6 +20,7 @@ from .fwbw import (
     ElasticLearningLoss,
     ElasticLearningPenalty,
     LearningRateAdam,
+    LearningRateAdamW,
     LearningRateSGD,
     LearningRateSGDNesterov,
     NegLogLearningLoss,
@@ -29,7 +30,7 @@ from .fwbw import (
     SquareLearningLoss,
 )
 from .graph import get_initializers, load_model, replace_initializers, trainable_initializers
-from .loss import add_loss_output
+from .add_loss import add_loss_output
 
 __version__ = "0.1.0"
 
@@ -47,6 +48,7 @@ __all__ = [
     "ElasticLearningLoss",
     "ElasticLearningPenalty",
     "LearningRateAdam",
+    "LearningRateAdamW",
     "LearningRateSGD",
     "LearningRateSGDNesterov",
     "NegLogLearningLoss",

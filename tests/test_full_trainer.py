@@ -11,7 +11,7 @@ from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.model_selection import GridSearchCV
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
-from ortflow import OrtGradientOptimizer, add_loss_output, to_onnx
+from ortflow import LearningRateAdam, LearningRateAdamW, OrtGradientOptimizer, add_loss_output, to_onnx
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +56,10 @@ def test_invscaling_schedule_follows_sklearn_formula(regression_data, poor_linea
     np.testing.assert_allclose(rates, [0.05 / (k * len(X) + 1) ** 0.5 for k in range(3)])
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
-def test_adam_type_optimizers_train(regression_data, poor_linear, optimizer):
+@pytest.mark.parametrize("rate", [LearningRateAdam(eta0=0.05), LearningRateAdamW(eta0=0.05, weight_decay=0.01)])
+def test_adam_type_optimizers_train(regression_data, poor_linear, rate):
     X, y = regression_data
-    est = OrtGradientOptimizer(poor_linear, max_iter=15, learning_rate=0.05, optimizer=optimizer,
-                               weight_decay=0.01, random_state=0).fit(X, y)
+    est = OrtGradientOptimizer(poor_linear, max_iter=15, learning_rate=rate, random_state=0).fit(X, y)
     assert est.train_losses_[-1] < est.train_losses_[0] / 10
 
 

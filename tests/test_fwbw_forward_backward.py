@@ -134,7 +134,7 @@ def test_unknown_input_or_device_is_refused(small):
 def _agent_step(fb, agent, cache, X, grad_output):
     """Forward then backward through ``agent`` (a TrainingAgent of ``fb``), returning prediction and gradients."""
     from ortflow._ort import OrtValue, OrtValueVector, PartialGraphExecutionState
-    from ortflow.fwbw.forward_backward import to_ortvalue
+    from ortflow.runtime import to_ortvalue
 
     x = to_ortvalue(X)
     feeds = fb.feed_vector({"X": x, **fb.weights})

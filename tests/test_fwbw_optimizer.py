@@ -53,7 +53,7 @@ def test_same_weights_as_full_training(regression_data, linear_start, fwbw_loss,
     X, y = regression_data
     common = dict(max_iter=4, batch_size=10, shuffle=False)
     full = OrtGradientOptimizer(add_loss_output(linear_start, score, **kwargs), learning_rate=0.02,
-                                lr_schedule="constant", optimizer="sgd", **common).fit(X, y)
+                                lr_schedule="constant", **common).fit(X, y)
     fwbw = OrtGradientForwardBackwardOptimizer(linear_start, learning_rate=_constant(0.02), learning_loss=fwbw_loss,
                                                **common).fit(X, y)
     for name, value in full.get_state().items():
@@ -76,8 +76,7 @@ def test_same_weights_as_full_training_with_penalty_mlp_and_validation(regressio
     common = dict(max_iter=3, batch_size=16, shuffle=False, validation_fraction=0.25, random_state=1)
     # one penalty term: add_loss_output joins several terms with Sum, which has no gradient in onnxruntime 1.19
     penalty = {"coef_0": {"l2": 1e-2}}
-    full = OrtGradientOptimizer(add_loss_output(mlp_start, penalty=penalty), learning_rate=0.01,
-                                optimizer="sgd", **common).fit(X, y)
+    full = OrtGradientOptimizer(add_loss_output(mlp_start, penalty=penalty), learning_rate=0.01, **common).fit(X, y)
     fwbw = OrtGradientForwardBackwardOptimizer(
         mlp_start, learning_rate=_constant(0.01),
         learning_penalty=ElasticLearningPenalty(0.0, 1e-2, weights=["coef_0"]), **common).fit(X, y)
@@ -164,7 +163,7 @@ def test_pickle_clone_and_warm_start(regression_data, linear_start):
     est = OrtGradientForwardBackwardOptimizer(linear_start, max_iter=2, warm_start=True, random_state=0).fit(X, y)
     copy = pickle.loads(pickle.dumps(est))
     np.testing.assert_allclose(copy.predict(X), est.predict(X))
-    assert clone(est).get_params()["learning_rate"] == "SGD"
+    assert clone(est).get_params()["learning_rate"] == 0.01
     state = est.get_state()
     est.fit(X, y)
     assert est.n_iter_ == 4

@@ -86,7 +86,7 @@ def test_output_picked_by_index_and_name(classification_data):
     assert _run(by_name, X=X, label=label)[0] == pytest.approx(_run(by_index, X=X, label=label)[0])
     with pytest.raises(ValueError, match="out of range"):
         add_loss_output(onx, "log", output_index=5)
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match="holds probabilities"):
         add_loss_output(onx, "log", output_index="output_probability")
 
 
