@@ -1,7 +1,9 @@
 """scikit-learn models to trainable ONNX graphs.
 
 Linear models and MLPs are written directly as MatMul/Add/activation graphs, so every weight is a named float
-initializer (``coef_<i>``, ``intercept_<i>``) and every node has a gradient. Binary classifiers expose their raw
+initializer and every node has a gradient. A single-layer model (a linear model) names its weights ``coef`` and
+``intercept``, as onnxcustom's documents use them; a multi-layer model (an MLP) names layer ``i``'s
+``coef_<i>`` and ``intercept_<i>``. Binary classifiers expose their raw
 score (``raw_score``, shape (N, 1)) next to ``output_label`` and ``output_probability``: training uses the raw score,
 the exported model keeps predicting labels and probabilities. Other models go through skl2onnx.
 """
@@ -55,6 +57,14 @@ def to_onnx(model: Any, X: np.ndarray | None = None, target_opset: int = 17) -> 
     return _skl2onnx(model, X, target_opset)
 
 
+def weight_names(n_layers: int) -> list[tuple[str, str]]:
+    """Names of the (coefficient, intercept) initializers of each layer: ``coef``/``intercept`` for one layer,
+    ``coef_<i>``/``intercept_<i>`` for several."""
+    if n_layers == 1:
+        return [("coef", "intercept")]
+    return [(f"coef_{i}", f"intercept_{i}") for i in range(n_layers)]
+
+
 def _mlp(model: Any, classifier: bool, opset: int) -> onnx.ModelProto:
     layers = list(zip(model.coefs_, model.intercepts_))
     classes = model.classes_ if classifier else None
@@ -72,17 +82,17 @@ def _build(layers, hidden_activation, out_activation, n_outputs, classes, opset)
     n_features = layers[0][0].shape[0]
     nodes, inits = [], []
     current = INPUT_NAME
-    for i, (coef, intercept) in enumerate(layers):
+    for i, ((coef, intercept), (coef_name, intercept_name)) in enumerate(zip(layers, weight_names(len(layers)))):
         last = i == len(layers) - 1
-        inits.append(numpy_helper.from_array(np.asarray(coef, dtype=np.float32), f"coef_{i}"))
-        inits.append(numpy_helper.from_array(np.asarray(intercept, dtype=np.float32).reshape(-1), f"intercept_{i}"))
-        nodes.append(helper.make_node("MatMul", [current, f"coef_{i}"], [f"matmul_{i}"]))
+        inits.append(numpy_helper.from_array(np.asarray(coef, dtype=np.float32), coef_name))
+        inits.append(numpy_helper.from_array(np.asarray(intercept, dtype=np.float32).reshape(-1), intercept_name))
+        nodes.append(helper.make_node("MatMul", [current, coef_name], [f"matmul_{i}"]))
         out = (RAW_SCORE_OUTPUT if classes is not None else REGRESSION_OUTPUT) if last else f"linear_{i}"
         activation = _ACTIVATIONS[out_activation if last else hidden_activation]
         if activation is None:
-            nodes.append(helper.make_node("Add", [f"matmul_{i}", f"intercept_{i}"], [out]))
+            nodes.append(helper.make_node("Add", [f"matmul_{i}", intercept_name], [out]))
         else:
-            nodes.append(helper.make_node("Add", [f"matmul_{i}", f"intercept_{i}"], [f"pre_{i}"]))
+            nodes.append(helper.make_node("Add", [f"matmul_{i}", intercept_name], [f"pre_{i}"]))
             nodes.append(helper.make_node(activation, [f"pre_{i}"], [out]))
         current = out
     inputs = [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, [None, n_features])]

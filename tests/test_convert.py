@@ -3,7 +3,7 @@
 import numpy as np
 import onnxruntime as ort
 import pytest
-from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge, SGDRegressor
+from sklearn.linear_model import ElasticNet, Lasso, LinearRegression, LogisticRegression, Ridge, SGDRegressor
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 from ortflow import to_onnx, trainable_initializers
@@ -13,24 +13,32 @@ def _session(onx):
     return ort.InferenceSession(onx.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
+SINGLE = ["coef", "intercept"]
+
+
 @pytest.mark.parametrize(
-    "model",
+    "model, weights",
     [
-        LinearRegression(),
-        Ridge(alpha=0.5),
-        SGDRegressor(max_iter=50, random_state=0),
-        MLPRegressor(hidden_layer_sizes=(6, 4), max_iter=30, random_state=0),
-        MLPRegressor(hidden_layer_sizes=(5,), activation="tanh", max_iter=30, random_state=0),
+        (LinearRegression(), SINGLE),
+        (Ridge(alpha=0.5), SINGLE),
+        (Lasso(alpha=0.01), SINGLE),
+        (ElasticNet(alpha=0.01), SINGLE),
+        (SGDRegressor(max_iter=50, random_state=0), SINGLE),
+        (MLPRegressor(hidden_layer_sizes=(6, 4), max_iter=30, random_state=0),
+         ["coef_0", "intercept_0", "coef_1", "intercept_1", "coef_2", "intercept_2"]),
+        (MLPRegressor(hidden_layer_sizes=(5,), activation="tanh", max_iter=30, random_state=0),
+         ["coef_0", "intercept_0", "coef_1", "intercept_1"]),
     ],
 )
-def test_regressors_match_sklearn(regression_data, model):
+def test_regressors_match_sklearn(regression_data, model, weights):
+    """Single-layer models name their weights ``coef``/``intercept`` (the seed documents' names), MLPs per layer."""
     X, y = regression_data
     model.fit(X, y)
     onx = to_onnx(model)
     pred = _session(onx).run(None, {"X": X})[0]
     np.testing.assert_allclose(pred.ravel(), model.predict(X), rtol=1e-3, atol=1e-3)
     assert {n.op_type for n in onx.graph.node} <= {"MatMul", "Add", "Relu", "Tanh"}
-    assert trainable_initializers(onx)[:2] == ["coef_0", "intercept_0"]
+    assert trainable_initializers(onx) == weights
 
 
 @pytest.mark.parametrize(

@@ -20,11 +20,11 @@ SCORE_NAMES = {"square": "squared_error", "absolute": "absolute_error", "elastic
 
 
 def penalty_spec(cfg: DictConfig, onx: onnx.ModelProto) -> dict | None:
-    """``{weight: {'l1': a, 'l2': b}}`` for ``add_loss_output`` (default weights: every ``coef_*``)."""
+    """``{weight: {'l1': a, 'l2': b}}`` for ``add_loss_output`` (default weights: ``coef`` or every ``coef_*``)."""
     if str(cfg.penalty.name) == "none":
         return None
     names = list(cfg.penalty.weights) if cfg.penalty.weights else [
-        i.name for i in onx.graph.initializer if i.name.startswith("coef_")]
+        i.name for i in onx.graph.initializer if i.name == "coef" or i.name.startswith("coef_")]
     return {name: {"l1": float(cfg.penalty.l1), "l2": float(cfg.penalty.l2)} for name in names}
 
 
