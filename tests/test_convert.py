@@ -1,12 +1,25 @@
-"""to_onnx: converted graphs predict like scikit-learn and expose trainable weights."""
+"""to_onnx: converted graphs predict like scikit-learn (labels, probabilities, classes) and expose trainable
+weights under the documented names."""
+
+import warnings
 
 import numpy as np
 import onnxruntime as ort
 import pytest
-from sklearn.linear_model import ElasticNet, Lasso, LinearRegression, LogisticRegression, Ridge, SGDRegressor
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import (
+    ElasticNet,
+    Lasso,
+    LinearRegression,
+    LogisticRegression,
+    Ridge,
+    SGDClassifier,
+    SGDRegressor,
+)
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
-from ortflow import to_onnx, trainable_initializers
+from ortflow import UnsupportedModelError, to_onnx, trainable_initializers
+from ortflow.convert import graph_classes
 
 
 def _session(onx):
@@ -41,24 +54,109 @@ def test_regressors_match_sklearn(regression_data, model, weights):
     assert trainable_initializers(onx) == weights
 
 
+def _fit(model, X, y):
+    """Fit quietly: short fits are on purpose, the tests compare graphs with whatever scikit-learn reached."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return model.fit(X, y)
+
+
+def _check_classifier(model, X):
+    """Before training the graph predicts what scikit-learn predicts: labels, probabilities, classes."""
+    onx = to_onnx(model)
+    label, proba, raw = _session(onx).run(None, {"X": X})
+    k = len(model.classes_)
+    assert [o.name for o in onx.graph.output] == ["output_label", "output_probability", "raw_score"]
+    np.testing.assert_array_equal(label, model.predict(X))
+    np.testing.assert_allclose(proba, model.predict_proba(X), atol=1e-5)
+    assert proba.dtype == raw.dtype == np.float32
+    assert raw.shape == (len(X), 1 if k == 2 else k)
+    np.testing.assert_array_equal(graph_classes(onx), model.classes_)
+    assert "classes" not in trainable_initializers(onx)
+    return onx, label, proba, raw
+
+
 @pytest.mark.parametrize(
     "model",
     [LogisticRegression(), MLPClassifier(hidden_layer_sizes=(6,), max_iter=30, random_state=0)],
 )
 def test_binary_classifiers_give_labels_probabilities_and_raw_score(classification_data, model):
     X, y = classification_data
-    model.fit(X, y)
-    label, proba, raw = _session(to_onnx(model)).run(None, {"X": X})
-    np.testing.assert_array_equal(label, model.predict(X))
-    np.testing.assert_allclose(proba, model.predict_proba(X), atol=1e-5)
-    assert raw.shape == (len(X), 1)
+    _fit(model, X, y)
+    onx, label, proba, raw = _check_classifier(model, X)
+    np.testing.assert_allclose(proba[:, 1], 1 / (1 + np.exp(-raw[:, 0].astype(np.float64))), atol=1e-6)
+    assert label.dtype == np.int64
+    assert trainable_initializers(onx)[:2] == (["coef", "intercept"] if isinstance(model, LogisticRegression)
+                                               else ["coef_0", "intercept_0"])
 
 
-def test_multiclass_is_refused_with_reason(classification_data):
-    X, _ = classification_data
-    y = np.arange(len(X)) % 3
-    with pytest.raises(ValueError, match="3 classes"):
-        to_onnx(LogisticRegression(max_iter=200).fit(X, y))
+@pytest.fixture(scope="module")
+def iris():
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    return X.astype(np.float32), y
+
+
+IRIS_MODELS = [
+    LogisticRegression(max_iter=500),
+    MLPClassifier(hidden_layer_sizes=(8,), activation="relu", max_iter=200, random_state=0),
+    MLPClassifier(hidden_layer_sizes=(8, 5), activation="tanh", max_iter=200, random_state=0),
+    MLPClassifier(hidden_layer_sizes=(8,), activation="logistic", max_iter=200, random_state=0),
+]
+
+
+@pytest.mark.parametrize("model", IRIS_MODELS, ids=lambda m: f"{type(m).__name__}-{getattr(m, 'activation', '')}")
+def test_multiclass_on_iris_matches_sklearn(iris, model):
+    X, y = iris
+    _fit(model, X, y)
+    _, _, proba, raw = _check_classifier(model, X)
+    # the probabilities are the softmax of the raw scores
+    z = raw.astype(np.float64) - raw.max(axis=1, keepdims=True)
+    np.testing.assert_allclose(proba, np.exp(z) / np.exp(z).sum(axis=1, keepdims=True), atol=1e-6)
+
+
+def test_mlp_on_digits_matches_sklearn():
+    from sklearn.datasets import load_digits
+
+    X, y = load_digits(return_X_y=True)
+    X = (X / 16).astype(np.float32)
+    model = _fit(MLPClassifier(hidden_layer_sizes=(32,), max_iter=30, random_state=0), X, y)
+    _check_classifier(model, X)
+
+
+@pytest.mark.parametrize("classes", [[-1, 1], [1, 2], ["no", "yes"]], ids=str)
+@pytest.mark.parametrize("kind", ["logistic", "mlp"])
+def test_binary_labels_of_any_value(classification_data, classes, kind):
+    """Labels come back as scikit-learn has them, through the ``classes`` initializer, whatever their values."""
+    X, y01 = classification_data
+    y = np.asarray(classes)[y01]
+    model = LogisticRegression() if kind == "logistic" else MLPClassifier((6,), max_iter=200, random_state=0)
+    _fit(model, X, y)
+    _, label, _, _ = _check_classifier(model, X)
+    assert set(label) == set(classes)
+
+
+def test_integral_float_classes_become_int64(iris):
+    X, y = iris
+    model = LogisticRegression(max_iter=500).fit(X, y.astype(np.float64))
+    _, label, _, _ = _check_classifier(model, X)
+    assert label.dtype == np.int64
+
+
+def test_graph_classes_of_a_regressor_is_none(regression_data):
+    X, y = regression_data
+    assert graph_classes(to_onnx(LinearRegression().fit(X, y))) is None
+
+
+def test_one_vs_rest_and_multilabel_are_refused_with_reason(iris):
+    X, y = iris
+    with pytest.raises(UnsupportedModelError, match="SGDClassifier with 3 classes scores each class one-vs-rest"):
+        to_onnx(SGDClassifier(loss="log_loss", max_iter=5, tol=None, random_state=0).fit(X, y))
+    indicator = np.eye(3, dtype=np.int64)[y]
+    multilabel = _fit(MLPClassifier((4,), max_iter=5, random_state=0), X, indicator)
+    with pytest.raises(UnsupportedModelError, match="multilabel"):
+        to_onnx(multilabel)
 
 
 def test_other_models_go_through_skl2onnx(regression_data):
