@@ -106,9 +106,17 @@ def graph_classes(model: ModelLike) -> np.ndarray | None:
         if init.name == CLASSES_NAME:
             return _decoded(numpy_helper.to_array(init))
     for node in model.graph.node:
-        for attr in node.attribute:
-            if attr.name in _ML_CLASS_ATTRIBUTES and (attr.ints or attr.strings):
-                return _decoded(np.array(helper.get_attribute_value(attr)))
+        classes = node_classes(node)
+        if classes is not None:
+            return classes
+    return None
+
+
+def node_classes(node: onnx.NodeProto) -> np.ndarray | None:
+    """The class labels an ``ai.onnx.ml`` classifier node carries as attributes, or None."""
+    for attr in node.attribute:
+        if attr.name in _ML_CLASS_ATTRIBUTES and (attr.ints or attr.strings):
+            return _decoded(np.array(helper.get_attribute_value(attr)))
     return None
 
 
@@ -134,23 +142,25 @@ def classes_initializer(classes: np.ndarray) -> onnx.TensorProto:
     return helper.make_tensor(CLASSES_NAME, TensorProto.STRING, [len(values)], values)
 
 
-def linear_nodes(x: str, layers, names, hidden_activation: str | None, output: str):
+def linear_nodes(x: str, layers, names, hidden_activation: str | None, output: str, prefix: str = ""):
     """Nodes and float initializers of ``layers`` [(coef (n_in, n_out), intercept (n_out,))] applied to ``x``:
-    MatMul + Add per layer, ``hidden_activation`` between layers, the last Add writing ``output``."""
+    MatMul + Add per layer, ``hidden_activation`` between layers, the last Add writing ``output``; ``prefix``
+    starts the names of the intermediate tensors and of the nodes."""
     nodes, inits = [], []
     current = x
     for i, ((coef, intercept), (coef_name, intercept_name)) in enumerate(zip(layers, names)):
         last = i == len(layers) - 1
         inits.append(numpy_helper.from_array(np.asarray(coef, dtype=np.float32), coef_name))
         inits.append(numpy_helper.from_array(np.asarray(intercept, dtype=np.float32).reshape(-1), intercept_name))
-        nodes.append(helper.make_node("MatMul", [current, coef_name], [f"matmul_{i}"], name=f"matmul_{i}"))
-        out = output if last else f"linear_{i}"
+        matmul, pre = f"{prefix}matmul_{i}", f"{prefix}pre_{i}"
+        nodes.append(helper.make_node("MatMul", [current, coef_name], [matmul], name=matmul))
+        out = output if last else f"{prefix}linear_{i}"
         activation = None if last else _ACTIVATIONS[hidden_activation]
         if activation is None:
-            nodes.append(helper.make_node("Add", [f"matmul_{i}", intercept_name], [out], name=f"add_{i}"))
+            nodes.append(helper.make_node("Add", [matmul, intercept_name], [out], name=f"{prefix}add_{i}"))
         else:
-            nodes.append(helper.make_node("Add", [f"matmul_{i}", intercept_name], [f"pre_{i}"], name=f"add_{i}"))
-            nodes.append(helper.make_node(activation, [f"pre_{i}"], [out], name=f"activation_{i}"))
+            nodes.append(helper.make_node("Add", [matmul, intercept_name], [pre], name=f"{prefix}add_{i}"))
+            nodes.append(helper.make_node(activation, [pre], [out], name=f"{prefix}activation_{i}"))
         current = out
     return nodes, inits
 
