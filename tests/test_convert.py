@@ -167,3 +167,17 @@ def test_other_models_go_through_skl2onnx(regression_data):
     onx = to_onnx(scaler, X)
     assert onx.ir_version <= 10
     np.testing.assert_allclose(_session(onx).run(None, {"X": X})[0], scaler.transform(X), atol=1e-5)
+
+
+def test_pipelines_default_penalty_follows_the_naming_rule(regression_data):
+    """The pipelines penalize every coefficient matrix by default: ``coef`` of a linear model, ``coef_<i>`` of an MLP."""
+    from omegaconf import OmegaConf
+
+    from pipelines.stages.add_loss import penalty_spec
+
+    X, y = regression_data
+    cfg = OmegaConf.create({"penalty": {"name": "elastic", "l1": 0.1, "l2": 0.2, "weights": None}})
+    linear = to_onnx(LinearRegression().fit(X, y))
+    mlp = to_onnx(_fit(MLPRegressor(hidden_layer_sizes=(3,), max_iter=2, random_state=0), X, y))
+    assert penalty_spec(cfg, linear) == {"coef": {"l1": 0.1, "l2": 0.2}}
+    assert list(penalty_spec(cfg, mlp)) == ["coef_0", "coef_1"]
