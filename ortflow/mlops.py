@@ -128,12 +128,13 @@ def _rewrite(model: onnx.ModelProto, regressors, classifiers) -> onnx.ModelProto
 
 
 def _attributes(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    """The node's attributes by name, string attributes decoded."""
+    values = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    return {k: v.decode("utf-8") if isinstance(v, bytes) else v for k, v in values.items()}
 
 
 def _post_transform(attrs: dict) -> str:
-    value = attrs.get("post_transform", b"NONE")
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return attrs.get("post_transform", "NONE")
 
 
 def _regressor_layer(op: onnx.NodeProto):
@@ -160,8 +161,8 @@ def _classifier_layer(op: onnx.NodeProto, chain, classes: np.ndarray | None):
     intercept = intercepts if len(intercepts) else np.zeros(rows)
     where = f"node {op.name!r} (LinearClassifier, {k} classes, {rows} coefficient rows, post_transform={transform})"
     for norm_node in (n for n in chain if n.op_type == "Normalizer"):
-        norm = _attributes(norm_node).get("norm", b"MAX")
-        if (norm.decode() if isinstance(norm, bytes) else norm) != "L1":
+        norm = _attributes(norm_node).get("norm", "MAX")
+        if norm != "L1":
             raise UnsupportedModelError(f"{where} is followed by Normalizer {norm_node.name!r} with norm={norm!r}; "
                                         "only L1 (which leaves probabilities unchanged) is rewritten")
     if k == 2 and rows == 1:

@@ -162,3 +162,12 @@ def test_several_linear_regressors_get_numbered_weights(regression_data):
     assert _ml_ops(onx) == []
     assert {"coef_0", "intercept_0", "coef_1", "intercept_1"} <= set(trainable_initializers(onx))
     np.testing.assert_allclose(_run(onx, X)["variable"].ravel(), model.predict(X), rtol=1e-4, atol=1e-4)
+
+
+def test_normalizer_that_changes_probabilities_is_refused(iris):
+    X, y = iris
+    onx = skl_to_onnx(LogisticRegression(max_iter=500).fit(X, y), X[:1], target_opset=OPSETS)
+    normalizer = next(n for n in onx.graph.node if n.op_type == "Normalizer")
+    next(a for a in normalizer.attribute if a.name == "norm").s = b"MAX"
+    with pytest.raises(UnsupportedModelError, match="norm='MAX'; only L1"):
+        make_trainable(onx)
