@@ -31,6 +31,7 @@ from .fwbw import (
 )
 from .graph import get_initializers, load_model, replace_initializers, trainable_initializers
 from .add_loss import add_loss_output
+from .mlops import make_trainable
 
 __version__ = "0.1.0"
 
@@ -65,6 +66,7 @@ __all__ = [
     "add_loss_output",
     "get_initializers",
     "load_model",
+    "make_trainable",
     "replace_initializers",
     "to_onnx",
     "trainable_initializers",

@@ -152,7 +152,7 @@ class PenaltyConfig:
     name: PenaltyKind = PenaltyKind.none  # type: ignore[valid-type]
     l1: float = 0.0
     l2: float = 0.0
-    # initializers the penalty applies to; None means every ``coef*`` (the weight matrices, not the intercepts)
+    # initializers the penalty applies to; None means the weight matrices (coef, coef_<i>), not the intercepts
     weights: Optional[List[str]] = None
 
 
@@ -312,10 +312,11 @@ def loss(cfg: DictConfig) -> ortflow.BaseLearningLoss:
 
 
 def penalty_weights(cfg: DictConfig, names_in_graph: list[str]) -> list[str]:
-    """The weights ``penalty`` applies to: ``penalty.weights``, or every ``coef*`` weight of the graph."""
+    """The weights ``penalty`` applies to: ``penalty.weights``, or the graph's weight matrices (``coef`` of a
+    linear model, ``coef_<i>`` of an MLP; not the intercepts)."""
     if cfg.penalty.weights:
         return list(cfg.penalty.weights)
-    return [n for n in names_in_graph if n.startswith("coef")]
+    return [n for n in names_in_graph if n == "coef" or n.startswith("coef_")]
 
 
 def _value(value: Any) -> Any:

@@ -68,7 +68,7 @@ def test_large_batches_keep_their_buffers_alive(regression_data, linear_start):
     full = OrtGradientOptimizer(add_loss_output(linear_start), learning_rate=0.02, **common).fit(X, y)
     fwbw = OrtGradientForwardBackwardOptimizer(linear_start, learning_rate=_constant(0.02), **common).fit(X, y)
     np.testing.assert_allclose(fwbw.train_losses_, full.train_losses_, rtol=1e-5)
-    np.testing.assert_allclose(fwbw.get_state()["coef_0"], full.get_state()["coef_0"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fwbw.get_state()["coef"], full.get_state()["coef"], rtol=1e-5, atol=1e-6)
 
 
 def test_same_weights_as_full_training_with_penalty_mlp_and_validation(regression_data, mlp_start):
@@ -168,7 +168,7 @@ def test_pickle_clone_and_warm_start(regression_data, linear_start):
     est.fit(X, y)
     assert est.n_iter_ == 4
     est.set_state(state)
-    np.testing.assert_array_equal(est.get_state()["coef_0"], state["coef_0"])
+    np.testing.assert_array_equal(est.get_state()["coef"], state["coef"])
 
 
 def test_sample_weight_zero_rows_are_ignored(regression_data, linear_start):
@@ -233,4 +233,4 @@ def test_cuda_training_matches_cpu(regression_data, linear_start):
     params = dict(max_iter=3, shuffle=False, learning_rate=LearningRateSGDNesterov(eta0=0.01))
     cpu = OrtGradientForwardBackwardOptimizer(linear_start, device="cpu", **params).fit(X, y)
     gpu = OrtGradientForwardBackwardOptimizer(linear_start, device="cuda", **params).fit(X, y)
-    np.testing.assert_allclose(gpu.get_state()["coef_0"], cpu.get_state()["coef_0"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gpu.get_state()["coef"], cpu.get_state()["coef"], rtol=1e-4, atol=1e-5)
