@@ -15,7 +15,7 @@ Parameters are declared once in :mod:`ortflow.parameters` (``parameters`` of eac
 - ``_epoch_learning_rate(samples_seen) -> float | None``: the rate used for the coming epoch (for the record).
 - ``get_state()``, ``_set_weights(state)``.
 - ``_prediction_graph() -> onnx.ModelProto``: the prediction graph, weights not yet replaced.
-- ``_graphs() -> dict[str, onnx.ModelProto | str]``: every graph the trainer uses, for ``save_onnx_graph``.
+- ``_graphs() -> dict[str, onnx.ModelProto | bytes]``: every graph the trainer uses, for ``save_onnx_graph``.
 - ``_save_runtime_state(folder)`` / ``_load_runtime_state(folder)``: weights and optimizer state.
 """
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ import onnx
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils import check_random_state
 
+from . import checkpoint
 from . import graph as g
 from ._ort import InferenceSession, SessionOptions
 from .callbacks import Callback, EarlyStopping, ProgressBar
@@ -43,11 +43,18 @@ from .learning_rates import BaseLearningRate, LearningRateSGD
 from .parameters import check_parameters
 from .registry import select
 from .runtime import OnnxFunction, make_session_options
-from .validation import check_device, check_fit_data, check_positive_int, check_weights_to_train, check_X
+from .convert import graph_classes
+from .validation import (
+    check_device,
+    check_fit_data,
+    check_positive_int,
+    check_weights_to_train,
+    check_X,
+    encode_labels,
+)
 
 logger = logging.getLogger("ortflow")
 
-CHECKPOINT_META = "trainer.json"
 
 
 @dataclass
@@ -60,6 +67,7 @@ class GraphSpec:
     weight_name: str | None = None
     prediction_outputs: list[str] = field(default_factory=list)
     trained_output: str | None = None  # the output the loss applies to (what predict returns for a regressor)
+    classes: np.ndarray | None = None  # the classes of a classifier graph trained on its raw score
 
 
 @dataclass
@@ -96,6 +104,8 @@ class BaseTrainer(BaseEstimator):
         model = g.load_model(self.model_onnx)
         g.check_loadable(model)
         spec = self._graph_spec(model)
+        spec.classes = _trained_classes(model, spec)
+        _resolve_symbolic_width(model, spec, X)
         data, val = self._prepare_data(spec, X, y, sample_weight, validation_data)
         max_iter = int(self.max_iter)
         check_positive_int("batch_size", self.batch_size, data.n_samples, "the number of training samples")
@@ -168,7 +178,7 @@ class BaseTrainer(BaseEstimator):
         return self
 
     def _prepare_data(self, spec, X, y, sample_weight, validation_data):
-        X, y, w = check_fit_data(X, y, sample_weight, spec.n_features, spec.label_shape)
+        X, y, w = check_fit_data(X, _targets(spec, y), sample_weight, spec.n_features, spec.label_shape)
         if w is not None and spec.weight_name is None:
             raise ValueError(
                 "sample_weight was given but the graph has no weight input: add one "
@@ -180,7 +190,8 @@ class BaseTrainer(BaseEstimator):
         if validation_data is not None:
             if len(validation_data) != 2:
                 raise ValueError("validation_data must be a pair (X_val, y_val)")
-            Xv, yv, _ = check_fit_data(*validation_data, None, spec.n_features, spec.label_shape)
+            Xv, yv, _ = check_fit_data(validation_data[0], _targets(spec, validation_data[1]), None,
+                                       spec.n_features, spec.label_shape)
             wv = None if spec.weight_name is None else np.ones(len(Xv), dtype=np.float32)
             val = TrainData(Xv, yv, wv)
         return TrainData(X, y, w), val
@@ -310,56 +321,41 @@ class BaseTrainer(BaseEstimator):
         self._check_fitted()
         graphs = dict(self._graphs())
         graphs["trained_model"] = self.get_trained_onnx()
+        serialized = {name: proto if isinstance(proto, bytes) else proto.SerializeToString()
+                      for name, proto in graphs.items()}
         if folder is None:
-            return {name: Path(proto).read_bytes() if isinstance(proto, (str, os.PathLike))
-                    else proto.SerializeToString() for name, proto in graphs.items()}
+            return serialized
         os.makedirs(folder, exist_ok=True)
         paths = {}
-        for name, proto in graphs.items():
+        for name, data in serialized.items():
             path = g.safe_join(folder, f"{name}.onnx")
-            if isinstance(proto, (str, os.PathLike)):
-                shutil.copyfile(proto, path)
-            else:
-                onnx.save(proto, str(path))
+            path.write_bytes(data)
             paths[name] = str(path)
         return paths
 
     # --- checkpoints ---------------------------------------------------------------------------------------
     def save_checkpoint(self, folder: str | os.PathLike) -> str:
-        """Write weights, optimizer state, history and random state to ``folder`` (replaced atomically).
-        Refused in the middle of an epoch: a checkpoint always holds the weights of an epoch boundary."""
+        """Write weights, optimizer state, history and random state to ``folder`` (replaced atomically, every file
+        checksummed). Refused in the middle of an epoch: a checkpoint always holds an epoch boundary."""
         self._check_fitted()
         if getattr(self, "in_epoch_", False):
             raise RuntimeError("save_checkpoint in the middle of an epoch (training was interrupted): the weights "
                                "are not those of a completed epoch; the last checkpoint written stays valid")
-        folder = Path(folder)
-        tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self._save_runtime_state(str(tmp))
         rng_state = getattr(self, "_rng_state", None)
         meta = {
             "trainer": type(self).__name__,
+            "fingerprint": self._fingerprint(),
             "epoch": len(self.history_),
             "history": self.history_,
             "rng_state": None if rng_state is None else [rng_state[0], rng_state[1].tolist(), *rng_state[2:]],
         }
-        (tmp / CHECKPOINT_META).write_text(json.dumps(meta))
-        old = folder.with_name(folder.name + ".old")
-        if folder.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            folder.rename(old)
-        tmp.rename(folder)
-        shutil.rmtree(old, ignore_errors=True)
-        return str(folder)
+        return checkpoint.write(folder, self._save_runtime_state, meta)
+
+    def _fingerprint(self) -> str:
+        return checkpoint.fingerprint(self._model.SerializeToString(), self.weights_to_train_)
 
     def _restore_checkpoint(self, folder, rng):
-        path = Path(folder) / CHECKPOINT_META
-        if not path.is_file():
-            raise FileNotFoundError(f"resume_from={str(folder)!r} holds no ortflow checkpoint ({CHECKPOINT_META})")
-        meta = json.loads(path.read_text())
-        if meta["trainer"] != type(self).__name__:
-            raise ValueError(f"resume_from={str(folder)!r} was written by {meta['trainer']}, not {type(self).__name__}")
+        meta = checkpoint.read(folder, type(self).__name__, self._fingerprint())
         self._load_runtime_state(str(folder))
         self.history_ = []
         self._append(None)
@@ -399,6 +395,23 @@ class BaseTrainer(BaseEstimator):
         self._check_fitted()
         return "output_label" in self._spec.prediction_outputs
 
+    @property
+    def classes_(self) -> np.ndarray:
+        """The classes of a classifier graph (the order of ``predict_proba``'s columns)."""
+        self._check_fitted()
+        if self._spec.classes is None:
+            raise AttributeError(f"{type(self).__name__} trains a graph that carries no classes (not a classifier)")
+        return self._spec.classes
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        if _graph_is_classifier(self.model_onnx):
+            from sklearn.utils import ClassifierTags
+
+            tags.estimator_type = "classifier"
+            tags.classifier_tags = ClassifierTags()
+        return tags
+
     def _run_prediction(self, X, names: list[str] | None = None) -> dict[str, np.ndarray]:
         self._check_fitted()
         X = check_X(X, self.n_features_in_)
@@ -412,8 +425,8 @@ class BaseTrainer(BaseEstimator):
     def losses(self, X, y, sample_weight=None) -> np.ndarray:
         """The loss of every sample under the trained weights, ``w * l`` (no penalty): shape (n,)."""
         self._check_fitted()
-        X, y, w = check_fit_data(X, y, sample_weight, self.n_features_in_, self._spec.label_shape)
-        y = self._encode_labels(y)
+        X, y, w = check_fit_data(X, _targets(self._spec, y), sample_weight, self.n_features_in_,
+                                 self._spec.label_shape)
         output = self._spec.trained_output
         prediction = self._run_prediction(X, [output])[output]
         rank = prediction.ndim
@@ -422,10 +435,6 @@ class BaseTrainer(BaseEstimator):
         function = OnnxFunction(loss.build_per_sample_function(rank=rank, width=width), "cpu")
         per = function.run(prediction, y.reshape(prediction.shape))[0].numpy()
         return per if w is None else per * w
-
-    def _encode_labels(self, y: np.ndarray) -> np.ndarray:
-        """The targets the loss takes for labels ``y`` (classifiers override nothing yet: y as given)."""
-        return y
 
     def _loss_object(self):
         raise NotImplementedError
@@ -458,3 +467,39 @@ class BaseTrainer(BaseEstimator):
         if weights is not None:
             self._build_runtime(self._model, self._spec, self._learning_rate())
             self._set_weights(weights)
+
+
+def _trained_classes(model: onnx.ModelProto, spec: GraphSpec) -> np.ndarray | None:
+    """The classes a graph carries when the trained output is its raw score (not probabilities or labels)."""
+    if spec.trained_output in ("output_probability", "output_label", "probabilities", "label"):
+        return None
+    return graph_classes(model)
+
+
+def _targets(spec: GraphSpec, y):
+    """What the loss takes for ``y``: class labels encoded for a classifier graph, ``y`` itself otherwise."""
+    if spec.classes is None:
+        return y
+    width = spec.label_shape[1] if len(spec.label_shape) == 2 and isinstance(spec.label_shape[1], int) else None
+    return encode_labels(y, spec.classes, width)
+
+
+def _graph_is_classifier(model_onnx) -> bool:
+    """Whether ``model_onnx`` (not yet validated) carries classes; False when it cannot be read."""
+    try:
+        return graph_classes(model_onnx) is not None
+    except Exception:  # noqa: BLE001 - fit reports an unreadable graph with the reason
+        return False
+
+
+def _resolve_symbolic_width(model: onnx.ModelProto, spec: GraphSpec, X) -> None:
+    """A trained output whose column count is symbolic gets its real width from a run on one row, so a ``y`` of
+    another width is refused instead of broadcast against it (a 1-column model would learn the mean of 2 columns)."""
+    if len(spec.label_shape) != 2 or isinstance(spec.label_shape[1], int) or spec.trained_output is None:
+        return
+    row = check_X(X, spec.n_features)[:1]
+    pruned = g.keep_outputs(model, [spec.trained_output])
+    sess = InferenceSession(pruned.SerializeToString(), make_session_options(1), providers=["CPUExecutionProvider"])
+    output = sess.run([spec.trained_output], {spec.x_name: row})[0]
+    if output.ndim == 2:
+        spec.label_shape = [spec.label_shape[0], int(output.shape[1])]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -20,6 +21,7 @@ from .registry import select
 from .validation import resolve_device
 
 ORT_CHECKPOINT = "ort_checkpoint"
+ARTIFACTS = ("training_model", "eval_model", "optimizer_model")
 
 
 class OrtGradientOptimizer(BaseTrainer):
@@ -79,33 +81,38 @@ class OrtGradientOptimizer(BaseTrainer):
         frozen = [n for n in g.trainable_initializers(loss_graph) if n not in self.weights_to_train_]
         if resolve_device(self.device) == "cpu":
             loss_graph = g.relu_as_mask(loss_graph)
-        self._rt_tmp = tempfile.TemporaryDirectory(prefix="ortflow-full-")
-        folder = self._rt_tmp.name
-        try:
-            with captured_native_stderr():
-                artifacts.generate_artifacts(
-                    loss_graph,
-                    requires_grad=self.weights_to_train_,
-                    frozen_params=frozen,
-                    loss=None,
-                    optimizer=optimizer,
-                    artifact_directory=folder,
-                )
-        except Exception as exc:  # the gradient builder reports ops without gradient as RuntimeError
-            raise explain_gradient_failure(exc) from exc
-        self._rt_paths = {
-            name: os.path.join(folder, f"{name}.onnx") for name in ("training_model", "eval_model", "optimizer_model")
-        }
-        self._rt_paths["checkpoint"] = os.path.join(folder, "checkpoint")
-        self._start_module(api.CheckpointState.load_checkpoint(self._rt_paths["checkpoint"]))
+        # The artifacts are read into memory and their folder removed at once: nothing is left in the temporary
+        # directory, even when the process is killed later.
+        with tempfile.TemporaryDirectory(prefix="ortflow-full-") as folder:
+            try:
+                with captured_native_stderr():
+                    artifacts.generate_artifacts(
+                        loss_graph,
+                        requires_grad=self.weights_to_train_,
+                        frozen_params=frozen,
+                        loss=None,
+                        optimizer=optimizer,
+                        artifact_directory=folder,
+                    )
+            except Exception as exc:  # the gradient builder reports ops without gradient as RuntimeError
+                raise explain_gradient_failure(exc) from exc
+            self._rt_graphs = {name: Path(folder, f"{name}.onnx").read_bytes() for name in ARTIFACTS}
+            self._start_module(api.CheckpointState.load_checkpoint(os.path.join(folder, "checkpoint")), folder)
 
-    def _start_module(self, state) -> None:
+    def _start_module(self, state, folder: str | None = None) -> None:
+        """Start onnxruntime's Module and Optimizer on ``state``, from the artifacts in ``folder`` (written from
+        memory into a temporary folder when None)."""
+        if folder is None:
+            with tempfile.TemporaryDirectory(prefix="ortflow-full-") as tmp:
+                for name, data in self._rt_graphs.items():
+                    Path(tmp, f"{name}.onnx").write_bytes(data)
+                return self._start_module(state, tmp)
         device = resolve_device(self.device)
         options = self._session_options()
         self._rt_state = state
-        self._rt_module = api.Module(self._rt_paths["training_model"], state, self._rt_paths["eval_model"],
-                                     device, options)
-        self._rt_optimizer = api.Optimizer(self._rt_paths["optimizer_model"], self._rt_module)
+        self._rt_module = api.Module(os.path.join(folder, "training_model.onnx"), state,
+                                     os.path.join(folder, "eval_model.onnx"), device, options)
+        self._rt_optimizer = api.Optimizer(os.path.join(folder, "optimizer_model.onnx"), self._rt_module)
         self._rt_lr = None
         train_inputs = self._rt_module.input_names()
         self._rt_module.eval()
@@ -173,9 +180,7 @@ class OrtGradientOptimizer(BaseTrainer):
     def _graphs(self) -> dict:
         return {
             "loss_model": self._model,
-            "training_model": self._rt_paths["training_model"],
-            "eval_model": self._rt_paths["eval_model"],
-            "optimizer_model": self._rt_paths["optimizer_model"],
+            **self._rt_graphs,
         }
 
     def _save_runtime_state(self, folder: str) -> None:

@@ -66,6 +66,38 @@ def check_fit_data(X, y, sample_weight, n_features: int | None, label_shape: Seq
     return X, y, sample_weight
 
 
+def encode_labels(y, classes: np.ndarray, width: int | None) -> np.ndarray:
+    """Float targets of the log loss for class labels ``y``: the indicator of ``classes[1]`` for a binary score
+    (``width`` 1 or None), one-hot rows of ``width`` columns otherwise. A label outside ``classes`` is an error."""
+    labels = np.asarray(y)
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels.ravel()
+    if labels.ndim != 1:
+        raise ValueError(f"y has shape {labels.shape}: a classifier takes one label per sample")
+    if labels.shape[0] == 0:
+        raise ValueError("y is empty: at least one sample is needed")
+    order = np.argsort(classes)
+    ranked = classes[order]
+    try:
+        pos = np.clip(np.searchsorted(ranked, labels), 0, len(ranked) - 1)
+        known = ranked[pos] == labels
+    except (TypeError, np.exceptions.DTypePromotionError) as exc:
+        raise ValueError(f"y holds labels of dtype {labels.dtype} but the graph's classes are {classes.tolist()}") from exc
+    if not np.all(known):
+        unknown = np.unique(labels[~known]).tolist()
+        raise ValueError(f"y holds labels {unknown[:10]} that are not among the classes the graph carries "
+                         f"{classes.tolist()}; convert the model from a classifier fitted on every class")
+    codes = order[pos]
+    k = len(classes)
+    if width in (None, 1):
+        if k != 2:
+            raise ValueError(f"the graph's score has one column but it carries {k} classes {classes.tolist()}")
+        return (codes == 1).astype(np.float32).reshape(-1, 1) if width == 1 else (codes == 1).astype(np.float32)
+    if width != k:
+        raise ValueError(f"the graph's score has {width} columns but it carries {k} classes {classes.tolist()}")
+    return np.eye(k, dtype=np.float32)[codes]
+
+
 def check_positive_int(name: str, value, upper: int | None = None, upper_name: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
         raise ValueError(f"{name}={value!r} must be a positive integer")

@@ -47,7 +47,8 @@ def test_save_onnx_graph_without_folder_returns_the_graphs_in_memory(regression_
     assert set(in_memory) == set(on_disk)
     for name, data in in_memory.items():
         assert isinstance(data, bytes)
-        onnx.checker.check_model(onnx.load_from_string(data))
+        assert len(onnx.load_from_string(data).graph.node) > 0, name
+        assert data == open(on_disk[name], "rb").read(), name
     full = OrtGradientOptimizer(add_loss_output(linear), max_iter=1).fit(X, y)
     graphs = full.save_onnx_graph()
     assert {"training_model", "optimizer_model", "trained_model"} <= set(graphs)
