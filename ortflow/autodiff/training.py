@@ -26,11 +26,12 @@ def training_step(
     Inputs: the model's inputs, the trained ``weights`` (default: every float initializer), then
     ``learning_rate`` (a float scalar). Outputs: the loss (at the weights fed in), then ``<weight>_updated`` =
     ``weight - learning_rate * gradient`` for each weight, in the same order. ``loss_output`` defaults to the first
-    output.
+    output. Every input's first axis, when not fixed, is declared as one symbol ``batch``: a training batch
+    slices all inputs by rows, and knowing it lets the gradient sum broadcast axes without run-time checks.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r} is not supported by training_step; choose one of {OPTIMIZERS}")
-    model = load_model(loss_model)
+    model = _one_batch_axis(load_model(loss_model))
     weights = _pick_weights(model, weights)
     if not weights:
         raise ValueError("training_step needs at least one float initializer to train")
@@ -38,16 +39,30 @@ def training_step(
     updated = {w: f"{w}_updated" for w in weights}
     gradients = build_gradients(model, weights, loss, taken={LEARNING_RATE, *updated.values()})
     e = gradients.emitter
-    rate = _value_info(LEARNING_RATE, ValueInfo(TensorProto.FLOAT, []))
     start = len(e.nodes)
     for w in weights:
         grad = gradients.grads[w] or e.zeros_like(w)
-        step = e.op("Mul", [grad, e.op("Cast", [LEARNING_RATE], to=e.dtype(w))])
+        rate = LEARNING_RATE if e.dtype(w) == TensorProto.FLOAT else e.op("Cast", [LEARNING_RATE], to=e.dtype(w))
+        step = e.op("Mul", [grad, rate])
         e.nodes.append(helper.make_node("Sub", [w, step], [updated[w]], name=e.fresh(f"{updated[w]}_node")))
     update_nodes = e.nodes[start:]
     del e.nodes[start:]
     outputs = [_value_info(updated[w], e.info[w]) for w in weights]
-    return assemble(model, gradients, {}, [loss], [rate], weights, update_nodes, outputs)
+    rate_input = _value_info(LEARNING_RATE, ValueInfo(TensorProto.FLOAT, []))
+    return assemble(model, gradients, {}, [loss], [rate_input], weights, update_nodes, outputs)
+
+
+def _one_batch_axis(model: onnx.ModelProto) -> onnx.ModelProto:
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    inits = {i.name for i in new.graph.initializer}
+    for value in new.graph.input:
+        tensor = value.type.tensor_type
+        if value.name not in inits and tensor.HasField("shape") and tensor.shape.dim:
+            dim = tensor.shape.dim[0]
+            if not dim.HasField("dim_value"):
+                dim.dim_param = "batch"
+    return new
 
 
 class TrainingStepRunner:
