@@ -34,6 +34,9 @@ def _fitted(make, X, y):
 
 def _ours(loss_model, feeds):
     derivative = ortflow.onnx_derivative(loss_model)
+    ops = {(n.domain, n.op_type) for n in derivative.graph.node}
+    assert {d for d, _ in ops} <= {""}, ops  # standard ONNX only
+    assert not {"ArgMax", "Gather"} & {op for _, op in ops}  # a classifier's label branch is pruned
     sess = InferenceSession(derivative.SerializeToString(), providers=["CPUExecutionProvider"])
     weights = ortflow.get_initializers(loss_model)
     names = [o.name for o in sess.get_outputs()]

@@ -46,11 +46,16 @@ class Emitter:
 
     def op(self, op_type: str, inputs: Sequence[str], like: str | None = None, **attrs) -> str:
         """One node with one output; the output gets the element type and shape of ``like`` when given."""
-        out = self.fresh(f"{self.prefix}_{op_type.lower()}")
-        self.nodes.append(helper.make_node(op_type, list(inputs), [out], name=self.fresh(f"{out}_node"), **attrs))
+        out = self.op_named(op_type, inputs, self.fresh(f"{self.prefix}_{op_type.lower()}"), **attrs)
         if like is not None and like in self.info:
             self.info[out] = self.info[like]
         return out
+
+    def op_named(self, op_type: str, inputs: Sequence[str], output: str, **attrs) -> str:
+        """One node writing ``output`` (a name the caller reserved)."""
+        self.nodes.append(helper.make_node(op_type, list(inputs), [output], name=self.fresh(f"{output}_node"),
+                                           **attrs))
+        return output
 
     def dtype(self, name: str) -> int:
         elem = self.info.get(name, ValueInfo()).elem_type
