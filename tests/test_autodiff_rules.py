@@ -98,12 +98,11 @@ def test_unary_rules(op, attrs, signed):
 
 
 def test_softplus_rule():
-    # onnxruntime has no float64 Softplus kernel: the gradient graph is checked at float64 on a Sigmoid-based
-    # equivalent elsewhere; here Softplus runs at float32 against finite differences of float64 numpy
+    # onnxruntime has no float64 Softplus kernel: float32, against the exact derivative sigmoid(x)
     x = _values((3, 4)).astype(np.float32)
-    model = _model([helper.make_node("Softplus", ["x"], ["y"])], {"x": ["N", 4]}, {})
-    model = _retype(model, TensorProto.FLOAT)
-    grad = InferenceSession(onnx_derivative(model, inputs=True).SerializeToString()).run(None, {"x": x, "y_grad": np.ones_like(x)})[0]
+    model = _retype(_model([helper.make_node("Softplus", ["x"], ["y"])], {"x": ["N", 4]}, {}), TensorProto.FLOAT)
+    sess = InferenceSession(onnx_derivative(model, inputs=True).SerializeToString())
+    (grad,) = sess.run(None, {"x": x, "y_grad": np.ones_like(x)})
     np.testing.assert_allclose(grad, 1 / (1 + np.exp(-x.astype(np.float64))), rtol=1e-6)
 
 
@@ -280,3 +279,20 @@ def test_bad_arguments_are_named():
         onnx_derivative(model, inputs=["w"])
     with pytest.raises(ValueError, match="output='z'"):
         onnx_derivative(model, output="z")
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax_before_opset_13_normalizes_every_axis_from_axis_on(op):
+    model = _model([helper.make_node(op, ["x"], ["y"], axis=1)], {"x": ["N", 3, 2]}, {}, opset=11)
+    check_gradient(model, {"x": _values((2, 3, 2))})
+
+
+def test_clip_bounds_as_attributes_before_opset_11():
+    # onnxruntime's Clip-6 has float32 kernels only: compared with the mask of the kept values
+    model = _retype(_model([helper.make_node("Clip", ["x"], ["y"], min=-0.5, max=0.8)], {"x": ["N", 3]}, {},
+                           opset=10), TensorProto.FLOAT)
+    x = _values((5, 3)).astype(np.float32)
+    upstream = RNG.normal(size=x.shape).astype(np.float32)
+    sess = InferenceSession(onnx_derivative(model, inputs=True).SerializeToString())
+    (grad,) = sess.run(None, {"x": x, "y_grad": upstream})
+    np.testing.assert_array_equal(grad, upstream * ((x >= -0.5) & (x <= 0.8)))
