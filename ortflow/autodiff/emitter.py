@@ -19,10 +19,12 @@ from ..exceptions import NotDifferentiableError
 
 @dataclass
 class ValueInfo:
-    """Element type and shape (ints, symbols or None per axis; None when the rank is unknown) of a tensor."""
+    """Element type and shape (ints, symbols or None per axis; None when the rank is unknown) of a tensor, and
+    the value of the small integer constants."""
 
     elem_type: int = 0
     shape: list | None = None
+    value: np.ndarray | None = None  # for small integer constants (axes, shapes)
 
 
 @dataclass
@@ -163,12 +165,12 @@ def value_infos(model: onnx.ModelProto) -> dict[str, ValueInfo]:
         graph = named.graph
     infos = {}
     for init in graph.initializer:
-        infos[init.name] = ValueInfo(init.data_type, list(init.dims))
+        infos[init.name] = ValueInfo(init.data_type, list(init.dims), _small_ints(init))
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for att in node.attribute:
                 if att.name == "value":
-                    infos[node.output[0]] = ValueInfo(att.t.data_type, list(att.t.dims))
+                    infos[node.output[0]] = ValueInfo(att.t.data_type, list(att.t.dims), _small_ints(att.t))
     for value in list(graph.input) + list(graph.value_info) + list(graph.output):
         if not value.type.HasField("tensor_type"):
             continue
@@ -177,5 +179,11 @@ def value_infos(model: onnx.ModelProto) -> dict[str, ValueInfo]:
         if tensor.HasField("shape"):
             shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
         if value.name not in infos or tensor.elem_type:
-            infos[value.name] = ValueInfo(tensor.elem_type, shape)
+            infos[value.name] = ValueInfo(tensor.elem_type, shape, infos.get(value.name, ValueInfo()).value)
     return infos
+
+
+def _small_ints(tensor: onnx.TensorProto) -> np.ndarray | None:
+    if tensor.data_type != TensorProto.INT64 or np.prod(tensor.dims, dtype=np.int64) > 64:
+        return None
+    return numpy_helper.to_array(tensor)

@@ -116,6 +116,9 @@ def _sub(n: NodeGrad):
 
 @rule("Mul")
 def _mul(n: NodeGrad):
+    a, b = n.x
+    if a == b:  # x * x: one gradient 2 x dy instead of two added together
+        return [n.op("Mul", [n.dy, n.op("Add", [a, a])]), None]
     return n.per_input(lambda i: n.op("Mul", [n.dy, n.x[1 - i]]))
 
 
@@ -336,13 +339,25 @@ def _reduce(n: NodeGrad):
     if axes is None and axes_as_input and n.attr("noop_with_empty_axes", 0):
         return [n.dy] + [None] * (len(n.x) - 1)
     grad = n.dy
+    if n.node.op_type == "ReduceMean":  # divided while it is small
+        count = e.op("Div", [e.op("Size", [x]), e.op("Size", [n.y])])
+        grad = e.op("Div", [grad, e.op("Cast", [count], to=e.dtype(x))])
     if axes is not None and not n.attr("keepdims", 1):
         grad = e.unsqueeze(grad, axes)
-    grad = e.op("Expand", [grad, e.shape(x)], like=x)
-    if n.node.op_type == "ReduceMean":
-        count = e.op("Div", [e.op("Size", [x]), e.op("Size", [n.y])])
-        grad = e.op("Div", [grad, e.op("Cast", [count], to=e.dtype(x))], like=x)
+    if not _only_unit_axes(e, x, axes):
+        grad = e.op("Expand", [grad, e.shape(x)])
+    e.info[grad] = e.info.get(x)
     return [grad] + [None] * (len(n.x) - 1)
+
+
+def _only_unit_axes(e: Emitter, x: str, axes) -> bool:
+    """True when every reduced axis of ``x`` has size 1: the reduction only dropped or kept unit axes."""
+    shape = e.info[x].shape if x in e.info else None
+    if isinstance(axes, str):
+        axes = e.info[axes].value if axes in e.info else None
+    if shape is None or axes is None:
+        return False
+    return all(shape[int(a)] == 1 for a in np.asarray(axes).reshape(-1))
 
 
 @rule("Reshape", "Flatten", "Squeeze", "Unsqueeze")
