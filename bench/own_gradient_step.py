@@ -1,7 +1,8 @@
 """ms/epoch of ortflow's own standard-ONNX SGD step graph (ortflow.autodiff.training_step run by
 TrainingStepRunner) against full training (OrtGradientOptimizer), side by side on one case, interleaved.
+Both wall time and CPU time (process_time: less sensitive to a machine shared with other jobs) per epoch.
 
-    python -m bench.own_gradient_step [--case A] [--repeats 3] [--threads 2]
+    python -m bench.own_gradient_step [--case A] [--repeats 3] [--threads 1]
 """
 
 from __future__ import annotations
@@ -13,40 +14,59 @@ import numpy as np
 
 import ortflow
 from ortflow.autodiff import TrainingStepRunner, training_step
+from ortflow.callbacks import Callback
 
 from .cases import default_cases, make_data
-from .engines import loss_graph, session_options, train_ortflow_full
+from .engines import loss_graph, session_options
 
 
-def own_step(case, data, epochs: int, threads: int) -> tuple[list[float], float]:
+class _Clock(Callback):
+    def on_train_begin(self, trainer):
+        self.stamps = [(time.perf_counter(), time.process_time())]
+
+    def on_epoch_end(self, trainer, record):
+        self.stamps.append((time.perf_counter(), time.process_time()))
+
+
+def full(case, data, threads: int) -> tuple[np.ndarray, float]:
+    clock = _Clock()
+    trainer = ortflow.OrtGradientOptimizer(
+        loss_graph(case, data), max_iter=case.epochs, batch_size=case.batch_size, learning_rate=case.learning_rate,
+        lr_schedule="constant", optimizer="sgd", shuffle=False, n_threads=threads, callbacks=[clock])
+    trainer.fit(data.X, data.y)
+    return np.diff(np.array(clock.stamps), axis=0), float(trainer.train_losses_[-1])
+
+
+def own_step(case, data, threads: int) -> tuple[np.ndarray, float]:
     loss = loss_graph(case, data)
     runner = TrainingStepRunner(training_step(loss), ortflow.get_initializers(loss), session_options(threads))
-    times, losses = [], None
-    for _ in range(epochs):
-        begin = time.perf_counter()
+    stamps = [(time.perf_counter(), time.process_time())]
+    for _ in range(case.epochs):
         losses = runner.epoch([data.X, data.y], case.batch_size, case.learning_rate)
-        times.append(time.perf_counter() - begin)
-    return times, float(np.mean(losses))
+        stamps.append((time.perf_counter(), time.process_time()))
+    return np.diff(np.array(stamps), axis=0), float(np.mean(losses))
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", default="A")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     case = next(c for c in default_cases() if c.key == args.case)
     data = make_data(case)
-    results = {"ortflow-full": [], "own-step": []}
+    engines = {"ortflow-full": full, "own-step": own_step}
+    results = {name: [] for name in engines}
     for _ in range(args.repeats):
-        run = train_ortflow_full(case, data, case.epochs, args.threads)
-        results["ortflow-full"].append((np.median(run.epoch_times) * 1e3, run.losses[-1]))
-        times, last = own_step(case, data, case.epochs, args.threads)
-        results["own-step"].append((np.median(times) * 1e3, last))
-    for name, values in results.items():
-        ms = [v[0] for v in values]
-        print(f"{name:13s} ms/epoch median of repeats {np.median(ms):.3f} (each {', '.join(f'{m:.3f}' for m in ms)}); "
-              f"last epoch loss {values[-1][1]:.6f}")
+        for name, run in engines.items():
+            results[name].append(run(case, data, args.threads))
+    print(f"case {case.key}, {args.threads} thread(s), {args.repeats} interleaved repeats of {case.epochs} epochs")
+    for name, runs in results.items():
+        wall = [np.median(t[:, 0]) * 1e3 for t, _ in runs]
+        cpu = [np.median(t[:, 1]) * 1e3 for t, _ in runs]
+        print(f"{name:13s} ms/epoch (median over repeats of the median epoch): wall {np.median(wall):.3f} "
+              f"[{', '.join(f'{m:.2f}' for m in wall)}], cpu {np.median(cpu):.3f} "
+              f"[{', '.join(f'{m:.2f}' for m in cpu)}]; last epoch loss {runs[-1][1]:.6f}")
 
 
 if __name__ == "__main__":
