@@ -44,7 +44,8 @@ def own_step(case, data, threads: int) -> tuple[np.ndarray, float]:
     for _ in range(case.epochs):
         losses = runner.epoch([data.X, data.y], case.batch_size, case.learning_rate)
         stamps.append((time.perf_counter(), time.process_time()))
-    return np.diff(np.array(stamps), axis=0), float(np.mean(losses))
+    sizes = np.diff(np.r_[np.arange(0, len(data.X), case.batch_size), len(data.X)])
+    return np.diff(np.array(stamps), axis=0), float(np.average(losses, weights=sizes))  # the trainers' epoch loss
 
 
 def main(argv=None) -> None:

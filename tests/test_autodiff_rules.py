@@ -269,6 +269,16 @@ def test_ml_op_without_rule_is_named():
         onnx_derivative(model, weights=[], inputs=True)
 
 
+def test_op_of_unknown_type_on_the_path_is_refused_not_ignored():
+    """onnx cannot infer com.microsoft ops: their outputs are untyped, still on the path."""
+    nodes = [helper.make_node("FusedMatMul", ["x", "w"], ["m"], domain="com.microsoft"),
+             helper.make_node("Tanh", ["m"], ["y"])]
+    model = _model(nodes, {"x": ["N", 3]}, {"w": _values((3, 2))})
+    model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    with pytest.raises(NotDifferentiableError, match=r"node '#0 FusedMatMul' \(op com.microsoft.FusedMatMul\)"):
+        onnx_derivative(model)
+
+
 def test_bad_arguments_are_named():
     model = _model([helper.make_node("Mul", ["x", "w"], ["y"])], {"x": ["N", 3]}, {"w": _values((3,))})
     with pytest.raises(ValueError, match=r"weights names \['nope'\]"):

@@ -92,7 +92,8 @@ def _active(nodes: list, sources: set, info: dict) -> set:
         if node.op_type in NO_GRADIENT and node.domain in DEFAULT_DOMAINS:
             continue
         if active.intersection(node.input) or active.intersection(_implicit_inputs(node)):
-            active.update(o for o in node.output if o and info.get(o, ValueInfo()).elem_type in FLOAT_TYPES)
+            # an output of unknown type (an op onnx cannot infer) counts as float: better refused than ignored
+            active.update(o for o in node.output if o and info.get(o, ValueInfo()).elem_type in FLOAT_TYPES + (0,))
     return active
 
 
