@@ -39,8 +39,8 @@ def _ours(loss_model, feeds):
     assert not {"ArgMax", "Gather"} & {op for _, op in ops}  # a classifier's label branch is pruned
     sess = InferenceSession(derivative.SerializeToString(), providers=["CPUExecutionProvider"])
     weights = ortflow.get_initializers(loss_model)
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(None, {**feeds, **{w: weights[w] for w in ortflow.trainable_initializers(loss_model)}})))
+    weights = {w: weights[w] for w in ortflow.trainable_initializers(loss_model)}
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, {**feeds, **weights})))
 
 
 def _training_build(loss_model, feeds):

@@ -201,7 +201,8 @@ def test_pow_with_constant_exponent():
 def test_shape_ops():
     nodes = [_const("shape", np.array([-1, 6], dtype=np.int64)), helper.make_node("Reshape", ["x", "shape"], ["r"]),
              _const("ax", np.array([0], dtype=np.int64)), helper.make_node("Unsqueeze", ["r", "ax"], ["u"]),
-             helper.make_node("Squeeze", ["u", "ax"], ["s"]), helper.make_node("Concat", ["s", "w", "s"], ["c"], axis=1),
+             helper.make_node("Squeeze", ["u", "ax"], ["s"]),
+             helper.make_node("Concat", ["s", "w", "s"], ["c"], axis=1),
              _const("st", np.array([1, -1], dtype=np.int64)), _const("en", np.array([100, -100], dtype=np.int64)),
              _const("sa", np.array([1, 0], dtype=np.int64)), _const("sp", np.array([2, -3], dtype=np.int64)),
              helper.make_node("Slice", ["c", "st", "en", "sa", "sp"], ["sl"]),  # (1, 8)

@@ -346,7 +346,7 @@ def _reduce(n: NodeGrad):
         grad = e.unsqueeze(grad, axes)
     if not _only_unit_axes(e, x, axes):
         grad = e.op("Expand", [grad, e.shape(x)])
-    e.info[grad] = e.info.get(x)
+    e.info[grad] = e.info.get(x, ValueInfo())
     return [grad] + [None] * (len(n.x) - 1)
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from .._ort import InferenceSession, OrtValue, SessionOptions
 from ..graph import ModelLike, all_names, load_model
