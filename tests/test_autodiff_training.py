@@ -67,3 +67,5 @@ def test_bad_settings_are_refused(regression_data):
         training_step(loss, optimizer="rmsprop")
     with pytest.raises(ValueError, match="weight_decay=0.1 applies to optimizer='adamw' only"):
         training_step(loss, optimizer="adam", weight_decay=0.1)
+    with pytest.raises(ValueError, match="loss output 'variable' has rank 2; training_step needs a scalar loss"):
+        training_step(loss, loss_output="variable")

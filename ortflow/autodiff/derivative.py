@@ -42,9 +42,9 @@ def onnx_derivative(
     """
     model = load_model(model)
     feeds = input_names(model)
-    weights = _pick_weights(model, weights)
+    weights = pick_weights(model, weights)
     diff_inputs = _pick_inputs(model, feeds, inputs)
-    target = _pick_output(model, output)
+    target = pick_output(model, output)
     sources = diff_inputs + weights
     grad_names = {s: f"{s}_grad" for s in sources}
     seed_name = f"{target}_grad"
@@ -58,7 +58,7 @@ def onnx_derivative(
     fill = scalar if fill_grad is None else bool(fill_grad)
     gradients = build_gradients(model, sources, target, seed=None if fill else seed_name,
                                 taken={seed_name, *grad_names.values()})
-    extra_inputs = [] if fill else [_value_info(seed_name, gradients.emitter.info[target])]
+    extra_inputs = [] if fill else [value_info(seed_name, gradients.emitter.info[target])]
     outputs = output_names(model) if keep_outputs else []
     return assemble(model, gradients, grad_names, outputs, extra_inputs, weights if weights_as_inputs else [])
 
@@ -70,23 +70,22 @@ def assemble(
     kept_outputs: Sequence[str],
     extra_inputs: Sequence[onnx.ValueInfoProto],
     weights_as_inputs: Sequence[str],
-    more_nodes: Sequence[onnx.NodeProto] = (),
     more_outputs: Sequence[onnx.ValueInfoProto] = (),
 ) -> onnx.ModelProto:
-    """The model's nodes, the gradient nodes and ``more_nodes``, pruned to what the outputs need: ``kept_outputs``
-    (outputs of the model), the gradients named by ``grad_outputs`` (source -> output name) and ``more_outputs``.
-    ``weights_as_inputs`` leave the initializers for the inputs, after the model's own inputs."""
+    """The model's nodes and the emitter's nodes, pruned to what the outputs need: ``kept_outputs`` (outputs of
+    the model), the gradients named by ``grad_outputs`` (source -> output name) and ``more_outputs`` (values the
+    caller added with the emitter). ``weights_as_inputs`` leave the initializers for the inputs, after the model's
+    own inputs; ``extra_inputs`` come last."""
     e = gradients.emitter
     # a source the target does not depend on gets zeros
     grads = {s: gradients.grads[s] or e.zeros_like(s) for s in grad_outputs}
     nodes = list(model.graph.node) + list(e.nodes)
     typed = {v.name: v for v in model.graph.output}
-    outputs = [typed[name] if typed[name].type.tensor_type.HasField("shape") else _value_info(name, e.info[name])
+    outputs = [typed[name] if typed[name].type.tensor_type.HasField("shape") else value_info(name, e.info[name])
                for name in kept_outputs]
     for source, out in grad_outputs.items():
         nodes.append(helper.make_node("Identity", [grads[source]], [out], name=e.fresh(f"{out}_output")))
-        outputs.append(_value_info(out, e.info[source]))
-    nodes += list(more_nodes)
+        outputs.append(value_info(out, e.info[source]))
     outputs += list(more_outputs)
     needed = {o.name for o in outputs}
     kept = []
@@ -98,7 +97,7 @@ def assemble(
     as_inputs = set(weights_as_inputs)
     inits = {i.name for i in model.graph.initializer}
     graph_inputs = [i for i in model.graph.input if i.name not in inits]
-    graph_inputs += [_value_info(w, e.info[w]) for w in weights_as_inputs] + list(extra_inputs)
+    graph_inputs += [value_info(w, e.info[w]) for w in weights_as_inputs] + list(extra_inputs)
     initializers = [i for i in model.graph.initializer if i.name not in as_inputs and i.name in needed]
     graph = helper.make_graph(kept, f"{model.graph.name or 'model'}_gradient", graph_inputs, outputs, initializers)
     new = helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
@@ -108,11 +107,13 @@ def assemble(
     return new
 
 
-def _value_info(name: str, info: ValueInfo) -> onnx.ValueInfoProto:
+def value_info(name: str, info: ValueInfo) -> onnx.ValueInfoProto:
+    """A tensor value info named ``name`` with the type and shape of ``info``."""
     return helper.make_tensor_value_info(name, info.elem_type, info.shape)
 
 
-def _pick_weights(model: onnx.ModelProto, weights: Sequence[str] | None) -> list[str]:
+def pick_weights(model: onnx.ModelProto, weights: Sequence[str] | None) -> list[str]:
+    """The float initializers named by ``weights`` (all of them for None), checked."""
     floats = trainable_initializers(model)
     return floats if weights is None else _pick("weights", weights, floats, "float initializers")
 
@@ -136,7 +137,8 @@ def _pick(argument: str, names: Sequence[str], candidates: list[str], what: str)
     return list(dict.fromkeys(names))
 
 
-def _pick_output(model: onnx.ModelProto, output: str | int | None) -> str:
+def pick_output(model: onnx.ModelProto, output: str | int | None) -> str:
+    """The output named or placed at ``output`` (the first one for None), checked."""
     names = output_names(model)
     if output is None:
         return names[0]

@@ -12,7 +12,7 @@ from onnx import TensorProto
 from .._ort import InferenceSession, OrtValue, SessionOptions
 from ..graph import ModelLike, all_names, load_model
 from .builder import build_gradients
-from .derivative import _pick_output, _pick_weights, _value_info, assemble
+from .derivative import assemble, pick_output, pick_weights, value_info
 from .emitter import Emitter, ValueInfo
 
 LEARNING_RATE = "learning_rate"
@@ -52,35 +52,36 @@ def training_step(
     if optimizer != "adamw" and weight_decay:
         raise ValueError(f"weight_decay={weight_decay} applies to optimizer='adamw' only, not {optimizer!r}")
     model = _one_batch_axis(load_model(loss_model))
-    weights = _pick_weights(model, weights)
+    weights = pick_weights(model, weights)
     if not weights:
         raise ValueError("training_step needs at least one float initializer to train")
     wide = [w for w in weights if _init_type(model, w) != TensorProto.FLOAT]
     if wide:
         raise ValueError(f"training_step trains float32 weights; {wide} have another type")
-    loss = _pick_output(model, loss_output)
+    loss = pick_output(model, loss_output)
+    declared = {v.name: v for v in model.graph.output}[loss].type.tensor_type
+    if declared.HasField("shape") and declared.shape.dim:
+        raise ValueError(f"loss output {loss!r} has rank {len(declared.shape.dim)}; training_step needs a scalar loss")
     moments = [f"{w}_{k}" for w in weights for k in "mv"] if optimizer != "sgd" else []
     state = weights + moments
     scalars = [LEARNING_RATE] + ([STEP] if moments else [])
-    gradients = build_gradients(model, weights, loss, taken={*scalars, *state, *(s + UPDATED for s in state)})
+    new_names = {*scalars, *moments, *(s + UPDATED for s in state)}
+    clash = sorted(new_names & all_names(model))
+    if clash:
+        raise ValueError(f"training_step adds the names {clash}, which already exist in the graph; rename them")
+    gradients = build_gradients(model, weights, loss, taken=new_names)
     e = gradients.emitter
-    start = len(e.nodes)
     grads = {w: gradients.grads[w] or e.zeros_like(w) for w in weights}
     for name in scalars + moments:
         e.info[name] = ValueInfo(TensorProto.FLOAT, [] if name in scalars else e.info[name[:-2]].shape)
-    clash = [n for n in moments if n in all_names(model)]
-    if clash:
-        raise ValueError(f"training_step names the moments <weight>_m/_v, but {clash} already exist in the graph")
     if optimizer == "sgd":
         for w in weights:
             e.op_named("Sub", [w, e.op("Mul", [grads[w], LEARNING_RATE])], w + UPDATED)
     else:
         _adam(e, weights, grads, betas, epsilon, weight_decay)
-    update_nodes = e.nodes[start:]
-    del e.nodes[start:]
-    outputs = [_value_info(s + UPDATED, e.info[s]) for s in state]
-    inputs = [_value_info(m, e.info[m]) for m in moments] + [_value_info(s, e.info[s]) for s in scalars]
-    return assemble(model, gradients, {}, [loss], inputs, weights, update_nodes, outputs)
+    outputs = [value_info(s + UPDATED, e.info[s]) for s in state]
+    inputs = [value_info(m, e.info[m]) for m in moments] + [value_info(s, e.info[s]) for s in scalars]
+    return assemble(model, gradients, {}, [loss], inputs, weights, outputs)
 
 
 def _init_type(model: onnx.ModelProto, name: str) -> int:
