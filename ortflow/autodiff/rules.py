@@ -67,10 +67,10 @@ class NodeGrad:
         return default
 
     def rank(self, name: str) -> int:
-        shape = self.e.info.get(name).shape if name in self.e.info else None
-        if shape is None:
+        rank = _rank(self.e, name)
+        if rank is None:
             raise self.refuse(f"the rank of {name!r} is unknown")
-        return len(shape)
+        return rank
 
     def refuse(self, reason: str) -> NotDifferentiableError:
         return NotDifferentiableError(
@@ -264,7 +264,10 @@ def _swap_last(e: Emitter, x: str, rank: int) -> str:
 @rule("MatMul")
 def _matmul(n: NodeGrad):
     a, b = n.x
-    ra, rb = n.rank(a), n.rank(b)
+    rb = n.rank(b)
+    if rb == 2 and _rank(n.e, a) != 2:
+        return _matmul_by_matrix(n)
+    ra = n.rank(a)
     e, dy = n.e, n.dy
     need_a, need_b = n.needs
     da = db = None
@@ -275,36 +278,48 @@ def _matmul(n: NodeGrad):
         da = need_a and e.op("Mul", [e.unsqueeze(dy, [-1]), b], like=a)
         db = need_b and e.op("MatMul", [e.op("Reshape", [dy, e.ints([-1])]), e.op("Flatten", [a], axis=ra - 1)],
                              like=b)
-    elif ra == 1:  # (K,) @ (..., K, N) -> (..., N)
-        if need_a and rb == 2:
-            da = e.op("MatMul", [b, dy], like=a)
-        elif need_a:
+    elif ra == 1:  # (K,) @ (..., K, N) -> (..., N), rank of b > 2
+        if need_a:
             column = e.op("MatMul", [b, e.unsqueeze(dy, [-1])])
             da = e.op("Reshape", [e.reduce_sum(column, list(range(rb - 2)), keepdims=False), e.shape(a)], like=a)
         db = need_b and e.op("Mul", [e.unsqueeze(a, [-1]), e.unsqueeze(dy, [-2])], like=b)
     elif ra == rb == 2:  # Gemm transposes inside its kernel
         da = need_a and e.op("Gemm", [dy, b], like=a, transB=1)
         db = need_b and e.op("Gemm", [a, dy], like=b, transA=1)
-    else:
+    else:  # batched on both sides (rank of b > 2)
         if need_a:
-            da = e.op("MatMul", [dy, _swap_last(e, b, rb)])
-            da = _unbatch(e, da, a, rb == 2)
-        if need_b and rb == 2 and ra > 2:  # one weight matrix for every batch axis: a MatMul over all rows
-            flat_a = e.op("Flatten", [a], axis=ra - 1)
-            db = e.op("MatMul", [e.op("Transpose", [flat_a], perm=[1, 0]), e.op("Flatten", [dy], axis=ra - 1)],
-                      like=b)
-        elif need_b:
-            db = _unbatch(e, e.op("MatMul", [_swap_last(e, a, ra), dy]), b, False)
+            da = e.unbroadcast_at_run_time(e.op("MatMul", [dy, _swap_last(e, b, rb)]), a)
+        if need_b:
+            db = e.unbroadcast_at_run_time(e.op("MatMul", [_swap_last(e, a, ra), dy]), b)
     return [da or None, db or None]
 
 
-def _unbatch(e: Emitter, grad: str, operand: str, same_shape: bool) -> str:
-    """A batched MatMul gradient summed over the batch axes ``operand`` was broadcast along (none when
-    ``same_shape``); the batch shapes are compared at run time."""
-    if same_shape:
-        e.info[grad] = e.info.get(operand, ValueInfo())
-        return grad
-    return e.unbroadcast_at_run_time(grad, operand)
+def _matmul_by_matrix(n: NodeGrad) -> list:
+    """``a @ b`` with ``b`` of shape (K, N) and ``a`` of any rank but 2 (even unknown): ``b``'s gradient is one
+    product over all the rows of ``a`` flattened to (-1, K)."""
+    (a, b), e, dy = n.x, n.e, n.dy
+    da = db = None
+    if n.needs[0]:
+        da = e.op("MatMul", [dy, e.op("Transpose", [b], perm=[1, 0])], like=a)
+    if n.needs[1]:
+        rows, cols = (_last_dim_as(e, b, axis) for axis in (0, 1))
+        flat_a, flat_dy = e.op("Reshape", [a, rows]), e.op("Reshape", [dy, cols])
+        db = e.op("Gemm", [flat_a, flat_dy], like=b, transA=1)
+    return [da, db]
+
+
+def _last_dim_as(e: Emitter, matrix: str, axis: int) -> str:
+    """The shape ``(-1, matrix.shape[axis])``, a constant when that dimension is known."""
+    dim = e.info[matrix].shape[axis]
+    if isinstance(dim, int):
+        return e.ints([-1, dim])
+    return e.op("Concat", [e.ints([-1]), e.op("Slice", [e.shape(matrix), e.ints([axis]), e.ints([axis + 1])])],
+                axis=0)
+
+
+def _rank(e: Emitter, name: str) -> int | None:
+    shape = e.info[name].shape if name in e.info else None
+    return None if shape is None else len(shape)
 
 
 @rule("Gemm")
