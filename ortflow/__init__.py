@@ -21,6 +21,7 @@ from .fwbw import (
     ElasticLearningLoss,
     ElasticLearningPenalty,
     LearningRateAdam,
+    LearningRateAdamW,
     LearningRateSGD,
     LearningRateSGDNesterov,
     NegLogLearningLoss,
@@ -30,7 +31,8 @@ from .fwbw import (
     SquareLearningLoss,
 )
 from .graph import get_initializers, load_model, replace_initializers, trainable_initializers
-from .loss import add_loss_output
+from .add_loss import add_loss_output
+from .mlops import make_trainable
 
 __version__ = "0.1.0"
 
@@ -48,6 +50,7 @@ __all__ = [
     "ElasticLearningLoss",
     "ElasticLearningPenalty",
     "LearningRateAdam",
+    "LearningRateAdamW",
     "LearningRateSGD",
     "LearningRateSGDNesterov",
     "NegLogLearningLoss",
@@ -65,6 +68,7 @@ __all__ = [
     "get_initializers",
     "load_model",
     "onnx_derivative",
+    "make_trainable",
     "replace_initializers",
     "to_onnx",
     "trainable_initializers",

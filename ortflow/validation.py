@@ -54,9 +54,15 @@ def check_fit_data(X, y, sample_weight, n_features: int | None, label_shape: Seq
             raise ValueError(f"y has shape {y.shape}; the model predicts one value per sample")
         y = y.ravel()
     if sample_weight is not None:
-        sample_weight = check_array("sample_weight", sample_weight, ndim=(1,), n_rows=X.shape[0])
+        sample_weight = check_array("sample_weight", sample_weight, ndim=(1, 2), n_rows=X.shape[0])
+        if sample_weight.ndim == 2:  # a column (n, 1), as onnxcustom's examples pass it
+            if sample_weight.shape[1] != 1:
+                raise ValueError(f"sample_weight has shape {sample_weight.shape}; expected (n,) or (n, 1)")
+            sample_weight = sample_weight.ravel()
         if (sample_weight < 0).any():
             raise ValueError("sample_weight has negative values")
+        if not sample_weight.any():
+            raise ValueError("sample_weight is zero everywhere: the loss and every gradient would be 0")
     return X, y, sample_weight
 
 
@@ -72,6 +78,24 @@ def check_positive_float(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, Real) or not np.isfinite(value) or value <= 0:
         raise ValueError(f"{name}={value!r} must be a positive finite number")
     return float(value)
+
+
+def check_finite(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not np.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number")
+    return float(value)
+
+
+def check_non_negative(name: str, value, why: str = "") -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={value!r} must be a finite number >= 0" + (f": {why}" if why else ""))
+    return float(value)
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}={value!r} must be True or False")
+    return bool(value)
 
 
 def check_choice(name: str, value, choices: Sequence[str]) -> str:
