@@ -93,6 +93,19 @@ def test_binary_classifiers_match_training_build(classification_data, kind):
         _compare(loss, {"X": X, "label": y.reshape(-1, 1).astype(np.float32)})
 
 
+@pytest.mark.parametrize("kind", sorted(CLASSIFIERS))
+def test_multiclass_classifiers_match_training_build(kind):
+    """Softmax classifiers: log loss over one-hot labels (LogSoftmax in the loss graph)."""
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(60, n_features=6, n_informative=4, n_classes=3, random_state=0)
+    X = X.astype(np.float32)
+    model = ortflow.to_onnx(_fitted(CLASSIFIERS[kind], X, y), X)
+    onehot = np.eye(3, dtype=np.float32)[y]
+    for penalty in _penalties(model):
+        _compare(ortflow.add_loss_output(model, "log", penalty=penalty), {"X": X, "label": onehot})
+
+
 def test_sample_weights_match_training_build(regression_data):
     X, y = regression_data
     X, y = X[:30], y[:30]

@@ -50,8 +50,9 @@ def test_adam_steps_reproduce_full_training(regression_data, optimizer, weight_d
     runner = TrainingStepRunner(step, ortflow.get_initializers(loss))
     for _ in range(3):
         runner.epoch([X, y], batch_size=10, learning_rate=0.01)
-    trainer = ortflow.OrtGradientOptimizer(loss, max_iter=3, batch_size=10, learning_rate=0.01, shuffle=False,
-                                           optimizer=optimizer, weight_decay=weight_decay)
+    rate = (ortflow.LearningRateAdam(eta0=0.01) if optimizer == "adam"
+            else ortflow.LearningRateAdamW(eta0=0.01, weight_decay=weight_decay))
+    trainer = ortflow.OrtGradientOptimizer(loss, max_iter=3, batch_size=10, learning_rate=rate, shuffle=False)
     trainer.fit(X, y)
     expected = ortflow.get_initializers(trainer.get_trained_onnx())
     got = runner.get_weights()

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import onnx
 from onnx import helper
 
+from .. import graph
 from ..graph import FLOAT_TYPES, ModelLike, all_names, input_names, load_model, output_names, trainable_initializers
 from .builder import Gradients, build_gradients
 from .emitter import ValueInfo
@@ -139,13 +140,4 @@ def _pick(argument: str, names: Sequence[str], candidates: list[str], what: str)
 
 def pick_output(model: onnx.ModelProto, output: str | int | None) -> str:
     """The output named or placed at ``output`` (the first one for None), checked."""
-    names = output_names(model)
-    if output is None:
-        return names[0]
-    if isinstance(output, str):
-        if output not in names:
-            raise ValueError(f"output={output!r} is not an output of the graph; outputs: {names}")
-        return output
-    if isinstance(output, int) and -len(names) <= output < len(names):
-        return names[output]
-    raise ValueError(f"output={output!r} must be an output name or a position among {names}")
+    return output_names(model)[0] if output is None else graph.pick_output(model, output, "output")

@@ -27,7 +27,7 @@ def training_step(
     optimizer: str = "sgd",
     loss_output: str | None = None,
     betas: tuple[float, float] = (0.9, 0.999),
-    epsilon: float = 1e-6,
+    epsilon: float = 1e-8,
     weight_decay: float = 0.0,
 ) -> onnx.ModelProto:
     """The graph of one optimizer step on ``loss_model`` (a scalar loss, e.g. from :func:`ortflow.add_loss_output`).
@@ -41,7 +41,8 @@ def training_step(
     - ``'adam'`` / ``'adamw'``: onnxruntime-training's AdamW in its default (Hugging Face) mode:
       ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g**2``,
       ``w -= learning_rate * sqrt(1 - b2**step) / (1 - b1**step) * m / (sqrt(v) + epsilon)``, then for
-      ``'adamw'`` ``w -= learning_rate * weight_decay * w`` (``'adam'`` has no decay).
+      ``'adamw'`` ``w -= learning_rate * weight_decay * w`` (``'adam'`` has no decay). The defaults are those of
+      :class:`ortflow.LearningRateAdam`, which full training hands to onnxruntime.
 
     ``loss_output`` defaults to the first output. Every input's first axis, when not fixed, is declared as one
     symbol ``batch``: a training batch slices all inputs by rows, and knowing it lets the gradient sum broadcast
