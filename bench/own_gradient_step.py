@@ -32,7 +32,7 @@ def full(case, data, threads: int) -> tuple[np.ndarray, float]:
     clock = _Clock()
     trainer = ortflow.OrtGradientOptimizer(
         loss_graph(case, data), max_iter=case.epochs, batch_size=case.batch_size, learning_rate=case.learning_rate,
-        lr_schedule="constant", optimizer="sgd", shuffle=False, n_threads=threads, callbacks=[clock])
+        lr_schedule="constant", shuffle=False, n_threads=threads, callbacks=[clock])
     trainer.fit(data.X, data.y)
     return np.diff(np.array(clock.stamps), axis=0), float(trainer.train_losses_[-1])
 
