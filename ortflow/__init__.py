@@ -1,5 +1,6 @@
 """ortflow: train ONNX graphs with onnxruntime-training."""
 
+from .autodiff import onnx_derivative
 from .base import BaseTrainer
 from .callbacks import Callback, Checkpoint, EarlyStopping, ProgressBar
 from .convert import to_onnx
@@ -66,6 +67,7 @@ __all__ = [
     "add_loss_output",
     "get_initializers",
     "load_model",
+    "onnx_derivative",
     "make_trainable",
     "replace_initializers",
     "to_onnx",
