@@ -8,17 +8,15 @@ on the new version and on the run, so the registry tells why each version does o
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
-from .tracking import Tracking, is_finite, set_tags
+from .tracking import Tracking, file_lock, is_finite, lock_path, set_tags, sqlite_path
 
 MAXIMIZED = ("r2", "accuracy", "roc_auc", "auc", "f1", "precision", "recall")
 TAG = "ortflow.promotion."
@@ -197,17 +195,9 @@ def _set_alias(tracking: Tracking, name: str, alias: str, version: str, attempts
 @contextlib.contextmanager
 def _registry_lock(tracking: Tracking) -> Iterator[None]:
     """With a local sqlite store, parallel jobs promote one at a time (a file lock next to the database)."""
-    if not tracking.is_local_sqlite or os.name != "posix":
+    db = sqlite_path(tracking.uri)
+    if db is None:
         yield
         return
-    import fcntl
-
-    db = Path(tracking.uri.split("sqlite:///", 1)[-1].split("?", 1)[0])
-    lock = db.parent / ".ortflow" / "promotion.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with file_lock(lock_path(db, "promotion")):
+        yield
