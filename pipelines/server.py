@@ -28,6 +28,8 @@ from pathlib import Path
 
 PG_USER = "postgres"
 DATABASE = "mlflow"
+#: a second database for Optuna studies (hydra.sweeper.storage): Optuna's tables stay apart from MLflow's
+OPTUNA_DATABASE = "optuna"
 # variables of the caller's shell that would redirect the server's own client code
 _MLFLOW_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID")
 
@@ -58,7 +60,8 @@ def _as_pg_user(cmd: list[str]) -> list[str]:
 
 
 class Postgres:
-    """A PostgreSQL cluster in ``folder`` on 127.0.0.1:``port`` with one database, :data:`DATABASE`."""
+    """A PostgreSQL cluster in ``folder`` on 127.0.0.1:``port`` with the databases :data:`DATABASE` (MLflow's
+    store) and :data:`OPTUNA_DATABASE` (shared Optuna studies)."""
 
     def __init__(self, folder: str | Path, port: int | None = None):
         self.folder = Path(folder).resolve()
@@ -67,10 +70,19 @@ class Postgres:
         self.socket_dir = self.folder / "pgsock"
         self.log = self.folder / "postgres.log"
 
+    def uri_of(self, database: str) -> str:
+        """SQLAlchemy URI of a database of the cluster (``postgresql://`` uses psycopg 3)."""
+        return f"postgresql://{PG_USER}@127.0.0.1:{self.port}/{database}"
+
     @property
     def uri(self) -> str:
-        """SQLAlchemy URI of the database (``postgresql://`` uses psycopg 3)."""
-        return f"postgresql://{PG_USER}@127.0.0.1:{self.port}/{DATABASE}"
+        """MLflow's backend store."""
+        return self.uri_of(DATABASE)
+
+    @property
+    def optuna_uri(self) -> str:
+        """Optuna's storage (``hydra.sweeper.storage``)."""
+        return self.uri_of(OPTUNA_DATABASE)
 
     def _run(self, cmd: list[str], what: str) -> None:
         proc = subprocess.run(_as_pg_user(cmd), capture_output=True, text=True)
@@ -93,8 +105,9 @@ class Postgres:
         self._run([pg_binary("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "-t", "60",
                    "start"], f"pg_ctl start on port {self.port} (log {self.log})")
         if fresh:
-            self._run([pg_binary("createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", PG_USER, DATABASE],
-                      f"createdb {DATABASE}")
+            for database in (DATABASE, OPTUNA_DATABASE):
+                self._run([pg_binary("createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", PG_USER, database],
+                          f"createdb {database}")
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
@@ -205,6 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     with server:
         print(f"ortflow: PostgreSQL {server.postgres.uri} (data {server.postgres.data})")
         print(f"ortflow: mlflow server {server.url} (artifacts {server.mlflow.folder / 'artifacts'})")
+        print(f"ortflow: Optuna storage for shared sweeps: hydra.sweeper.storage={server.postgres.optuna_uri}")
         print(f"  export MLFLOW_TRACKING_URI={server.url}    # Ctrl-C stops both", flush=True)
         try:
             while not stop and server.mlflow.proc is not None and server.mlflow.proc.poll() is None:
