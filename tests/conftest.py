@@ -136,21 +136,50 @@ def pipeline_subprocess_env():
 
 @pytest.fixture(scope="session")
 def postgres_server():
-    """A :class:`pipelines.server.TeamServer`: PostgreSQL in a temporary folder on a free port and ``mlflow server``
-    on it (proxied artifacts); both stopped, and the folder removed, at the end of the session.
+    """A :class:`pipelines.server.TeamServer` started as users start it, ``python -m pipelines.server`` (what
+    ``make server`` runs): PostgreSQL in a temporary folder on a free port and ``mlflow server`` on it (proxied
+    artifacts); stopped with SIGTERM at the end of the session (both servers), the folder removed.
 
     The folder is made with ``tempfile.mkdtemp`` under /tmp rather than pytest's tmp_path, whose root-only parent
     the ``postgres`` user cannot enter."""
     import shutil
+    import signal
+    import subprocess
     import tempfile
+    import time
+    import urllib.request
 
-    from pipelines.server import TeamServer
+    from pipelines.server import TeamServer, free_port
 
-    folder = tempfile.mkdtemp(prefix="ortflow-pg-")
-    server = TeamServer(folder, workers=2)
-    server.start()
+    folder = _Path(tempfile.mkdtemp(prefix="ortflow-pg-"))
+    server = TeamServer(folder, free_port(), free_port())  # the ports the command is given
+    log = open(folder.parent / f"{folder.name}.log", "w")
+    cmd = [_sys.executable, "-m", "pipelines.server", "--folder", str(folder), "--port", str(server.mlflow.port),
+           "--pg-port", str(server.postgres.port)]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
+        deadline = time.monotonic() + 240
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"pipelines.server exited ({proc.returncode}): "
+                                   f"{(folder.parent / f'{folder.name}.log').read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{server.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("pipelines.server not ready after 240 s")
+            time.sleep(0.5)
         yield server
     finally:
-        server.stop()
+        proc.send_signal(signal.SIGTERM)  # the command stops mlflow server and PostgreSQL, then exits
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            server.postgres.stop()
+        log.close()
         shutil.rmtree(folder, ignore_errors=True)
+        (folder.parent / f"{folder.name}.log").unlink(missing_ok=True)
