@@ -138,9 +138,12 @@ def close_sweep(tracking: Any, config: DictConfig, run_id: str, study: Any = Non
     for name in ("search_space.yaml", "optimization_results.yaml"):
         if (sweep_dir / name).exists():
             tr.log_artifact(tracking, run_id, sweep_dir / name, "sweep")
-    from .study import parse_space
+    from .study import SearchSpaceError, parse_space
 
-    dimensions, _ = parse_space(config.hydra.sweeper.get("params"), list(config.hydra.overrides.task))
+    try:
+        dimensions, _ = parse_space(config.hydra.sweeper.get("params"), list(config.hydra.overrides.task))
+    except SearchSpaceError:  # e.g. a glob() sweep of the basic sweeper: no distribution to describe
+        dimensions = []
     tags = {"ortflow.search_space": "; ".join(f"{d.key}: {d.distribution}" for d in dimensions)[:4900] or "(none)"}
     direction = sweep_direction(config)
     scored = [r for r in finished if tr.is_finite(r.data.metrics.get("objective"))]
