@@ -25,6 +25,7 @@ from .runner import (
     prepare,
     remember_job_run,
     sweep_parent_run_id,
+    trial_run_name,
 )
 
 
@@ -46,7 +47,7 @@ def run_chain(cfg: DictConfig, work_dir: Path | None = None) -> ChainResult:
     sweep_parent = None if env_run else sweep_parent_run_id()
     base = Path(work_dir) if work_dir else job_dir()
     stages = [str(s) for s in cfg.stages]
-    name = cfg.mlflow.run_name or f"{cfg.data.name}-{cfg.model.name}-{cfg.trainer.name}"
+    name = cfg.mlflow.run_name or trial_run_name() or f"{cfg.data.name}-{cfg.model.name}-{cfg.trainer.name}"
     tags = {"ortflow.pipeline": "main", "ortflow.stages": ",".join(stages), "ortflow.task": task_of(cfg),
             "ortflow.trainer": str(cfg.trainer.name), **dict(cfg.mlflow.tags)}
     stage_runs: dict[str, str] = {}

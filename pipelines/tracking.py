@@ -185,6 +185,53 @@ def check_reachable(uri: str, timeout: float) -> None:
         "sqlite store")
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a local ``sqlite:///`` URI (None for any other store)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri[len("sqlite:///"):].split("?", 1)[0])
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created with its folder) against every process of this machine."""
+    if os.name != "posix":  # pragma: no cover - the pipelines run on Linux and macOS
+        yield
+        return
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def lock_path(db: Path, name: str) -> Path:
+    """Where the lock ``name`` of the sqlite database ``db`` lives: ``<db folder>/.ortflow/<name>.lock``."""
+    return db.parent / ".ortflow" / f"{name}.lock"
+
+
+def create_store_once(uri: str) -> None:
+    """Create MLflow's tables of a local sqlite store before any run, one process at a time.
+
+    Seen: two chains started together on a new ``mlflow.db`` both found no tables and both ran the schema
+    migrations ("table ... already exists", "No such constraint", CircularDependencyError). Under a file lock next
+    to the database, the first process creates the tracking and registry tables; the others then find them.
+    Other stores (a server, PostgreSQL behind it) create their schema once when they start.
+    """
+    db = sqlite_path(uri)
+    if db is None:
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(lock_path(db, "schema")):
+        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client.search_experiments(max_results=1)  # the tracking and the registry stores create missing tables
+        client.search_registered_models(max_results=1)
+
+
 def setup(cfg: DictConfig) -> Tracking:
     """Point MLflow at the store (after checking a server answers) and make sure the experiment exists."""
     uri = resolve_tracking_uri(cfg)
@@ -192,6 +239,7 @@ def setup(cfg: DictConfig) -> Tracking:
     for name, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(name, value)
     check_reachable(uri, float(cfg.mlflow.connect_timeout))
+    create_store_once(uri)
     mlflow.set_tracking_uri(uri)
     client = RetryingClient(MlflowClient(tracking_uri=uri), retries=retries, retry_seconds=retry_seconds)
     experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
