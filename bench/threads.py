@@ -8,7 +8,9 @@ default (``n_threads=None``: :func:`ortflow.runtime.threads_for_work`) train in 
 repeat to the next; a run's number is its median epoch (the first left out), a setting's number the median over
 repeats. The work of a batch is ``batch_size x float weights`` (multiply-adds of the forward pass). The cases
 where one thread wins and those where all cores win give the threshold the rule uses: the geometric mean of the
-largest work one thread wins and the smallest work all cores win (printed as ``calibrated threshold``).
+largest work one thread wins and the smallest work all cores win (printed as ``calibrated threshold``; not
+separable when one setting wins everywhere, as on an oversubscribed machine). Above the threshold the default
+takes the cores no other task wants at fit time, so the thread count it picked is recorded per run.
 Results go to ``bench/results/threads.json``.
 """
 
