@@ -247,7 +247,8 @@ def _from_history(trainer, total: float, clock) -> Run:
     times = [float(t) for t in clock.epoch_times]
     losses = [float(v) for v in trainer.train_losses_]
     own = [float(r["time"]) for r in trainer.history_]
-    return Run(total - sum(times), times, losses, {"history_time_share": sum(own) / max(sum(times), 1e-12)})
+    return Run(total - sum(times), times, losses, {"history_time_share": sum(own) / max(sum(times), 1e-12),
+                                                   "n_threads": trainer.n_threads_})
 
 
 # --- scikit-learn --------------------------------------------------------------------------------------------------

@@ -84,6 +84,7 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
                                            title="loss (diverged)"), "plots")
         raise
     fit_seconds = time.perf_counter() - begin
+    ctx.tracking.client.log_param(ctx.run_id, "trainer.n_threads_", estimator.n_threads_)  # the threads fit chose
     in_loop_seconds = logger.loop_seconds
 
     # Everything is saved locally first, so a tracking store lost now loses nothing; then logged while the
