@@ -170,28 +170,15 @@ def all_cores() -> int:
         return os.cpu_count() or 1
 
 
-def busy_cores() -> int:
-    """Tasks of other processes running or waiting for a CPU right now (Linux's ``/proc/loadavg``, less this
-    process); 0 where unknown."""
-    try:
-        with open("/proc/loadavg", encoding="ascii") as f:
-            running = int(f.read().split()[3].split("/")[0])
-    except (OSError, ValueError, IndexError):
-        return 0
-    return max(0, running - 1)
-
-
 def threads_for_work(batch_size: int, n_weights: int, device: str = "cpu") -> int:
     """Intra-op threads for batches of ``batch_size`` rows through a graph of ``n_weights`` float weights: one
-    thread when ``batch_size * n_weights`` is under :data:`THREADS_WORK_THRESHOLD`; above it, the cores no other
-    task is asking for (at least one): onnxruntime's spinning pool on cores other processes want is slower than
-    one thread (2.2x on case D-wide with 2 threads at a load of 17 on 2 cores). On CUDA, all cores."""
+    thread when ``batch_size * n_weights`` is under :data:`THREADS_WORK_THRESHOLD` (a batch too small to split:
+    waking a second thread costs more than it saves), all cores above it and on CUDA. The rule depends on the work
+    only, so a fit picks the same count, and gives the same numbers, whatever else the machine runs."""
     cores = all_cores()
     if resolve_device(device) != "cpu":
         return cores
-    if int(batch_size) * int(n_weights) < THREADS_WORK_THRESHOLD:
-        return 1
-    return max(1, cores - busy_cores())
+    return 1 if int(batch_size) * int(n_weights) < THREADS_WORK_THRESHOLD else cores
 
 
 def make_session_options(n_threads: int | None = None) -> SessionOptions:
