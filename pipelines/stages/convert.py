@@ -1,7 +1,8 @@
 """Stage ``convert``: load the data, split it (seeded), fit the scikit-learn model, convert it with ortflow.
 
-Outputs: ``split.npz`` (standardized train/validation/test arrays and the statistics), ``sklearn_model.joblib``
-and ``model.onnx`` (the prediction graph training starts from).
+Outputs: ``split.npz`` (standardized train/validation/test arrays and the statistics), ``sklearn_reference.npz``
+(the scikit-learn model's test predictions, what ``evaluate`` compares with: data, never a pickle) and
+``model.onnx`` (the prediction graph training starts from).
 
     python -m pipelines.convert data=diabetes model=linear
 """
@@ -10,13 +11,13 @@ from __future__ import annotations
 
 import time
 
-import joblib
+import numpy as np
 import onnx
 
 import ortflow
 
 from ..data import make_split
-from ..models import build_estimator, fit_estimator
+from ..models import build_estimator, fit_estimator, sklearn_predict
 from ..runner import StageContext
 
 
@@ -33,8 +34,11 @@ def convert(ctx: StageContext) -> dict:
     begin = time.perf_counter()
     estimator = fit_estimator(build_estimator(cfg.model, int(cfg.seed)), split.X_train, split.y_train, ctx.task)
     ctx.log_metrics({"time_sklearn_fit_seconds": time.perf_counter() - begin})
-    joblib.dump(estimator, ctx.work_dir / "sklearn_model.joblib")
-    ctx.log_file(ctx.work_dir / "sklearn_model.joblib", "sklearn", entry="sklearn_model")
+    reference = sklearn_predict(estimator, split.X_test, ctx.task)
+    reference = split.raw_y(reference) if ctx.task == "regression" else reference
+    np.savez(ctx.work_dir / "sklearn_reference.npz", test_predictions=reference.astype(np.float64),
+             split_fingerprint=np.array(split.fingerprint()))
+    ctx.log_file(ctx.work_dir / "sklearn_reference.npz", "sklearn", entry="sklearn_reference")
 
     begin = time.perf_counter()
     onx = ortflow.to_onnx(estimator, split.X_train[:1], target_opset=int(cfg.model.target_opset))

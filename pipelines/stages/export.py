@@ -22,6 +22,7 @@ from .. import promotion
 from ..data import Split
 from ..runner import StageContext
 from ..tracking import is_finite
+from .evaluate import check_finite_predictions, onnx_predict
 
 
 def pip_requirements() -> list[str]:
@@ -52,8 +53,10 @@ def export(ctx: StageContext) -> dict:
     direction = str(cfg.promotion.direction) if cfg.promotion.direction else promotion.default_direction(metric)
     value = evaluation[metric]
 
-    example = split.raw_X(split.X_test[:5])
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    # the graph about to be registered, run on the whole test split: a NaN model never reaches the registry
+    check_finite_predictions(onnx_predict(session, split.raw_X(split.X_test), split.task), split)
+    example = split.raw_X(split.X_test[:5])
     outputs = dict(zip([o.name for o in session.get_outputs()],
                        session.run(None, {session.get_inputs()[0].name: example})))
     signature = infer_signature(example, outputs)
