@@ -4,6 +4,9 @@ would put artifacts outside the artifact folder."""
 
 import json
 import pickle
+import re
+import subprocess
+import sys
 
 import mlflow
 import numpy as np
@@ -15,6 +18,7 @@ from sklearn.linear_model import LinearRegression
 from ortflow import to_onnx
 from pipelines.bundle import Bundle, UntrustedManifestError
 from pipelines.data import Split
+from pipelines.overrides import UnsafeOverrideError, check_overrides
 from pipelines.runner import execute_stage, prepare
 from pipelines.stages.evaluate import evaluate
 
@@ -125,3 +129,42 @@ def test_manifest_entries_outside_the_runs_artifacts_are_refused_naming_the_entr
             _evaluate_from(compose_pipeline, tmp_path, store_uri, run_id)
         assert f"run {run_id}" in str(info.value) and "nothing was downloaded" in str(info.value)
         assert not (tmp_path / f"evaluate-{run_id}").exists()  # refused before the stage's run was created
+
+
+def test_mlproject_overrides_cannot_instantiate_arbitrary_callables(tmp_path, pipeline_subprocess_env):
+    """The exact injection: ``mlflow run . -e convert -P overrides="+hydra.callbacks.x._target_=shutil.copyfile
+    ..."`` runs this command line (MLproject's entry point); the file must not be copied."""
+    secret, copy = tmp_path / "secret.txt", tmp_path / "copied.txt"
+    secret.write_text("secret")
+    overrides = (f"+hydra.callbacks.x._target_=shutil.copyfile +hydra.callbacks.x.src={secret} "
+                 f"+hydra.callbacks.x.dst={copy} experiment=smoke hydra.run.dir=out")
+    proc = subprocess.run([sys.executable, "-m", "pipelines.mlproject", "convert", overrides], cwd=tmp_path,
+                          env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "refused: override '+hydra.callbacks.x._target_=shutil.copyfile'" in proc.stderr, proc.stderr[-2000:]
+    assert not copy.exists() and not (tmp_path / "out").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("args, named", [
+    (["+hydra.callbacks.x={_target_:shutil.copyfile,src:a,dst:b}"], "edits hydra.callbacks.x"),
+    (["~hydra.callbacks.mlflow_sweep"], "edits hydra.callbacks.mlflow_sweep"),
+    (["hydra.launcher._target_=os.system"], "_target_='os.system'"),
+    (["+trainer.x={_target_:os.system,command:id}"], "_target_='os.system'"),
+    (["+trainer.x=[1,{_target_:os.system}]"], "_target_='os.system'"),
+    (["hydra.searchpath=[file:///tmp/evil]"], "edits hydra.searchpath"),
+    (["experiment=../../../tmp/evil/e"], "not an option name of the config group 'experiment'"),
+    (["hydra/launcher=../../evil"], "not an option name of the config group 'hydra/launcher'"),
+    (["--config-dir", "/tmp/evil"], "flag '--config-dir'"),
+    (["-cd=/tmp/evil"], "flag '-cd'"),
+    (["--experimental-rerun", "config.pickle"], "flag '--experimental-rerun'"),
+])
+def test_unsafe_overrides_are_refused_naming_them(args, named):
+    with pytest.raises(UnsafeOverrideError, match=re.escape(named)):
+        check_overrides(["experiment=smoke", *args])
+
+
+def test_ordinary_overrides_and_sweeps_are_accepted():
+    check_overrides(["-m", "experiment=smoke", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2",
+                     "hparams_search=optuna", "trainer.learning_rate=0.001,0.01", "data.path=../data/x.csv",
+                     "source.path=/tmp/folder", "hydra.run.dir=out", "+mlflow.tags.team=a", "--cfg", "job",
+                     "--info", "config", "trainer.weights_to_train=[coef_0,intercept_0]", "experiment=null"])
