@@ -33,6 +33,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig, OmegaConf
 
 from ortflow.callbacks import Callback
+from ortflow.graph import safe_join
 
 from .config import to_container
 
@@ -153,44 +154,59 @@ def _artifact_location(cfg: DictConfig, uri: str, experiment_name: str) -> str |
         base = resolve_root(cfg) / "mlartifacts"
     else:
         return None
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in experiment_name) or "experiment"
-    return (base / safe).resolve().as_uri()
+    return safe_join(base, artifact_folder_name(experiment_name)).as_uri()
 
 
-# MLflow's own HTTP retries (7, doubling from 2 s) would hold a call for minutes while a server is down: keep them
-# short and let `call` wait, within mlflow.retry_seconds. Variables the user set win.
+def artifact_folder_name(experiment_name: str) -> str:
+    """The folder an experiment's artifacts go to: ``[A-Za-z0-9._-]`` only, never ``.``, ``..`` or hidden
+    (``..`` and ``../x`` became folders outside the artifact root)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in experiment_name).lstrip(".")
+    return safe or "experiment"
+
+
+# MLflow's own HTTP retries (7, doubling from 2 s) would hold a call for minutes while a server is down, and its
+# 120 s read timeout a call to a server that accepts connections but never answers: keep both short (one call
+# gives up after 3 tries of at most 10 s) and let `call` wait, within mlflow.retry_seconds. Variables the user
+# set win.
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# a cheap call of the REST API itself: a server may answer /health while its store hangs
+_API_PROBE = "/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
 
 
 def check_reachable(uri: str, timeout: float) -> None:
-    """Raise :class:`TrackingUnavailableError` unless the tracking server at ``uri`` answers ``/health``."""
+    """Raise :class:`TrackingUnavailableError` unless the tracking server at ``uri`` answers ``/health`` and a
+    call of its REST API (any HTTP answer, a 404 included), each within ``timeout`` seconds. Sets MLflow's HTTP
+    timeouts and retries (:data:`HTTP_DEFAULTS`) unless the environment sets them."""
+    for name, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     if not uri.startswith(("http://", "https://")):
         return
     import urllib.error
     import urllib.request
 
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as response:
-            if response.status == 200:
-                return
-            problem = f"HTTP {response.status}"
-    except urllib.error.HTTPError as exc:
-        problem = f"HTTP {exc.code}"
-    except (OSError, ValueError) as exc:
-        problem = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
-    raise TrackingUnavailableError(
-        f"the MLflow tracking server {uri} is unreachable ({problem}; timeout {timeout:g} s): nothing was run. "
-        "Start the server, fix MLFLOW_TRACKING_URI / mlflow.tracking_uri, or unset both to use the embedded "
-        "sqlite store")
+    for path, what in (("/health", "unreachable"), (_API_PROBE, "not answering its REST API")):
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}{path}", timeout=timeout) as response:
+                if response.status == 200:
+                    continue
+                problem = f"HTTP {response.status}"
+        except urllib.error.HTTPError as exc:
+            if path == _API_PROBE and exc.code < 500:  # an answer (404: no experiment 'Default')
+                continue
+            problem = f"HTTP {exc.code}"
+        except (OSError, ValueError) as exc:
+            problem = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+        raise TrackingUnavailableError(
+            f"the MLflow tracking server {uri} is {what} ({path.split('?')[0]}: {problem}; timeout {timeout:g} s): "
+            "nothing was run. Start the server, fix MLFLOW_TRACKING_URI / mlflow.tracking_uri, or unset both to "
+            "use the embedded sqlite store")
 
 
 def setup(cfg: DictConfig) -> Tracking:
     """Point MLflow at the store (after checking a server answers) and make sure the experiment exists."""
     uri = resolve_tracking_uri(cfg)
     retries, retry_seconds = int(cfg.mlflow.retries), float(cfg.mlflow.retry_seconds)
-    for name, value in HTTP_DEFAULTS.items():
-        os.environ.setdefault(name, value)
     check_reachable(uri, float(cfg.mlflow.connect_timeout))
     mlflow.set_tracking_uri(uri)
     client = RetryingClient(MlflowClient(tracking_uri=uri), retries=retries, retry_seconds=retry_seconds)
@@ -463,11 +479,17 @@ class MlflowMetricsCallback(Callback):
         return len(metrics)
 
 
-def resend(path: str | Path, tracking_uri: str | None = None) -> int:
+def resend(path: str | Path, tracking_uri: str | None = None, connect_timeout: float = 5.0, retries: int = 8,
+           retry_seconds: float = 60.0) -> int:
     """Send the metrics spooled by :meth:`MlflowMetricsCallback.spool` to their run, and end that run FAILED with
-    the spooled reason if it is still RUNNING (its stage did not finish logging); returns the metric count."""
+    the spooled reason if it is still RUNNING (its stage did not finish logging); returns the metric count.
+
+    The stages' policy: the server must answer within ``connect_timeout`` (else :class:`TrackingUnavailableError`
+    at once), and each call retries transient errors ``retries`` times within ``retry_seconds``."""
     spooled = json.loads(Path(path).read_text())
-    client = RetryingClient(MlflowClient(tracking_uri=tracking_uri or spooled["tracking_uri"]))
+    uri = tracking_uri or spooled["tracking_uri"]
+    check_reachable(uri, connect_timeout)
+    client = RetryingClient(MlflowClient(tracking_uri=uri), retries=retries, retry_seconds=retry_seconds)
     run_id = spooled["run_id"]
     metrics = [Metric(key, float(value), int(timestamp), int(step)) for key, value, timestamp, step in
                spooled["metrics"]]
