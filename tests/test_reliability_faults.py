@@ -91,3 +91,32 @@ def test_experiment_names_never_put_artifacts_outside_the_artifact_folder(compos
         assert (stored / "file.txt").is_file()
         assert stored.resolve().is_relative_to(artifacts), (name, stored)
         assert not stored.resolve().relative_to(artifacts).parts[0].startswith("."), (name, stored)
+
+
+def test_a_feature_beyond_float32_fails_the_run_and_registers_nothing(compose_pipeline, clean_mlflow_env, tmp_path):
+    """One CSV value of 1e200 (finite in float64): the float32 deploy graph predicts NaN. Evaluate runs it on the
+    test split before anything is registered: the chain ends FAILED with the reason, the registry stays empty."""
+    import pandas as pd
+    from sklearn.datasets import make_regression
+
+    from pipelines.chain import run_chain
+    from pipelines.stages.evaluate import NonFinitePredictionError
+
+    X, y = make_regression(120, n_features=3, noise=1.0, random_state=0)
+    frame = pd.DataFrame(X, columns=["a", "b", "c"]).assign(target=y)
+    frame.loc[7, "b"] = 1e200
+    frame.to_csv(tmp_path / "table.csv", index=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = compose_pipeline("data=file", f"data.path={tmp_path / 'table.csv'}", "data.target=target", "model=linear",
+                           "trainer.max_iter=2", f"mlflow.tracking_uri={uri}", f"mlflow.root={tmp_path}")
+    with pytest.raises(NonFinitePredictionError, match=r"non-finite values on \d+ of \d+ test rows .* features "
+                                                       r"\['b'\] overflows .*: it is not registered"):
+        run_chain(cfg, work_dir=tmp_path / "chain")
+    client = MlflowClient(uri)
+    runs = {r.data.tags.get("ortflow.stage", "parent"): r for r in client.search_runs(
+        [client.get_experiment_by_name("ortflow").experiment_id])}
+    assert sorted(runs) == ["add_loss", "convert", "evaluate", "parent", "train"]  # export never ran
+    for stage in ("evaluate", "parent"):
+        assert runs[stage].info.status == "FAILED"
+        assert "NonFinitePredictionError" in runs[stage].data.tags[tr.FAILURE_TAG]
+    assert client.search_registered_models() == []

@@ -51,8 +51,9 @@ def check_finite_predictions(predictions: np.ndarray, split: Split) -> None:
     if not len(bad):
         return
     stats = ~(np.isfinite(split.x_mean) & np.isfinite(split.x_scale))
-    cause = (f"; the float32 standardization of features {list(split.feature_names[stats])} overflows (a value "
-             f"beyond float32's range, ±3.4e38, in the data)" if stats.any() else "")
+    names = [str(n) for n in split.feature_names[stats]]
+    cause = (f"; the float32 standardization of features {names} overflows (a value beyond float32's range, "
+             "±3.4e38, in the data)" if names else "")
     raise NonFinitePredictionError(
         f"the deployable model predicts non-finite values on {len(bad)} of {len(predictions)} test rows (first at "
         f"row {bad[0]}: {predictions[bad[0]]}){cause}: it is not registered")
