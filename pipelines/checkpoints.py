@@ -8,7 +8,8 @@ leaves a copy torn; with two copies written one after the other, at most one is,
 
 **Resuming.** ``trainer.resume_from`` takes a local checkpoint folder, an artifact URI
 (``runs:/<train run id>/checkpoint``), or a bare run id (that run's ``checkpoint/``). :func:`resume_point`
-downloads it, takes ``checkpoint/`` when its files match its manifest and ``checkpoint_backup/`` otherwise, and
+downloads it, takes ``checkpoint/`` when its files match its manifest and ``checkpoint_backup/`` otherwise (a
+logged copy without a manifest is not trusted; a local folder is the user's own and needs none), and
 tags the new run ``ortflow.resumed_from``, ``ortflow.resumed_from_run`` and ``ortflow.resumed_from_epoch``.
 Once the checkpoint is restored, :class:`MarkResumed` ends the source run as ``KILLED`` with the tag
 ``ortflow.resumed_by`` when it is still ``RUNNING`` (its process was killed and could not end it), and so the
@@ -302,7 +303,7 @@ def resolve(tracking: tr.Tracking, resume_from: str | None, dest: Path) -> Resum
                                   f"store {tracking.uri} ({str(exc).splitlines()[0][:200]})") from exc
     primary = _download(uri, dest / "primary", tracking.uri)
     state = check_folder(primary) if primary else "missing"
-    if state in ("ok", "unverified"):
+    if state == "ok":  # a logged copy without its manifest ("unverified") is not trusted
         return ResumePoint(str(primary), uri, run_id, checkpoint_epoch(primary))
     backup_uri = uri + BACKUP_SUFFIX
     backup = _download(backup_uri, dest / "backup", tracking.uri)
@@ -312,6 +313,8 @@ def resolve(tracking: tr.Tracking, resume_from: str | None, dest: Path) -> Resum
         return ResumePoint(str(backup), backup_uri, run_id, checkpoint_epoch(backup))
     hint = (f" Run {run_id} logged no checkpoint: it was stopped before its first one, or ran without "
             "trainer.checkpoint_every" if state == "missing" and run_id else "")
+    if state == "unverified":
+        hint = f" A logged checkpoint without its {MANIFEST} (sha256 of its files) is not trusted."
     raise CheckpointError(f"trainer.resume_from={str(resume_from)!r}: no complete checkpoint at {uri} "
                           f"({state}) nor at {backup_uri}.{hint}")
 

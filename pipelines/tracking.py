@@ -380,7 +380,8 @@ class MlflowMetricsCallback(Callback):
     :meth:`wait` blocks until everything is stored (a batch that failed is written again synchronously, with
     retries): call it after other work so the last write overlaps that work.
     ``overhead_seconds`` is the time spent in this callback plus in :meth:`wait`. The learning rate is logged
-    at the first epoch and whenever it changes.
+    at the first epoch and whenever it changes. A training resumed from a checkpoint logs the epochs the
+    checkpoint holds first (its ``history_`` when training begins), so the run holds the whole curve.
     """
 
     KEYS = {"train_loss": "train_loss", "validation_loss": "validation_loss", "time": "epoch_time_seconds"}
@@ -401,6 +402,9 @@ class MlflowMetricsCallback(Callback):
         self._last_lr: float | None = None
 
     def on_train_begin(self, trainer: Any) -> None:
+        # resumed from a checkpoint: its epochs go to this run too, so the whole curve is in one run (steps 1..N)
+        now = int(time.time() * 1000)
+        self._records.extend((now, record) for record in getattr(trainer, "history_", None) or ())
         self._last_flush = time.perf_counter()
 
     def on_epoch_end(self, trainer: Any, record: dict) -> None:

@@ -143,9 +143,9 @@ def test_killed_train_run_resumes_from_its_logged_checkpoint(trainer, prepared, 
     assert tags[RESUMED_FROM_TAG] in (f"runs:/{killed}/checkpoint", f"runs:/{killed}/checkpoint{BACKUP_SUFFIX}")
     start = int(tags[RESUMED_FROM_EPOCH_TAG])
     assert 1 <= start < EPOCHS
-    # the killed run logged epoch metrics up to (at least) its checkpoint; the new run continues after it
+    # the new run holds the whole curve: the checkpoint's epochs (logged when training begins), then its own
     resumed_losses = _losses(client, resumed)
-    assert sorted(resumed_losses) == list(range(start + 1, EPOCHS + 1))
+    assert sorted(resumed_losses) == list(range(1, EPOCHS + 1))
     assert resumed_run.data.metrics["n_epochs"] == EPOCHS
     assert resumed_run.data.metrics["checkpoints_logged"] >= 1
     history = json.loads(Path(mlflow.artifacts.download_artifacts(
@@ -247,3 +247,25 @@ def test_checkpoints_logged_in_the_background_and_a_torn_copy_falls_back_to_the_
         resolve(tracking, run_id, tmp_path / "both")
     with pytest.raises(CheckpointError, match="no run 0123456789abcdef0123456789abcdef"):
         resolve(tracking, "0123456789abcdef0123456789abcdef", tmp_path / "unknown")
+
+
+def test_a_logged_checkpoint_without_its_manifest_is_not_trusted(prepared, compose_pipeline, clean_mlflow_env,
+                                                                 tmp_path, regression_data):
+    from sklearn.linear_model import LinearRegression
+
+    import ortflow
+    from ortflow import OrtGradientOptimizer, add_loss_output, to_onnx
+    from pipelines.checkpoints import CheckpointError, resolve
+
+    folder, uri, _ = prepared
+    tracking = prepare(compose_pipeline(f"mlflow.tracking_uri={uri}", f"mlflow.root={folder}",
+                                        "mlflow.experiment_name=resume-no-manifest"))
+    run_id = tracking.client.create_run(tracking.experiment_id).info.run_id
+    X, y = regression_data
+    OrtGradientOptimizer(add_loss_output(to_onnx(LinearRegression().fit(X, y))), max_iter=2,
+                         callbacks=[ortflow.Checkpoint(tmp_path / "ckpt", every=1)]).fit(X, y)
+    for slot in ("checkpoint", f"checkpoint{BACKUP_SUFFIX}"):  # complete files, no checkpoint_manifest.json
+        tracking.client.log_artifacts(run_id, str(tmp_path / "ckpt"), slot)
+    assert resolve(tracking, str(tmp_path / "ckpt"), tmp_path / "local").epoch == 2  # a local folder: the user's
+    with pytest.raises(CheckpointError, match="without its checkpoint_manifest.json .* is not trusted"):
+        resolve(tracking, run_id, tmp_path / "logged")
