@@ -12,8 +12,8 @@ downloads it, takes ``checkpoint/`` when its files match its manifest and ``chec
 logged copy without a manifest is not trusted; a local folder is the user's own and needs none), and
 tags the new run ``ortflow.resumed_from``, ``ortflow.resumed_from_run`` and ``ortflow.resumed_from_epoch``.
 Once the checkpoint is restored, :class:`MarkResumed` ends the source run as ``KILLED`` with the tag
-``ortflow.resumed_by`` when it is still ``RUNNING`` (its process was killed and could not end it), and so the
-parent run of the chain it ran in.
+``ortflow.resumed_by`` when it is still ``RUNNING`` and its process is gone (:func:`pipelines.tracking.is_alive`:
+its pid on this host, its heartbeat elsewhere), and so the parent run of the chain it ran in.
 """
 
 from __future__ import annotations
@@ -356,6 +356,11 @@ def mark_resumed(tracking: tr.Tracking, source_run_id: str, run_id: str) -> list
     """
     source = tracking.client.get_run(source_run_id)
     if source.info.status != "RUNNING" or source_run_id == run_id:
+        return []
+    if tr.is_alive(source):  # RUNNING because it runs: two trainings now go on from the same checkpoint
+        tags = source.data.tags
+        _log.warning("run %s is still alive (pid %s on %s): not marked KILLED", source_run_id, tags.get(tr.PID_TAG),
+                     tags.get(tr.HOST_TAG))
         return []
     marked = [source_run_id]
     parent_id = source.data.tags.get(MLFLOW_PARENT_RUN_ID)

@@ -234,13 +234,87 @@ def failure_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:4900]
 
 
+HOST_TAG, PID_TAG, PID_START_TAG, HEARTBEAT_TAG = "ortflow.host", "ortflow.pid", "ortflow.pid_start", "ortflow.heartbeat"
+#: a stage run's ``ortflow.heartbeat`` tag is refreshed this often; three missed beats mean its process is gone
+HEARTBEAT_SECONDS = 30.0
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (Linux ``/proc``), None when unknown; a
+    zombie counts as gone ("Z")."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return "Z" if fields[0] in ("Z", "X") else fields[19]
+
+
+def process_tags() -> dict[str, str]:
+    """Where this run's process lives (host, pid, pid start time) and a first heartbeat: what :func:`is_alive`
+    reads."""
+    import socket
+
+    tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), HEARTBEAT_TAG: f"{time.time():.0f}"}
+    start = _process_start(os.getpid())
+    if start:
+        tags[PID_START_TAG] = start
+    return tags
+
+
+def is_alive(run: Any, now: float | None = None) -> bool:
+    """Whether the process that ran ``run`` (an MLflow Run) still lives: on this host, its pid (with the same
+    start time); elsewhere, a heartbeat younger than three beats. Runs without these tags count as gone."""
+    import socket
+
+    tags = run.data.tags
+    if HOST_TAG not in tags or PID_TAG not in tags:
+        return False
+    if tags[HOST_TAG] == socket.gethostname():
+        pid = int(tags[PID_TAG])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        start = _process_start(pid)
+        return start != "Z" and (start is None or tags.get(PID_START_TAG) in (None, start))
+    try:
+        beat = float(tags.get(HEARTBEAT_TAG, "0"))
+    except ValueError:
+        return False
+    return (now if now is not None else time.time()) - beat < 3 * HEARTBEAT_SECONDS
+
+
+@contextlib.contextmanager
+def heartbeat(tracking: Tracking, run_id: str, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
+    """Refresh the run's ``ortflow.heartbeat`` tag every ``every`` seconds from a thread while the body runs
+    (one attempt each, no retries: a missed beat only makes the run look older)."""
+    import threading
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            with contextlib.suppress(Exception):
+                tracking.client._client.set_tag(run_id, HEARTBEAT_TAG, f"{time.time():.0f}")
+
+    thread = threading.Thread(target=beat, name="ortflow-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 def _open_run(tracking: Tracking, run_name: str, run_id: str | None, parent_run_id: str | None,
               tags: Mapping[str, str] | None) -> str:
-    """A new run (nested under ``parent_run_id``), or the existing ``run_id`` with ``tags`` added."""
+    """A new run (nested under ``parent_run_id``), or the existing ``run_id`` with ``tags`` added; both tagged
+    with this process (:func:`process_tags`)."""
     if run_id is not None:
-        set_tags(tracking, run_id, tags or {})
+        set_tags(tracking, run_id, {**(tags or {}), **process_tags()})
         return run_id
-    all_tags = dict(tags or {})
+    all_tags = {**(tags or {}), **process_tags()}
     if parent_run_id:
         all_tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
     return tracking.client.create_run(tracking.experiment_id, run_name=run_name, tags=all_tags).info.run_id
@@ -288,7 +362,8 @@ def stage_run(tracking: Tracking, run_name: str, parent_run_id: str | None = Non
     run_id = _open_run(tracking, run_name, run_id, parent_run_id, tags)
     tracking.call(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None)
     try:
-        yield run_id
+        with heartbeat(tracking, run_id):
+            yield run_id
     except BaseException as exc:
         _mark_failed(tracking, run_id, exc, fluent=True)
         raise

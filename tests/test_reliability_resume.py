@@ -269,3 +269,53 @@ def test_a_logged_checkpoint_without_its_manifest_is_not_trusted(prepared, compo
     assert resolve(tracking, str(tmp_path / "ckpt"), tmp_path / "local").epoch == 2  # a local folder: the user's
     with pytest.raises(CheckpointError, match="without its checkpoint_manifest.json .* is not trusted"):
         resolve(tracking, run_id, tmp_path / "logged")
+
+
+def test_resuming_a_live_run_leaves_it_alone_and_sigterm_ends_it_killed(prepared, compose_pipeline, clean_mlflow_env,
+                                                                         tmp_path, pipeline_subprocess_env):
+    """A chain whose train run is resumed while its process still trains: the run is not marked KILLED (its
+    pid lives). Then SIGTERM (what ``kill``, Slurm and ``docker stop`` send): the train run and the chain's
+    parent end KILLED with the signal as the reason, not RUNNING."""
+    folder, uri, _ = prepared
+    client = MlflowClient(uri)
+    experiment_name = "resume-live"
+    overrides = ["experiment=smoke", f"mlflow.root={folder}", f"mlflow.experiment_name={experiment_name}",
+                 *TRAINERS["full"], "trainer.max_iter=1000000"]
+    env = dict(pipeline_subprocess_env, MLFLOW_TRACKING_URI=uri)
+    cmd = [sys.executable, "-m", "pipelines.main", *overrides, "stages=[convert,add_loss,train]",
+           "trainer.checkpoint_every=100", f"hydra.run.dir={tmp_path / 'live'}"]
+    log = tmp_path / "live.log"
+
+    def checkpoint_epoch(run_id):
+        try:
+            return json.loads(Path(mlflow.artifacts.download_artifacts(
+                run_id=run_id, artifact_path=f"checkpoint/{MANIFEST}", tracking_uri=uri)).read_text())["epoch"]
+        except Exception:  # noqa: BLE001 - not logged yet, or being rewritten
+            return None
+
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        live = _wait_for("a train run", lambda: _train_runs(client, experiment_name), proc, log)
+        epoch = _wait_for("a logged checkpoint", lambda: checkpoint_epoch(live), proc, log)
+        parent = client.get_run(live).data.tags["mlflow.parentRunId"]
+        add_loss_run = client.get_run(parent).data.tags["ortflow.run.add_loss"]
+        resumed = _train_in_process(compose_pipeline, tmp_path / "resumed", f"mlflow.tracking_uri={uri}",
+                                    *overrides, f"source.run_id={add_loss_run}", f"trainer.max_iter={epoch + 50}",
+                                    f"trainer.resume_from={live}")
+        assert client.get_run(resumed).info.status == "FINISHED"
+        assert proc.poll() is None
+        for run_id in (live, parent):  # alive: left alone
+            run = client.get_run(run_id)
+            assert run.info.status == "RUNNING" and RESUMED_BY_TAG not in run.data.tags, run_id
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 1, log.read_text()[-3000:]
+    for run_id in (live, parent):
+        run = client.get_run(run_id)
+        assert run.info.status == "KILLED", run_id
+        assert run.data.tags["ortflow.failure_reason"] == "Terminated: signal SIGTERM received"
