@@ -234,7 +234,8 @@ def failure_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:4900]
 
 
-HOST_TAG, PID_TAG, PID_START_TAG, HEARTBEAT_TAG = "ortflow.host", "ortflow.pid", "ortflow.pid_start", "ortflow.heartbeat"
+HOST_TAG, PID_TAG, PID_START_TAG = "ortflow.host", "ortflow.pid", "ortflow.pid_start"
+HEARTBEAT_TAG = "ortflow.heartbeat"
 #: a stage run's ``ortflow.heartbeat`` tag is refreshed this often; three missed beats mean its process is gone
 HEARTBEAT_SECONDS = 30.0
 

@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 
-import mlflow
 import numpy as np
 import onnx
 import pytest
