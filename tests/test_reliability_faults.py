@@ -3,6 +3,8 @@ experiment names that look like paths, data that overflows float32, signals, a r
 
 import http.server
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -144,3 +146,24 @@ def test_training_settings_the_data_or_graph_refuse_fail_before_the_first_stage(
     client = MlflowClient(uri)
     assert client.search_runs([client.get_experiment_by_name("precheck").experiment_id]) == []
     assert not (tmp_path / "chain").exists()
+
+
+def test_liveness_of_a_run_from_its_pid_here_and_its_heartbeat_elsewhere(store_uri, tmp_path):
+    """What :func:`mark_resumed` asks before ending a RUNNING run as KILLED."""
+    client = MlflowClient(store_uri)
+    experiment = client.create_experiment("liveness", artifact_location=(tmp_path / "a").as_uri())
+    here = tr.process_tags()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    beat = float(here[tr.HEARTBEAT_TAG])
+    cases = {
+        "this process": (here, True),
+        "a process that exited": ({**here, tr.PID_TAG: dead.stdout.strip()}, False),
+        "this pid, another start time (pid reused)": ({**here, tr.PID_START_TAG: "1"}, False),
+        "another host, recent heartbeat": ({**here, tr.HOST_TAG: "elsewhere"}, True),
+        "another host, heartbeat 3 beats old": ({**here, tr.HOST_TAG: "elsewhere",
+                                                 tr.HEARTBEAT_TAG: str(beat - 3 * tr.HEARTBEAT_SECONDS - 5)}, False),
+        "no process tags (written before them)": ({}, False),
+    }
+    for what, (tags, alive) in cases.items():
+        run = client.get_run(client.create_run(experiment, tags=tags).info.run_id)
+        assert tr.is_alive(run) is alive, what

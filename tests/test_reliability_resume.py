@@ -271,6 +271,7 @@ def test_a_logged_checkpoint_without_its_manifest_is_not_trusted(prepared, compo
         resolve(tracking, run_id, tmp_path / "logged")
 
 
+@pytest.mark.slow
 def test_resuming_a_live_run_leaves_it_alone_and_sigterm_ends_it_killed(prepared, compose_pipeline, clean_mlflow_env,
                                                                          tmp_path, pipeline_subprocess_env):
     """A chain whose train run is resumed while its process still trains: the run is not marked KILLED (its
