@@ -209,7 +209,6 @@ def train_ortflow_full(case: Case, data: CaseData, epochs: int, threads: int, ca
         batch_size=case.batch_size,
         learning_rate=case.learning_rate,
         lr_schedule="constant",
-        optimizer="sgd",
         shuffle=False,
         n_threads=threads,
         callbacks=callbacks,

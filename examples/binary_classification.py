@@ -24,7 +24,7 @@ def main(epochs: int = 30) -> dict:
     with warnings.catch_warnings():  # one iteration on purpose: it only gives the architecture
         warnings.simplefilter("ignore", ConvergenceWarning)
         start = LogisticRegression(max_iter=1).fit(X_train[:40], y_train[:40])
-    graph = add_loss_output(to_onnx(start), "log", penalty={"coef_0": {"l2": 1e-3}})
+    graph = add_loss_output(to_onnx(start), "log", penalty={"coef": {"l2": 1e-3}})
     trainer = OrtGradientOptimizer(graph, max_iter=epochs, batch_size=16, learning_rate=0.05, random_state=0)
     trainer.fit(X_train, y_train)
     session = ort.InferenceSession(trainer.get_trained_onnx().SerializeToString(),

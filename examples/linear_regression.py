@@ -23,7 +23,7 @@ def main(epochs: int = 50) -> dict:
 
     trainer = OrtGradientOptimizer(graph, max_iter=epochs, batch_size=20, learning_rate=0.02, random_state=0)
     trainer.fit(X_train, y_train)
-    coef = trainer.get_state()["coef_0"].ravel()
+    coef = trainer.get_state()["coef"].ravel()
     result = {
         "max_coef_gap": float(np.abs(coef - reference.coef_).max()),
         "r2_ortflow": trainer.score(X_test, y_test),

@@ -14,7 +14,7 @@ from sklearn.datasets import make_regression
 from sklearn.neural_network import MLPRegressor
 from sklearn.preprocessing import StandardScaler
 
-from ortflow import OrtGradientOptimizer, add_loss_output, to_onnx
+from ortflow import LearningRateAdam, OrtGradientOptimizer, add_loss_output, to_onnx
 
 
 def main(epochs: int = 40) -> dict:
@@ -26,7 +26,7 @@ def main(epochs: int = 40) -> dict:
         warnings.simplefilter("ignore", ConvergenceWarning)
         start = MLPRegressor(hidden_layer_sizes=(32, 16), max_iter=1, random_state=0).fit(X, y)
     graph = add_loss_output(to_onnx(start))
-    trainer = OrtGradientOptimizer(graph, max_iter=epochs, batch_size=32, learning_rate=3e-3, optimizer="adam",
+    trainer = OrtGradientOptimizer(graph, max_iter=epochs, batch_size=32, learning_rate=LearningRateAdam(eta0=3e-3),
                                    validation_fraction=0.2, early_stopping=True, n_iter_no_change=5,
                                    random_state=0)
     trainer.fit(X, y)

@@ -1,5 +1,6 @@
 """ortflow: train ONNX graphs with onnxruntime-training."""
 
+from .autodiff import onnx_derivative
 from .base import BaseTrainer
 from .callbacks import Callback, Checkpoint, EarlyStopping, ProgressBar
 from .convert import to_onnx
@@ -20,6 +21,7 @@ from .fwbw import (
     ElasticLearningLoss,
     ElasticLearningPenalty,
     LearningRateAdam,
+    LearningRateAdamW,
     LearningRateSGD,
     LearningRateSGDNesterov,
     NegLogLearningLoss,
@@ -29,7 +31,8 @@ from .fwbw import (
     SquareLearningLoss,
 )
 from .graph import get_initializers, load_model, replace_initializers, trainable_initializers
-from .loss import add_loss_output
+from .add_loss import add_loss_output
+from .mlops import make_trainable
 
 __version__ = "0.1.0"
 
@@ -47,6 +50,7 @@ __all__ = [
     "ElasticLearningLoss",
     "ElasticLearningPenalty",
     "LearningRateAdam",
+    "LearningRateAdamW",
     "LearningRateSGD",
     "LearningRateSGDNesterov",
     "NegLogLearningLoss",
@@ -63,6 +67,8 @@ __all__ = [
     "add_loss_output",
     "get_initializers",
     "load_model",
+    "onnx_derivative",
+    "make_trainable",
     "replace_initializers",
     "to_onnx",
     "trainable_initializers",

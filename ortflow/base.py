@@ -3,25 +3,27 @@
 A subclass owns the onnxruntime side and implements the hooks below; the base class validates inputs, splits a
 validation set, shuffles, runs epochs and callbacks, detects divergence, checkpoints and predicts.
 
-Hooks a subclass implements:
+Parameters are declared once in :mod:`ortflow.parameters` (``parameters`` of each subclass, from which its
+``__init__`` is made) and checked in ``fit``. Hooks a subclass implements:
 
 - ``_graph_spec(model) -> GraphSpec``: the feeds and outputs of ``model`` (already loaded and checked).
-- ``_build_runtime(model, spec)``: create the sessions for a fresh fit.
+- ``_build_runtime(model, spec, rate)``: create the sessions for a fresh fit, ``rate`` the learning rate.
+- ``_loss_object()``: the :class:`ortflow.losses.BaseLearningLoss` trained (for :meth:`BaseTrainer.losses`).
 - ``_train_epoch(data, order, learning_rate) -> np.ndarray``: one epoch over ``self._batches``, returning the
   loss of every batch (it stops early at a non-finite loss; the base reports it).
 - ``_validation_loss(data) -> float``.
 - ``_epoch_learning_rate(samples_seen) -> float | None``: the rate used for the coming epoch (for the record).
 - ``get_state()``, ``_set_weights(state)``.
 - ``_prediction_graph() -> onnx.ModelProto``: the prediction graph, weights not yet replaced.
-- ``_graphs() -> dict[str, onnx.ModelProto | str]``: every graph the trainer uses, for ``save_onnx_graph``.
+- ``_graphs() -> dict[str, onnx.ModelProto | bytes]``: every graph the trainer uses, for ``save_onnx_graph``.
 - ``_save_runtime_state(folder)`` / ``_load_runtime_state(folder)``: weights and optimizer state.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import shutil
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -29,16 +31,30 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, clone
 from sklearn.utils import check_random_state
 
+from . import checkpoint
 from . import graph as g
 from ._ort import InferenceSession, SessionOptions
 from .callbacks import Callback, EarlyStopping, ProgressBar
 from .exceptions import ConvergenceError
-from .validation import check_device, check_fit_data, check_positive_int, check_X
+from .learning_rates import BaseLearningRate, LearningRateSGD
+from .parameters import check_parameters
+from .registry import select
+from .runtime import OnnxFunction, make_session_options
+from .convert import graph_classes
+from .validation import (
+    check_device,
+    check_fit_data,
+    check_positive_int,
+    check_weights_to_train,
+    check_X,
+    encode_labels,
+)
 
-CHECKPOINT_META = "trainer.json"
+logger = logging.getLogger("ortflow")
+
 
 
 @dataclass
@@ -50,6 +66,8 @@ class GraphSpec:
     label_shape: list = field(default_factory=lambda: [None])
     weight_name: str | None = None
     prediction_outputs: list[str] = field(default_factory=list)
+    trained_output: str | None = None  # the output the loss applies to (what predict returns for a regressor)
+    classes: np.ndarray | None = None  # the classes of a classifier graph trained on its raw score
 
 
 @dataclass
@@ -70,7 +88,10 @@ class TrainData:
 
 
 class BaseTrainer(BaseEstimator):
-    """Shared estimator surface. Subclasses define ``__init__`` (storing parameters untouched) and the hooks."""
+    """Shared estimator surface. Subclasses declare ``parameters`` (their ``__init__`` comes from it) and the
+    hooks."""
+
+    parameters: tuple = ()
 
     # --- fitting -------------------------------------------------------------------------------------------
     def fit(self, X, y, sample_weight=None, validation_data=None, resume_from=None):
@@ -79,22 +100,28 @@ class BaseTrainer(BaseEstimator):
         ``resume_from`` names a folder written by :meth:`save_checkpoint`: training continues after its last
         epoch with its weights, optimizer state and random state, up to ``max_iter`` epochs in all.
         """
+        check_parameters(self)
         model = g.load_model(self.model_onnx)
         g.check_loadable(model)
-        check_device(self.device)
         spec = self._graph_spec(model)
+        spec.classes = _trained_classes(model, spec)
+        _resolve_symbolic_width(model, spec, X)
         data, val = self._prepare_data(spec, X, y, sample_weight, validation_data)
-        max_iter = check_positive_int("max_iter", self.max_iter)
+        max_iter = int(self.max_iter)
         check_positive_int("batch_size", self.batch_size, data.n_samples, "the number of training samples")
         rng = check_random_state(self.random_state)
-        if val is None and getattr(self, "validation_fraction", None):
+        if val is None and self.validation_fraction is not None:
             data, val = self._split_validation(data, rng)
+        every = self._validation_period()
 
         warm = self.warm_start and hasattr(self, "history_") and resume_from is None
-        if not warm:
+        if warm:
+            self._check_warm_start(model, spec)
+        else:
             self._spec = spec
             self._model = model
-            self._build_runtime(model, spec)
+            self._fit_settings = self._settings()
+            self._build_runtime(model, spec, self._learning_rate())
             self.history_ = []
             self._append(None)
         self.n_features_in_ = spec.n_features
@@ -106,16 +133,20 @@ class BaseTrainer(BaseEstimator):
 
         self.stop_training_ = False
         self.diverged_ = False
+        self.in_epoch_ = False
         callbacks = self._callbacks()
         for cb in callbacks:
             cb.on_train_begin(self)
         last_good = self.get_state() if not self.exc else None
+        log = self.enable_logging and logger.isEnabledFor(logging.INFO)
         try:
             for epoch in range(len(self.history_), max_iter):
                 begin = time.perf_counter()
                 order = rng.permutation(data.n_samples) if self.shuffle else None
                 learning_rate = self._epoch_learning_rate(epoch * data.n_samples)
+                self.in_epoch_ = True  # weights are mid-epoch until the epoch ends: no checkpoint then
                 losses = self._train_epoch(data, order, learning_rate)
+                self.in_epoch_ = False
                 sizes = self._batch_sizes(data.n_samples)[: len(losses)]
                 if len(losses) < len(sizes) or not np.isfinite(losses).all():
                     self._diverged(epoch, losses, learning_rate, last_good)
@@ -127,10 +158,13 @@ class BaseTrainer(BaseEstimator):
                     "learning_rate": learning_rate,
                     "time": None,
                 }
-                if val is not None and (epoch + 1) % self.validation_every == 0:
+                if val is not None and (epoch + 1) % every == 0:
                     record["validation_loss"] = float(self._validation_loss(val))
                 record["time"] = time.perf_counter() - begin
                 self._append(record)
+                if log:
+                    logger.info("%s epoch %d: %s", type(self).__name__, epoch + 1, record)
+                    logger.debug("batch losses of epoch %d: %s", epoch + 1, losses.tolist())
                 self._rng_state = rng.get_state()
                 if last_good is not None:
                     last_good = self.get_state()
@@ -144,7 +178,7 @@ class BaseTrainer(BaseEstimator):
         return self
 
     def _prepare_data(self, spec, X, y, sample_weight, validation_data):
-        X, y, w = check_fit_data(X, y, sample_weight, spec.n_features, spec.label_shape)
+        X, y, w = check_fit_data(X, _targets(spec, y), sample_weight, spec.n_features, spec.label_shape)
         if w is not None and spec.weight_name is None:
             raise ValueError(
                 "sample_weight was given but the graph has no weight input: add one "
@@ -156,7 +190,8 @@ class BaseTrainer(BaseEstimator):
         if validation_data is not None:
             if len(validation_data) != 2:
                 raise ValueError("validation_data must be a pair (X_val, y_val)")
-            Xv, yv, _ = check_fit_data(*validation_data, None, spec.n_features, spec.label_shape)
+            Xv, yv, _ = check_fit_data(validation_data[0], _targets(spec, validation_data[1]), None,
+                                       spec.n_features, spec.label_shape)
             wv = None if spec.weight_name is None else np.ones(len(Xv), dtype=np.float32)
             val = TrainData(Xv, yv, wv)
         return TrainData(X, y, w), val
@@ -179,14 +214,58 @@ class BaseTrainer(BaseEstimator):
 
     def _callbacks(self) -> list[Callback]:
         callbacks = list(self.callbacks or [])
-        if getattr(self, "early_stopping", False):
+        if self.early_stopping:
             callbacks.append(EarlyStopping(patience=self.n_iter_no_change, tol=self.tol))
         if self.verbose:
             callbacks.append(ProgressBar())
-        for cb in callbacks:
-            if not isinstance(cb, Callback):
-                raise TypeError(f"callbacks holds {cb!r}, which is not an ortflow.callbacks.Callback")
         return callbacks
+
+    def _validation_period(self) -> int:
+        """Epochs between two validations: ``validation_every`` itself, or that fraction of ``max_iter``."""
+        every = self.validation_every
+        if isinstance(every, float):
+            return max(1, int(round(every * self.max_iter)))
+        return int(every)
+
+    def _learning_rate(self) -> BaseLearningRate:
+        """``learning_rate`` as a fresh :class:`BaseLearningRate`: a float is SGD at that rate following
+        ``lr_schedule`` and ``power_t``; a name is that class with its defaults; an instance is cloned."""
+        value = self.learning_rate
+        if isinstance(value, (str, BaseLearningRate)):
+            rate = clone(select("learning_rate", value))
+        else:
+            rate = LearningRateSGD(eta0=float(value), learning_rate=self.lr_schedule, power_t=self.power_t)
+        rate.check()
+        return rate
+
+    def _settings(self) -> dict:
+        """The parameters a warm start cannot change (the runtime was built from them)."""
+        fixed = ("learning_rate", "lr_schedule", "power_t", "device", "weights_to_train", "n_threads",
+                 *self._runtime_parameters)
+        return {k: repr(getattr(self, k)) for k in fixed}
+
+    #: subclass parameters the runtime is built from (a warm start refuses a change of them)
+    _runtime_parameters: tuple = ()
+
+    def _check_warm_start(self, model: onnx.ModelProto, spec: GraphSpec) -> None:
+        changed = [k for k, v in self._settings().items() if self._fit_settings.get(k) != v]
+        if changed:
+            raise ValueError(f"warm_start=True but {changed} changed since the last fit: the runtime was built "
+                             "with the old values; set warm_start=False to start a new training")
+        if model.SerializeToString() != self._model.SerializeToString():
+            raise ValueError("warm_start=True but model_onnx changed since the last fit: set warm_start=False to "
+                             "train the new graph")
+
+    def _check_weights(self, model: onnx.ModelProto, trained_graph: onnx.ModelProto, output: str) -> list[str]:
+        """``weights_to_train`` checked against ``model``, every one of them used by ``trained_graph`` (the graph
+        pruned to ``output``); None means every float initializer ``trained_graph`` uses."""
+        weights = check_weights_to_train(model if self.weights_to_train is not None else trained_graph,
+                                         self.weights_to_train)
+        kept = {i.name for i in trained_graph.graph.initializer}
+        unused = [w for w in weights if w not in kept]
+        if unused:
+            raise ValueError(f"weights_to_train names {unused}, which do not influence {output!r}")
+        return weights
 
     def _batches(self, n_samples: int, order: np.ndarray | None):
         """Yield row selections of each batch: a slice (a view, no copy) or the shuffled indices."""
@@ -236,54 +315,47 @@ class BaseTrainer(BaseEstimator):
         self._check_fitted()
         return g.replace_initializers(self._prediction_graph(), self.get_state())
 
-    def save_onnx_graph(self, folder: str | os.PathLike) -> dict[str, str]:
-        """Write every graph the trainer uses (and the trained model) into ``folder``; return name -> path."""
+    def save_onnx_graph(self, folder: str | os.PathLike | None = None) -> dict[str, str] | dict[str, bytes]:
+        """Every graph the trainer uses, and the trained model: written into ``folder`` (name -> path), or,
+        without a folder, serialized in memory (name -> bytes)."""
         self._check_fitted()
-        os.makedirs(folder, exist_ok=True)
         graphs = dict(self._graphs())
         graphs["trained_model"] = self.get_trained_onnx()
+        serialized = {name: proto if isinstance(proto, bytes) else proto.SerializeToString()
+                      for name, proto in graphs.items()}
+        if folder is None:
+            return serialized
+        os.makedirs(folder, exist_ok=True)
         paths = {}
-        for name, proto in graphs.items():
+        for name, data in serialized.items():
             path = g.safe_join(folder, f"{name}.onnx")
-            if isinstance(proto, (str, os.PathLike)):
-                shutil.copyfile(proto, path)
-            else:
-                onnx.save(proto, str(path))
+            path.write_bytes(data)
             paths[name] = str(path)
         return paths
 
     # --- checkpoints ---------------------------------------------------------------------------------------
     def save_checkpoint(self, folder: str | os.PathLike) -> str:
-        """Write weights, optimizer state, history and random state to ``folder`` (replaced atomically)."""
+        """Write weights, optimizer state, history and random state to ``folder`` (replaced atomically, every file
+        checksummed). Refused in the middle of an epoch: a checkpoint always holds an epoch boundary."""
         self._check_fitted()
-        folder = Path(folder)
-        tmp = folder.with_name(folder.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self._save_runtime_state(str(tmp))
+        if getattr(self, "in_epoch_", False):
+            raise RuntimeError("save_checkpoint in the middle of an epoch (training was interrupted): the weights "
+                               "are not those of a completed epoch; the last checkpoint written stays valid")
         rng_state = getattr(self, "_rng_state", None)
         meta = {
             "trainer": type(self).__name__,
+            "fingerprint": self._fingerprint(),
             "epoch": len(self.history_),
             "history": self.history_,
             "rng_state": None if rng_state is None else [rng_state[0], rng_state[1].tolist(), *rng_state[2:]],
         }
-        (tmp / CHECKPOINT_META).write_text(json.dumps(meta))
-        old = folder.with_name(folder.name + ".old")
-        if folder.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            folder.rename(old)
-        tmp.rename(folder)
-        shutil.rmtree(old, ignore_errors=True)
-        return str(folder)
+        return checkpoint.write(folder, self._save_runtime_state, meta)
+
+    def _fingerprint(self) -> str:
+        return checkpoint.fingerprint(self._model.SerializeToString(), self.weights_to_train_)
 
     def _restore_checkpoint(self, folder, rng):
-        path = Path(folder) / CHECKPOINT_META
-        if not path.is_file():
-            raise FileNotFoundError(f"resume_from={str(folder)!r} holds no ortflow checkpoint ({CHECKPOINT_META})")
-        meta = json.loads(path.read_text())
-        if meta["trainer"] != type(self).__name__:
-            raise ValueError(f"resume_from={str(folder)!r} was written by {meta['trainer']}, not {type(self).__name__}")
+        meta = checkpoint.read(folder, type(self).__name__, self._fingerprint())
         self._load_runtime_state(str(folder))
         self.history_ = []
         self._append(None)
@@ -296,9 +368,9 @@ class BaseTrainer(BaseEstimator):
 
     # --- prediction ----------------------------------------------------------------------------------------
     def predict(self, X) -> np.ndarray:
-        """Labels for a classifier graph, else the first output (raveled when it has one column)."""
+        """Labels for a classifier graph, else the trained output (raveled when it has one column)."""
         outputs = self._run_prediction(X)
-        name = "output_label" if "output_label" in outputs else next(iter(outputs))
+        name = "output_label" if "output_label" in outputs else self._spec.trained_output or next(iter(outputs))
         pred = outputs[name]
         return pred.ravel() if pred.ndim == 2 and pred.shape[1] == 1 else pred
 
@@ -323,27 +395,56 @@ class BaseTrainer(BaseEstimator):
         self._check_fitted()
         return "output_label" in self._spec.prediction_outputs
 
-    def _run_prediction(self, X) -> dict[str, np.ndarray]:
+    @property
+    def classes_(self) -> np.ndarray:
+        """The classes of a classifier graph (the order of ``predict_proba``'s columns)."""
+        self._check_fitted()
+        if self._spec.classes is None:
+            raise AttributeError(f"{type(self).__name__} trains a graph that carries no classes (not a classifier)")
+        return self._spec.classes
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        if _graph_is_classifier(self.model_onnx):
+            from sklearn.utils import ClassifierTags
+
+            tags.estimator_type = "classifier"
+            tags.classifier_tags = ClassifierTags()
+        return tags
+
+    def _run_prediction(self, X, names: list[str] | None = None) -> dict[str, np.ndarray]:
         self._check_fitted()
         X = check_X(X, self.n_features_in_)
         if self._predict_sess is None:
             self._predict_sess = InferenceSession(
                 self.get_trained_onnx().SerializeToString(), self._session_options(), providers=self._providers()
             )
-        names = self._spec.prediction_outputs
+        names = names or self._spec.prediction_outputs
         return dict(zip(names, self._predict_sess.run(names, {self._spec.x_name: X})))
+
+    def losses(self, X, y, sample_weight=None) -> np.ndarray:
+        """The loss of every sample under the trained weights, ``w * l`` (no penalty): shape (n,)."""
+        self._check_fitted()
+        X, y, w = check_fit_data(X, _targets(self._spec, y), sample_weight, self.n_features_in_,
+                                 self._spec.label_shape)
+        output = self._spec.trained_output
+        prediction = self._run_prediction(X, [output])[output]
+        rank = prediction.ndim
+        width = prediction.shape[1] if rank == 2 else None
+        loss = self._loss_object()
+        function = OnnxFunction(loss.build_per_sample_function(rank=rank, width=width), "cpu")
+        per = function.run(prediction, y.reshape(prediction.shape))[0].numpy()
+        return per if w is None else per * w
+
+    def _loss_object(self):
+        raise NotImplementedError
 
     # --- helpers for subclasses ----------------------------------------------------------------------------
     def _providers(self) -> list[str]:
         return check_device(self.device)[1]
 
     def _session_options(self) -> SessionOptions:
-        options = SessionOptions()
-        options.log_severity_level = 3  # errors only: ORT warns about harmless shape merges in optimizer graphs
-        n_threads = getattr(self, "n_threads", None)
-        if n_threads:
-            options.intra_op_num_threads = int(n_threads)
-        return options
+        return make_session_options(self.n_threads)
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "history_"):
@@ -364,5 +465,41 @@ class BaseTrainer(BaseEstimator):
         self.__dict__.update(state)
         self._predict_sess = None
         if weights is not None:
-            self._build_runtime(self._model, self._spec)
+            self._build_runtime(self._model, self._spec, self._learning_rate())
             self._set_weights(weights)
+
+
+def _trained_classes(model: onnx.ModelProto, spec: GraphSpec) -> np.ndarray | None:
+    """The classes a graph carries when the trained output is its raw score (not probabilities or labels)."""
+    if spec.trained_output in ("output_probability", "output_label", "probabilities", "label"):
+        return None
+    return graph_classes(model)
+
+
+def _targets(spec: GraphSpec, y):
+    """What the loss takes for ``y``: class labels encoded for a classifier graph, ``y`` itself otherwise."""
+    if spec.classes is None:
+        return y
+    width = spec.label_shape[1] if len(spec.label_shape) == 2 and isinstance(spec.label_shape[1], int) else None
+    return encode_labels(y, spec.classes, width)
+
+
+def _graph_is_classifier(model_onnx) -> bool:
+    """Whether ``model_onnx`` (not yet validated) carries classes; False when it cannot be read."""
+    try:
+        return graph_classes(model_onnx) is not None
+    except Exception:  # noqa: BLE001 - fit reports an unreadable graph with the reason
+        return False
+
+
+def _resolve_symbolic_width(model: onnx.ModelProto, spec: GraphSpec, X) -> None:
+    """A trained output whose column count is symbolic gets its real width from a run on one row, so a ``y`` of
+    another width is refused instead of broadcast against it (a 1-column model would learn the mean of 2 columns)."""
+    if len(spec.label_shape) != 2 or isinstance(spec.label_shape[1], int) or spec.trained_output is None:
+        return
+    row = check_X(X, spec.n_features)[:1]
+    pruned = g.keep_outputs(model, [spec.trained_output])
+    sess = InferenceSession(pruned.SerializeToString(), make_session_options(1), providers=["CPUExecutionProvider"])
+    output = sess.run([spec.trained_output], {spec.x_name: row})[0]
+    if output.ndim == 2:
+        spec.label_shape = [spec.label_shape[0], int(output.shape[1])]

@@ -83,8 +83,11 @@ class Checkpoint(Callback):
             self._save(trainer)
 
     def on_train_end(self, trainer: Any) -> None:
-        # the last epoch's checkpoint, unless on_epoch_end just wrote it
-        if not getattr(trainer, "diverged_", False) and getattr(self, "saved_epoch_", None) != len(trainer.history_):
+        # the last epoch's checkpoint, unless on_epoch_end just wrote it, training diverged, or it was interrupted
+        # mid-epoch (the weights are then not those of an epoch boundary: the last checkpoint written stays)
+        if getattr(trainer, "diverged_", False) or getattr(trainer, "in_epoch_", False):
+            return
+        if getattr(self, "saved_epoch_", None) != len(trainer.history_):
             self._save(trainer)
 
     def on_checkpoint(self, trainer: Any, folder: str, epoch: int) -> None:

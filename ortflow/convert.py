@@ -1,9 +1,14 @@
 """scikit-learn models to trainable ONNX graphs.
 
 Linear models and MLPs are written directly as MatMul/Add/activation graphs, so every weight is a named float
-initializer (``coef_<i>``, ``intercept_<i>``) and every node has a gradient. Binary classifiers expose their raw
-score (``raw_score``, shape (N, 1)) next to ``output_label`` and ``output_probability``: training uses the raw score,
-the exported model keeps predicting labels and probabilities. Other models go through skl2onnx.
+initializer and every node has a gradient. A single-layer model (a linear model) names its weights ``coef`` and
+``intercept``, as onnxcustom's documents use them; a multi-layer model (an MLP) names layer ``i``'s
+``coef_<i>`` and ``intercept_<i>``.
+
+Classifiers expose three outputs: ``output_label`` (the classes as scikit-learn has them), ``output_probability``
+(float32 (N, k)) and ``raw_score``, the scores before the sigmoid or softmax that training uses: (N, 1) for two
+classes, (N, k) for k >= 3. The classes are the initializer ``classes`` (int64 or string), read back by
+:func:`graph_classes`. Other models go through skl2onnx.
 """
 
 from __future__ import annotations
@@ -15,24 +20,29 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ._ort import MAX_OPSET
-from .graph import check_loadable
+from .exceptions import UnsupportedModelError
+from .graph import ModelLike, check_loadable, load_model
 
 INPUT_NAME = "X"
 REGRESSION_OUTPUT = "variable"
 LABEL_OUTPUT = "output_label"
 PROBA_OUTPUT = "output_probability"
 RAW_SCORE_OUTPUT = "raw_score"
+CLASSES_NAME = "classes"
 IR_VERSION = 8  # any IR <= 10 works; 8 matches opset 15-17 era tools and stays readable by older runtimes.
 
 _ACTIVATIONS = {"relu": "Relu", "tanh": "Tanh", "logistic": "Sigmoid", "identity": None}
+# attributes by which ai.onnx.ml classifiers (LinearClassifier, TreeEnsembleClassifier, SVMClassifier...) carry classes
+_ML_CLASS_ATTRIBUTES = ("classlabels_ints", "classlabels_int64s", "classlabels_strings")
 
 
 def to_onnx(model: Any, X: np.ndarray | None = None, target_opset: int = 17) -> onnx.ModelProto:
     """Convert a fitted scikit-learn model into an ONNX graph ortflow can train.
 
-    ``X`` (a sample of the inputs) is only needed by the skl2onnx fallback. Supported directly:
-    LinearRegression, Ridge, Lasso, ElasticNet, SGDRegressor, LogisticRegression (binary), MLPRegressor,
-    MLPClassifier (binary).
+    ``X`` (a sample of the inputs) is only needed by the skl2onnx fallback. Written directly: LinearRegression,
+    Ridge, Lasso, ElasticNet, SGDRegressor and other linear regressors, MLPRegressor, LogisticRegression (binary or
+    multinomial), other binary linear classifiers (probabilities are the sigmoid of the decision function) and
+    MLPClassifier (binary or multi-class).
     """
     from sklearn.base import is_classifier, is_regressor
     from sklearn.neural_network import MLPClassifier, MLPRegressor
@@ -40,84 +50,173 @@ def to_onnx(model: Any, X: np.ndarray | None = None, target_opset: int = 17) -> 
     if target_opset > MAX_OPSET:
         raise ValueError(f"target_opset={target_opset}: onnxruntime-training 1.19.2 supports at most {MAX_OPSET}")
     if isinstance(model, MLPRegressor):
-        return _mlp(model, classifier=False, opset=target_opset)
+        if model.out_activation_ != "identity":
+            raise ValueError(f"MLPRegressor with out_activation_={model.out_activation_!r} is not supported")
+        return _build(list(zip(model.coefs_, model.intercepts_)), model.activation, None, target_opset)
     if isinstance(model, MLPClassifier):
-        return _mlp(model, classifier=True, opset=target_opset)
+        if model.out_activation_ == "logistic" and len(model.classes_) != 2:
+            raise UnsupportedModelError(
+                f"MLPClassifier fitted on a multilabel target ({len(model.classes_)} independent outputs) is not "
+                "supported: ortflow's classifiers predict one class per sample"
+            )
+        return _build(list(zip(model.coefs_, model.intercepts_)), model.activation, model.classes_, target_opset)
     linear = hasattr(model, "coef_") and hasattr(model, "intercept_")
     if linear and is_classifier(model):
+        _check_multinomial(model)
         layers = [(np.asarray(model.coef_).T, np.atleast_1d(model.intercept_))]
-        return _build(layers, None, "identity", n_outputs=1, classes=model.classes_, opset=target_opset)
+        return _build(layers, None, model.classes_, target_opset)
     if linear and is_regressor(model):
         coef = np.asarray(model.coef_)
         coef = coef.reshape(-1, 1) if coef.ndim == 1 else coef.T
         intercept = np.broadcast_to(np.asarray(model.intercept_, dtype=np.float64), (coef.shape[1],))
-        return _build([(coef, intercept)], None, "identity", n_outputs=coef.shape[1], classes=None, opset=target_opset)
+        return _build([(coef, intercept)], None, None, target_opset)
     return _skl2onnx(model, X, target_opset)
 
 
-def _mlp(model: Any, classifier: bool, opset: int) -> onnx.ModelProto:
-    layers = list(zip(model.coefs_, model.intercepts_))
-    classes = model.classes_ if classifier else None
-    if not classifier and model.out_activation_ != "identity":
-        raise ValueError(f"MLPRegressor with out_activation_={model.out_activation_!r} is not supported")
-    return _build(layers, model.activation, "identity", n_outputs=layers[-1][0].shape[1], classes=classes, opset=opset)
+def _check_multinomial(model: Any) -> None:
+    """Multi-class linear classifiers other than a multinomial LogisticRegression score one-vs-rest."""
+    from sklearn.linear_model import LogisticRegression
 
-
-def _build(layers, hidden_activation, out_activation, n_outputs, classes, opset) -> onnx.ModelProto:
-    if classes is not None and len(classes) != 2:
-        raise ValueError(
-            f"only binary classifiers are supported (the model has {len(classes)} classes): ortflow's log loss "
-            "is binary"
+    if len(model.classes_) <= 2:
+        return
+    if not isinstance(model, LogisticRegression) or getattr(model, "multi_class", "multinomial") == "ovr":
+        raise UnsupportedModelError(
+            f"{type(model).__name__} with {len(model.classes_)} classes scores each class one-vs-rest; ortflow's "
+            "multi-class graphs are softmax (multinomial): use LogisticRegression (multinomial) or MLPClassifier"
         )
-    n_features = layers[0][0].shape[0]
+
+
+def weight_names(n_layers: int) -> list[tuple[str, str]]:
+    """Names of the (coefficient, intercept) initializers of each layer: ``coef``/``intercept`` for one layer,
+    ``coef_<i>``/``intercept_<i>`` for several."""
+    if n_layers == 1:
+        return [("coef", "intercept")]
+    return [(f"coef_{i}", f"intercept_{i}") for i in range(n_layers)]
+
+
+def graph_classes(model: ModelLike) -> np.ndarray | None:
+    """The classes a classifier graph carries, in the order of its probability columns; None for a regressor.
+
+    Read from the initializer ``classes`` (graphs of :func:`to_onnx` and :func:`ortflow.make_trainable`), else from
+    the class-label attributes of an ``ai.onnx.ml`` classifier. Integer classes come back as int64, string classes
+    as a numpy string array.
+    """
+    model = load_model(model)
+    for init in model.graph.initializer:
+        if init.name == CLASSES_NAME:
+            return _decoded(numpy_helper.to_array(init))
+    for node in model.graph.node:
+        classes = node_classes(node)
+        if classes is not None:
+            return classes
+    return None
+
+
+def node_classes(node: onnx.NodeProto) -> np.ndarray | None:
+    """The class labels an ``ai.onnx.ml`` classifier node carries as attributes, or None."""
+    for attr in node.attribute:
+        if attr.name in _ML_CLASS_ATTRIBUTES and (attr.ints or attr.strings):
+            return _decoded(np.array(helper.get_attribute_value(attr)))
+    return None
+
+
+def _decoded(values: np.ndarray) -> np.ndarray:
+    if values.dtype.kind in "OSU":
+        return np.array([v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values.ravel()])
+    return values.astype(np.int64).ravel()
+
+
+def classes_initializer(classes: np.ndarray) -> onnx.TensorProto:
+    """The initializer ``classes``: int64 for integer (or integral float) classes, string otherwise.
+
+    A float initializer would be trained as a weight, so non-integral float classes are refused.
+    """
+    classes = np.asarray(classes)
+    if classes.dtype.kind in "iub" or (classes.dtype.kind == "f" and np.array_equal(classes, np.round(classes))):
+        return numpy_helper.from_array(classes.astype(np.int64), CLASSES_NAME)
+    if classes.dtype.kind == "f":
+        raise UnsupportedModelError(
+            f"classes {classes.tolist()} are non-integral floats: fit the model on integer or string labels"
+        )
+    values = [str(c).encode("utf-8") for c in classes]
+    return helper.make_tensor(CLASSES_NAME, TensorProto.STRING, [len(values)], values)
+
+
+def linear_nodes(x: str, layers, names, hidden_activation: str | None, output: str, prefix: str = ""):
+    """Nodes and float initializers of ``layers`` [(coef (n_in, n_out), intercept (n_out,))] applied to ``x``:
+    MatMul + Add per layer, ``hidden_activation`` between layers, the last Add writing ``output``; ``prefix``
+    starts the names of the intermediate tensors and of the nodes."""
     nodes, inits = [], []
-    current = INPUT_NAME
-    for i, (coef, intercept) in enumerate(layers):
+    current = x
+    for i, ((coef, intercept), (coef_name, intercept_name)) in enumerate(zip(layers, names)):
         last = i == len(layers) - 1
-        inits.append(numpy_helper.from_array(np.asarray(coef, dtype=np.float32), f"coef_{i}"))
-        inits.append(numpy_helper.from_array(np.asarray(intercept, dtype=np.float32).reshape(-1), f"intercept_{i}"))
-        nodes.append(helper.make_node("MatMul", [current, f"coef_{i}"], [f"matmul_{i}"]))
-        out = (RAW_SCORE_OUTPUT if classes is not None else REGRESSION_OUTPUT) if last else f"linear_{i}"
-        activation = _ACTIVATIONS[out_activation if last else hidden_activation]
+        inits.append(numpy_helper.from_array(np.asarray(coef, dtype=np.float32), coef_name))
+        inits.append(numpy_helper.from_array(np.asarray(intercept, dtype=np.float32).reshape(-1), intercept_name))
+        matmul, pre = f"{prefix}matmul_{i}", f"{prefix}pre_{i}"
+        nodes.append(helper.make_node("MatMul", [current, coef_name], [matmul], name=matmul))
+        out = output if last else f"{prefix}linear_{i}"
+        activation = None if last else _ACTIVATIONS[hidden_activation]
         if activation is None:
-            nodes.append(helper.make_node("Add", [f"matmul_{i}", f"intercept_{i}"], [out]))
+            nodes.append(helper.make_node("Add", [matmul, intercept_name], [out], name=f"{prefix}add_{i}"))
         else:
-            nodes.append(helper.make_node("Add", [f"matmul_{i}", f"intercept_{i}"], [f"pre_{i}"]))
-            nodes.append(helper.make_node(activation, [f"pre_{i}"], [out]))
+            nodes.append(helper.make_node("Add", [matmul, intercept_name], [pre], name=f"{prefix}add_{i}"))
+            nodes.append(helper.make_node(activation, [pre], [out], name=f"{prefix}activation_{i}"))
         current = out
+    return nodes, inits
+
+
+def classifier_head(classes: np.ndarray):
+    """Nodes, initializers and graph outputs mapping ``raw_score`` to labels and probabilities.
+
+    Two classes: ``raw_score`` (N, 1), probabilities [1 - sigmoid, sigmoid], label ``classes[raw > 0]`` (an ArgMax
+    over [-raw, raw]). k >= 3 classes: ``raw_score`` (N, k), probabilities its softmax, label
+    ``classes[argmax(raw)]``.
+    """
+    init = classes_initializer(classes)
+    k = len(classes)
+    if k < 2:
+        raise UnsupportedModelError(f"a classifier needs at least two classes, the model has {k}")
+    node = helper.make_node
+    if k == 2:
+        one = numpy_helper.from_array(np.array([1.0], dtype=np.float32))
+        nodes = [
+            node("Constant", [], ["head_one"], name="head_one", value=one),
+            node("Sigmoid", [RAW_SCORE_OUTPUT], ["head_proba1"], name="head_sigmoid"),
+            node("Sub", ["head_one", "head_proba1"], ["head_proba0"], name="head_complement"),
+            node("Concat", ["head_proba0", "head_proba1"], [PROBA_OUTPUT], name="head_probability", axis=1),
+            node("Neg", [RAW_SCORE_OUTPUT], ["head_negated"], name="head_negated"),
+            node("Concat", ["head_negated", RAW_SCORE_OUTPUT], ["head_scores"], name="head_scores", axis=1),
+            node("ArgMax", ["head_scores"], ["head_index"], name="head_argmax", axis=1, keepdims=0),
+        ]
+    else:
+        nodes = [
+            node("Softmax", [RAW_SCORE_OUTPUT], [PROBA_OUTPUT], name="head_softmax", axis=1),
+            node("ArgMax", [RAW_SCORE_OUTPUT], ["head_index"], name="head_argmax", axis=1, keepdims=0),
+        ]
+    nodes.append(node("Gather", [CLASSES_NAME, "head_index"], [LABEL_OUTPUT], name="head_label", axis=0))
+    outputs = [
+        helper.make_tensor_value_info(LABEL_OUTPUT, init.data_type, [None]),
+        helper.make_tensor_value_info(PROBA_OUTPUT, TensorProto.FLOAT, [None, k]),
+        helper.make_tensor_value_info(RAW_SCORE_OUTPUT, TensorProto.FLOAT, [None, 1 if k == 2 else k]),
+    ]
+    return nodes, [init], outputs
+
+
+def _build(layers, hidden_activation: str | None, classes, opset: int) -> onnx.ModelProto:
+    n_features = layers[0][0].shape[0]
+    output = REGRESSION_OUTPUT if classes is None else RAW_SCORE_OUTPUT
+    nodes, inits = linear_nodes(INPUT_NAME, layers, weight_names(len(layers)), hidden_activation, output)
     inputs = [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, [None, n_features])]
     if classes is None:
-        outputs = [helper.make_tensor_value_info(REGRESSION_OUTPUT, TensorProto.FLOAT, [None, n_outputs])]
+        outputs = [helper.make_tensor_value_info(REGRESSION_OUTPUT, TensorProto.FLOAT, [None, layers[-1][0].shape[1]])]
     else:
-        outputs = _binary_head(nodes, inits, np.asarray(classes))
+        head_nodes, head_inits, outputs = classifier_head(np.asarray(classes))
+        nodes, inits = nodes + head_nodes, inits + head_inits
     graph = helper.make_graph(nodes, "ortflow_model", inputs, outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
     model.producer_name = "ortflow"
     onnx.checker.check_model(model)
     return model
-
-
-def _binary_head(nodes, inits, classes: np.ndarray):
-    """Nodes mapping ``raw_score`` (N, 1) to labels and [1-p, p] probabilities."""
-    label_type = TensorProto.INT64 if classes.dtype.kind in "iub" else TensorProto.STRING
-    if label_type == TensorProto.STRING:
-        classes = classes.astype(str).astype(object)
-    else:
-        classes = classes.astype(np.int64)
-    nodes += [
-        helper.make_node("Constant", [], ["one_"], value=numpy_helper.from_array(np.array([1.0], dtype=np.float32))),
-        helper.make_node("Constant", [], ["classes_"], value=helper.make_tensor("classes", label_type, [2], list(classes))),
-        helper.make_node("Sigmoid", [RAW_SCORE_OUTPUT], ["proba1_"]),
-        helper.make_node("Sub", ["one_", "proba1_"], ["proba0_"]),
-        helper.make_node("Concat", ["proba0_", "proba1_"], [PROBA_OUTPUT], axis=1),
-        helper.make_node("ArgMax", [PROBA_OUTPUT], ["label_index_"], axis=1, keepdims=0),
-        helper.make_node("Gather", ["classes_", "label_index_"], [LABEL_OUTPUT], axis=0),
-    ]
-    return [
-        helper.make_tensor_value_info(LABEL_OUTPUT, label_type, [None]),
-        helper.make_tensor_value_info(PROBA_OUTPUT, TensorProto.FLOAT, [None, 2]),
-        helper.make_tensor_value_info(RAW_SCORE_OUTPUT, TensorProto.FLOAT, [None, 1]),
-    ]
 
 
 def _skl2onnx(model: Any, X: np.ndarray | None, target_opset: int) -> onnx.ModelProto:

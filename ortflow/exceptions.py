@@ -26,6 +26,10 @@ class NotDifferentiableError(UnsupportedModelError):
     """A node between the loss and a trained weight has no gradient."""
 
 
+class CheckpointError(OrtflowError, ValueError):
+    """A checkpoint that cannot be trusted: unreadable, corrupt, or written for another trainer or graph."""
+
+
 class DeviceError(OrtflowError, ValueError):
     """The requested device is not available."""
 

@@ -334,3 +334,25 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
         if value.type.HasField("tensor_type") and value.type.tensor_type.elem_type:
             types[value.name] = value.type.tensor_type.elem_type
     return types
+
+
+def pick_output(model: onnx.ModelProto, choice: int | str | None, argument: str = "output_name") -> str:
+    """The output a loss applies to: ``choice`` by name or position, else the only output, else ``raw_score``
+    (the score before the sigmoid/softmax of ortflow's classifier graphs). ``argument`` names the parameter in
+    errors."""
+    names = output_names(model)
+    if isinstance(choice, str):
+        if choice not in names:
+            raise ValueError(f"{argument}={choice!r} is not an output; outputs are {names}")
+        return choice
+    if isinstance(choice, (int, np.integer)) and not isinstance(choice, bool):
+        if not -len(names) <= choice < len(names):
+            raise ValueError(f"{argument}={choice} is out of range: the graph has {len(names)} outputs {names}")
+        return names[choice]
+    if choice is not None:
+        raise TypeError(f"{argument} must be an int, a str or None, not {type(choice).__name__}")
+    if len(names) == 1:
+        return names[0]
+    if "raw_score" in names:
+        return "raw_score"
+    raise ValueError(f"the graph has {len(names)} outputs {names}: choose one with {argument}")

@@ -13,15 +13,16 @@ def learning_rate_at(
     """Learning rate after ``samples_seen`` samples.
 
     ``constant``: eta0. ``invscaling``: eta0 / (samples_seen + 1) ** power_t (scikit-learn MLP's SGD).
-    ``optimal``: 1 / (alpha * (t0 + samples_seen)) with Bottou's t0 (scikit-learn's SGDRegressor).
+    ``optimal``: 1 / (alpha * (t0 + samples_seen)) with t0 = 1 / (eta_init * alpha) and eta_init = 1 / sqrt(sqrt(alpha)),
+    exactly scikit-learn's SGDRegressor/SGDClassifier sequence (its heuristic divides by max(1, dloss(-typw, 1)),
+    which is 1 for its losses since that signed derivative is negative): 10.0 at the first sample for alpha=1e-4.
     """
     if schedule == "constant":
         return eta0
     if schedule == "invscaling":
         return eta0 / (samples_seen + 1) ** power_t
     if schedule == "optimal":
-        typw = math.sqrt(1.0 / math.sqrt(alpha))
-        eta_init = typw / max(1.0, typw)  # squared loss: dloss(-typw, 1) bounded by typw
+        eta_init = math.sqrt(1.0 / math.sqrt(alpha))  # typw / max(1, dloss(-typw, 1)) with dloss(-typw, 1) < 0
         t0 = 1.0 / (eta_init * alpha)
         return 1.0 / (alpha * (t0 + samples_seen))
     raise ValueError(f"learning-rate schedule {schedule!r} is not one of {list(SCHEDULES)}")

@@ -54,10 +54,48 @@ def check_fit_data(X, y, sample_weight, n_features: int | None, label_shape: Seq
             raise ValueError(f"y has shape {y.shape}; the model predicts one value per sample")
         y = y.ravel()
     if sample_weight is not None:
-        sample_weight = check_array("sample_weight", sample_weight, ndim=(1,), n_rows=X.shape[0])
+        sample_weight = check_array("sample_weight", sample_weight, ndim=(1, 2), n_rows=X.shape[0])
+        if sample_weight.ndim == 2:  # a column (n, 1), as onnxcustom's examples pass it
+            if sample_weight.shape[1] != 1:
+                raise ValueError(f"sample_weight has shape {sample_weight.shape}; expected (n,) or (n, 1)")
+            sample_weight = sample_weight.ravel()
         if (sample_weight < 0).any():
             raise ValueError("sample_weight has negative values")
+        if not sample_weight.any():
+            raise ValueError("sample_weight is zero everywhere: the loss and every gradient would be 0")
     return X, y, sample_weight
+
+
+def encode_labels(y, classes: np.ndarray, width: int | None) -> np.ndarray:
+    """Float targets of the log loss for class labels ``y``: the indicator of ``classes[1]`` for a binary score
+    (``width`` 1 or None), one-hot rows of ``width`` columns otherwise. A label outside ``classes`` is an error."""
+    labels = np.asarray(y)
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels.ravel()
+    if labels.ndim != 1:
+        raise ValueError(f"y has shape {labels.shape}: a classifier takes one label per sample")
+    if labels.shape[0] == 0:
+        raise ValueError("y is empty: at least one sample is needed")
+    order = np.argsort(classes)
+    ranked = classes[order]
+    try:
+        pos = np.clip(np.searchsorted(ranked, labels), 0, len(ranked) - 1)
+        known = ranked[pos] == labels
+    except (TypeError, np.exceptions.DTypePromotionError) as exc:
+        raise ValueError(f"y holds labels of dtype {labels.dtype} but the graph's classes are {classes.tolist()}") from exc
+    if not np.all(known):
+        unknown = np.unique(labels[~known]).tolist()
+        raise ValueError(f"y holds labels {unknown[:10]} that are not among the classes the graph carries "
+                         f"{classes.tolist()}; convert the model from a classifier fitted on every class")
+    codes = order[pos]
+    k = len(classes)
+    if width in (None, 1):
+        if k != 2:
+            raise ValueError(f"the graph's score has one column but it carries {k} classes {classes.tolist()}")
+        return (codes == 1).astype(np.float32).reshape(-1, 1) if width == 1 else (codes == 1).astype(np.float32)
+    if width != k:
+        raise ValueError(f"the graph's score has {width} columns but it carries {k} classes {classes.tolist()}")
+    return np.eye(k, dtype=np.float32)[codes]
 
 
 def check_positive_int(name: str, value, upper: int | None = None, upper_name: str = "") -> int:
@@ -72,6 +110,24 @@ def check_positive_float(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, Real) or not np.isfinite(value) or value <= 0:
         raise ValueError(f"{name}={value!r} must be a positive finite number")
     return float(value)
+
+
+def check_finite(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not np.isfinite(value):
+        raise ValueError(f"{name}={value!r} must be a finite number")
+    return float(value)
+
+
+def check_non_negative(name: str, value, why: str = "") -> float:
+    if isinstance(value, bool) or not isinstance(value, Real) or not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name}={value!r} must be a finite number >= 0" + (f": {why}" if why else ""))
+    return float(value)
+
+
+def check_bool(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}={value!r} must be True or False")
+    return bool(value)
 
 
 def check_choice(name: str, value, choices: Sequence[str]) -> str:

@@ -62,7 +62,7 @@ def run_main(cfg: DictConfig) -> float | None:
 
 
 def _guarded(cfg: DictConfig, body: Callable[[], float | None], what: str) -> float | None:
-    """Validate, run; in a sweep, a failure becomes a FAILED run plus the worst objective instead of an exception.
+    """Run (``body`` validates first, through ``runner.prepare``); in a sweep, a failure becomes a FAILED run plus the worst objective instead of an exception.
 
     Raising would stop Hydra's basic sweeper after the batch (leaving the sweep run open) and NaN crashes the
     Optuna sweeper; an infinite value keeps the sweep going and steers Optuna away.
@@ -72,7 +72,6 @@ def _guarded(cfg: DictConfig, body: Callable[[], float | None], what: str) -> fl
 
     in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        validate(cfg)
         with terminate_as_interrupt():
             return body()
     except Exception as exc:

@@ -2,8 +2,10 @@
 
 The root schema ``ortflow_config`` is stored in Hydra's ConfigStore and listed first in ``conf/config.yaml``'s
 defaults, so a value of the wrong type, an unknown key or a choice outside an enum fails at composition with an
-error naming the key (``full_key: trainer.max_iter``). Rules that involve several groups (a classifier with a
-regression loss, Nesterov with the full trainer, ...) are checked by :func:`validate` when a stage starts.
+error naming the key (``full_key: trainer.max_iter``). The choices of losses, penalties and optimizers are the
+names of ortflow's registry (:mod:`ortflow.registry`), so a loss added to the core is a valid ``loss.name``. Rules
+that involve several groups (a classifier with a regression loss, Nesterov with the full trainer, ...) are checked
+by :func:`validate` once, when a launch starts.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+import ortflow
+from ortflow.registry import names, select
+from ortflow.schedules import SCHEDULES
 
 
 #: conf/ at the repository root, as an absolute path: @hydra.main resolves it the same way whether a stage runs
@@ -58,33 +64,19 @@ class Activation(_Choice):
     identity = "identity"
 
 
-class LossKind(_Choice):
-    square = "square"
-    absolute = "absolute"
-    elastic = "elastic"
-    log = "log"
+def _registry_choice(name: str, values: list[str]) -> type[_Choice]:
+    return _Choice(name, {v: v for v in values})  # type: ignore[return-value]
 
 
-class PenaltyKind(_Choice):
-    none = "none"
-    elastic = "elastic"
+# the core's registry names: a loss, penalty or learning rate registered in ortflow is a valid choice here
+LossKind = _registry_choice("LossKind", names("loss"))
+PenaltyKind = _registry_choice("PenaltyKind", names("penalty"))
+OptimizerKind = _registry_choice("OptimizerKind", names("learning_rate"))
+Schedule = _registry_choice("Schedule", list(SCHEDULES))
 
-
-class TrainerKind(_Choice):
-    full = "full"
-    fwbw = "fwbw"
-
-
-class OptimizerKind(_Choice):
-    sgd = "sgd"
-    nesterov = "nesterov"
-    adam = "adam"
-    adamw = "adamw"
-
-
-class Schedule(_Choice):
-    constant = "constant"
-    invscaling = "invscaling"
+#: trainer=<name> -> the estimator class
+TRAINERS = {"full": ortflow.OrtGradientOptimizer, "fwbw": ortflow.OrtGradientForwardBackwardOptimizer}
+TrainerKind = _registry_choice("TrainerKind", list(TRAINERS))
 
 
 class Direction(_Choice):
@@ -106,12 +98,6 @@ MODEL_TASK = {
     ModelKind.mlp_regressor: Task.regression,
     ModelKind.logistic: Task.classification,
     ModelKind.mlp_classifier: Task.classification,
-}
-LOSS_TASK = {
-    LossKind.square: Task.regression,
-    LossKind.absolute: Task.regression,
-    LossKind.elastic: Task.regression,
-    LossKind.log: Task.classification,
 }
 
 
@@ -156,28 +142,30 @@ class ModelConfig:
 
 @dataclass
 class LossConfig:
-    name: LossKind = MISSING
+    name: LossKind = MISSING  # type: ignore[valid-type]
     l1_weight: float = 0.5
     l2_weight: float = 0.5
 
 
 @dataclass
 class PenaltyConfig:
-    name: PenaltyKind = PenaltyKind.none
+    name: PenaltyKind = PenaltyKind.none  # type: ignore[valid-type]
     l1: float = 0.0
     l2: float = 0.0
-    # initializers the penalty applies to with the full trainer; None means every ``coef_*``
+    # initializers the penalty applies to; None means the weight matrices (coef, coef_<i>), not the intercepts
     weights: Optional[List[str]] = None
 
 
 @dataclass
 class TrainerConfig:
-    name: TrainerKind = MISSING
-    optimizer: OptimizerKind = OptimizerKind.sgd
+    name: TrainerKind = MISSING  # type: ignore[valid-type]
+    # a learning-rate name of ortflow's registry, built with the settings below that its class takes
+    optimizer: OptimizerKind = OptimizerKind.sgd  # type: ignore[valid-type, attr-defined]
     learning_rate: float = 0.01
-    lr_schedule: Schedule = Schedule.constant
+    lr_schedule: Schedule = Schedule.constant  # type: ignore[valid-type, attr-defined]
     power_t: float = 0.25
     momentum: float = 0.9
+    weight_decay: float = 0.01
     max_iter: int = 20
     batch_size: int = 32
     device: str = "cpu"
@@ -265,7 +253,7 @@ def validate(cfg: DictConfig) -> None:
     """Cross-group checks that a per-key type cannot express."""
     data_task = Task(_value(cfg.data.task))
     model = ModelKind(_value(cfg.model.name))
-    loss = LossKind(_value(cfg.loss.name))
+    chosen_loss = loss(cfg)
     if MODEL_TASK[model] != data_task:
         raise ConfigError(
             f"model={model.value} is a {MODEL_TASK[model].value} model but data={_value(cfg.data.name)} is a "
@@ -274,15 +262,15 @@ def validate(cfg: DictConfig) -> None:
         )
     if _value(cfg.model.task) != data_task.value:
         raise ConfigError(f"model.task={_value(cfg.model.task)} does not match data.task={data_task.value}")
-    if LOSS_TASK[loss] != data_task:
-        hint = "loss=log" if data_task == Task.classification else "loss=square, absolute or elastic"
-        raise ConfigError(f"loss={loss.value} does not fit data.task={data_task.value}: use {hint}")
-    trainer = TrainerKind(_value(cfg.trainer.name))
-    optimizer = OptimizerKind(_value(cfg.trainer.optimizer))
-    if trainer == TrainerKind.full and optimizer == OptimizerKind.nesterov:
-        raise ConfigError("trainer.optimizer=nesterov needs trainer=fwbw (the full trainer offers sgd, adam, adamw)")
-    if trainer == TrainerKind.fwbw and optimizer == OptimizerKind.adamw:
-        raise ConfigError("trainer.optimizer=adamw needs trainer=full (the fwbw trainer offers sgd, nesterov, adam)")
+    if chosen_loss.task != data_task.value:
+        fitting = [n for n in names("loss") if select("loss", n).task == data_task.value]
+        raise ConfigError(f"loss={_value(cfg.loss.name)} does not fit data.task={data_task.value}: use "
+                          + " or ".join(f"loss={n}" for n in fitting))
+    if _value(cfg.trainer.name) == "full":
+        try:
+            learning_rate(cfg).ort_optimizer()
+        except ValueError as exc:
+            raise ConfigError(f"trainer.optimizer={_value(cfg.trainer.optimizer)} needs trainer=fwbw: {exc}") from exc
     if _value(cfg.data.name) == DataKind.file.value and (not cfg.data.path or not cfg.data.target):
         raise ConfigError("data=file needs data.path (a .csv or .parquet file) and data.target (the label column)")
     for key in ("data.test_size", "data.validation_fraction"):
@@ -306,6 +294,29 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("penalty=elastic needs penalty.l1 > 0 or penalty.l2 > 0")
     for stage in cfg.stages:
         Stage(_value(stage))
+
+
+def learning_rate(cfg: DictConfig) -> ortflow.BaseLearningRate:
+    """``trainer.optimizer`` from the registry, built with the ``trainer`` settings its class takes
+    (``learning_rate`` is its ``eta0``, ``lr_schedule`` its schedule)."""
+    t = cfg.trainer
+    return select("learning_rate", _value(t.optimizer), "trainer.optimizer", eta0=float(t.learning_rate),
+                  learning_rate=_value(t.lr_schedule), power_t=float(t.power_t), momentum=float(t.momentum),
+                  weight_decay=float(t.weight_decay))
+
+
+def loss(cfg: DictConfig) -> ortflow.BaseLearningLoss:
+    """``loss.name`` from the registry, with the ``loss`` settings its class takes."""
+    return select("loss", _value(cfg.loss.name), "loss", l1_weight=float(cfg.loss.l1_weight),
+                  l2_weight=float(cfg.loss.l2_weight))
+
+
+def penalty_weights(cfg: DictConfig, names_in_graph: list[str]) -> list[str]:
+    """The weights ``penalty`` applies to: ``penalty.weights``, or the graph's weight matrices (``coef`` of a
+    linear model, ``coef_<i>`` of an MLP; not the intercepts)."""
+    if cfg.penalty.weights:
+        return list(cfg.penalty.weights)
+    return [n for n in names_in_graph if n == "coef" or n.startswith("coef_")]
 
 
 def _value(value: Any) -> Any:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.neural_network import MLPRegressor
 
-from ortflow import Checkpoint, OrtGradientOptimizer, add_loss_output, to_onnx
+from ortflow import Checkpoint, LearningRateAdam, OrtGradientOptimizer, add_loss_output, to_onnx
 
 
 @pytest.fixture(scope="module")
@@ -15,10 +15,10 @@ def mlp_graph(regression_data):
     return add_loss_output(to_onnx(MLPRegressor(hidden_layer_sizes=(8,), max_iter=1, random_state=0).fit(X, y)))
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_resume_equals_uninterrupted_run(tmp_path, regression_data, mlp_graph, optimizer):
+@pytest.mark.parametrize("rate", [0.005, LearningRateAdam(eta0=0.005)])
+def test_resume_equals_uninterrupted_run(tmp_path, regression_data, mlp_graph, rate):
     X, y = regression_data
-    params = dict(optimizer=optimizer, learning_rate=0.005, random_state=3, lr_schedule="invscaling")
+    params = dict(learning_rate=rate, random_state=3, lr_schedule="invscaling")
     full = OrtGradientOptimizer(mlp_graph, max_iter=6, **params).fit(X, y)
     ckpt = tmp_path / "ckpt"
     OrtGradientOptimizer(mlp_graph, max_iter=4, callbacks=[Checkpoint(ckpt, every=2)], **params).fit(X, y)

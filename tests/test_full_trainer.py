@@ -11,7 +11,7 @@ from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.model_selection import GridSearchCV
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
-from ortflow import OrtGradientOptimizer, add_loss_output, to_onnx
+from ortflow import LearningRateAdam, LearningRateAdamW, OrtGradientOptimizer, add_loss_output, to_onnx
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +29,8 @@ def test_linear_regression_reaches_sklearn_coefficients(regression_data, poor_li
     state = est.get_state()
     # SGD with a constant rate ends within noise of the least-squares solution: 2e-2 absolute on coefficients
     # of magnitude ~1 (y was divided by 50).
-    np.testing.assert_allclose(state["coef_0"].ravel(), ref.coef_, atol=2e-2)
-    np.testing.assert_allclose(state["intercept_0"], [ref.intercept_], atol=2e-2)
+    np.testing.assert_allclose(state["coef"].ravel(), ref.coef_, atol=2e-2)
+    np.testing.assert_allclose(state["intercept"], [ref.intercept_], atol=2e-2)
     assert est.train_losses_[-1] < est.train_losses_[0] / 50
     assert est.score(X, y) > 0.99
 
@@ -56,11 +56,10 @@ def test_invscaling_schedule_follows_sklearn_formula(regression_data, poor_linea
     np.testing.assert_allclose(rates, [0.05 / (k * len(X) + 1) ** 0.5 for k in range(3)])
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
-def test_adam_type_optimizers_train(regression_data, poor_linear, optimizer):
+@pytest.mark.parametrize("rate", [LearningRateAdam(eta0=0.05), LearningRateAdamW(eta0=0.05, weight_decay=0.01)])
+def test_adam_type_optimizers_train(regression_data, poor_linear, rate):
     X, y = regression_data
-    est = OrtGradientOptimizer(poor_linear, max_iter=15, learning_rate=0.05, optimizer=optimizer,
-                               weight_decay=0.01, random_state=0).fit(X, y)
+    est = OrtGradientOptimizer(poor_linear, max_iter=15, learning_rate=rate, random_state=0).fit(X, y)
     assert est.train_losses_[-1] < est.train_losses_[0] / 10
 
 
@@ -127,7 +126,7 @@ def test_set_state_round_trip_and_warm_start(regression_data, poor_linear):
     est.fit(X, y)
     assert est.n_iter_ == 6  # warm start continues
     est.set_state(state)
-    np.testing.assert_array_equal(est.get_state()["coef_0"], state["coef_0"])
+    np.testing.assert_array_equal(est.get_state()["coef"], state["coef"])
     with pytest.raises(KeyError, match="not trained weights"):
         est.set_state({"nope": np.zeros(1)})
 
@@ -143,11 +142,11 @@ def test_grid_search_and_clone(regression_data, poor_linear):
 
 def test_frozen_weights_do_not_move(regression_data, poor_linear):
     X, y = regression_data
-    est = OrtGradientOptimizer(poor_linear, weights_to_train=["coef_0"], max_iter=3).fit(X, y)
-    assert list(est.get_state()) == ["coef_0"]
+    est = OrtGradientOptimizer(poor_linear, weights_to_train=["coef"], max_iter=3).fit(X, y)
+    assert list(est.get_state()) == ["coef"]
     trained = {i.name: i for i in est.get_trained_onnx().graph.initializer}
     original = {i.name: i for i in poor_linear.graph.initializer}
-    assert trained["intercept_0"] == original["intercept_0"]
+    assert trained["intercept"] == original["intercept"]
 
 
 def test_pickle_keeps_predictions(regression_data, poor_linear):
@@ -186,4 +185,4 @@ def test_cuda_training_matches_cpu(regression_data, poor_linear):
     params = dict(max_iter=3, shuffle=False, learning_rate=0.01)
     cpu = OrtGradientOptimizer(poor_linear, device="cpu", **params).fit(X, y)
     gpu = OrtGradientOptimizer(poor_linear, device="cuda", **params).fit(X, y)
-    np.testing.assert_allclose(gpu.get_state()["coef_0"], cpu.get_state()["coef_0"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gpu.get_state()["coef"], cpu.get_state()["coef"], rtol=1e-4, atol=1e-5)

@@ -24,7 +24,7 @@ def test_linear_gradients_of_weights_and_input(small):
     X, y = small
     model = LinearRegression().fit(X, y)
     fb = OrtGradientForwardBackward(to_onnx(model), input_names_to_train=["X"])
-    assert fb.grad_names_ == ["X_grad", "coef_0_grad", "intercept_0_grad"]
+    assert fb.grad_names_ == ["X_grad", "coef_grad", "intercept_grad"]
     pred = fb.forward([X], training=True)[0].numpy()
     np.testing.assert_allclose(pred.ravel(), model.predict(X), rtol=1e-5, atol=1e-5)
     g = np.random.default_rng(2).normal(size=pred.shape).astype(np.float32)
@@ -57,14 +57,14 @@ def test_mlp_gradients_match_manual_backprop(small):
 def test_weights_are_owned_and_replaceable(small):
     X, _ = small
     model = LinearRegression().fit(X, X[:, 0])
-    fb = OrtGradientForwardBackward(to_onnx(model), weights_to_train=["coef_0"])
-    assert list(fb.get_weights()) == ["coef_0"]
-    fb.set_weights({"coef_0": np.zeros((4, 1))})
+    fb = OrtGradientForwardBackward(to_onnx(model), weights_to_train=["coef"])
+    assert list(fb.get_weights()) == ["coef"]
+    fb.set_weights({"coef": np.zeros((4, 1))})
     np.testing.assert_allclose(fb.forward([X])[0].numpy(), np.full((len(X), 1), model.intercept_), atol=1e-6)
     with pytest.raises(KeyError, match="not a trained weight"):
-        fb.set_weights({"intercept_0": np.zeros(1)})
+        fb.set_weights({"intercept": np.zeros(1)})
     with pytest.raises(ValueError, match="has shape"):
-        fb.set_weights({"coef_0": np.zeros(4)})
+        fb.set_weights({"coef": np.zeros(4)})
 
 
 def test_backward_needs_a_training_forward(small):
@@ -134,7 +134,7 @@ def test_unknown_input_or_device_is_refused(small):
 def _agent_step(fb, agent, cache, X, grad_output):
     """Forward then backward through ``agent`` (a TrainingAgent of ``fb``), returning prediction and gradients."""
     from ortflow._ort import OrtValue, OrtValueVector, PartialGraphExecutionState
-    from ortflow.fwbw.forward_backward import to_ortvalue
+    from ortflow.runtime import to_ortvalue
 
     x = to_ortvalue(X)
     feeds = fb.feed_vector({"X": x, **fb.weights})

@@ -155,9 +155,9 @@ def test_estimator_nesterov_epochs_equal_numpy():
             ref.step(weights, grads, lr)
         losses.append(np.mean(batch_losses))
     state = est.get_state()
-    np.testing.assert_allclose(state["coef_0"], weights["coef"], rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(state["intercept_0"], weights["bias"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(state["coef"], weights["coef"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(state["intercept"], weights["bias"], rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(est.train_losses_, losses, rtol=1e-4)
     assert [r["learning_rate"] for r in est.history_] == pytest.approx([0.05, 0.05 / 41**0.5])
-    velocity = est.get_optimizer_state()["velocity:coef_0"]
+    velocity = est.get_optimizer_state()["velocity:coef"]
     np.testing.assert_allclose(velocity, ref.velocity["coef"], rtol=1e-4, atol=1e-6)

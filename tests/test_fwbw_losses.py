@@ -14,7 +14,7 @@ from ortflow.fwbw import (
     SquareLearningLoss,
     select,
 )
-from ortflow.fwbw.forward_backward import OnnxFunction
+from ortflow.runtime import OnnxFunction
 
 RNG = np.random.default_rng(0)
 PRED = RNG.normal(size=(7, 2)).astype(np.float32)

@@ -53,7 +53,7 @@ def test_same_weights_as_full_training(regression_data, linear_start, fwbw_loss,
     X, y = regression_data
     common = dict(max_iter=4, batch_size=10, shuffle=False)
     full = OrtGradientOptimizer(add_loss_output(linear_start, score, **kwargs), learning_rate=0.02,
-                                lr_schedule="constant", optimizer="sgd", **common).fit(X, y)
+                                lr_schedule="constant", **common).fit(X, y)
     fwbw = OrtGradientForwardBackwardOptimizer(linear_start, learning_rate=_constant(0.02), learning_loss=fwbw_loss,
                                                **common).fit(X, y)
     for name, value in full.get_state().items():
@@ -68,7 +68,7 @@ def test_large_batches_keep_their_buffers_alive(regression_data, linear_start):
     full = OrtGradientOptimizer(add_loss_output(linear_start), learning_rate=0.02, **common).fit(X, y)
     fwbw = OrtGradientForwardBackwardOptimizer(linear_start, learning_rate=_constant(0.02), **common).fit(X, y)
     np.testing.assert_allclose(fwbw.train_losses_, full.train_losses_, rtol=1e-5)
-    np.testing.assert_allclose(fwbw.get_state()["coef_0"], full.get_state()["coef_0"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fwbw.get_state()["coef"], full.get_state()["coef"], rtol=1e-5, atol=1e-6)
 
 
 def test_same_weights_as_full_training_with_penalty_mlp_and_validation(regression_data, mlp_start):
@@ -76,8 +76,7 @@ def test_same_weights_as_full_training_with_penalty_mlp_and_validation(regressio
     common = dict(max_iter=3, batch_size=16, shuffle=False, validation_fraction=0.25, random_state=1)
     # one penalty term: add_loss_output joins several terms with Sum, which has no gradient in onnxruntime 1.19
     penalty = {"coef_0": {"l2": 1e-2}}
-    full = OrtGradientOptimizer(add_loss_output(mlp_start, penalty=penalty), learning_rate=0.01,
-                                optimizer="sgd", **common).fit(X, y)
+    full = OrtGradientOptimizer(add_loss_output(mlp_start, penalty=penalty), learning_rate=0.01, **common).fit(X, y)
     fwbw = OrtGradientForwardBackwardOptimizer(
         mlp_start, learning_rate=_constant(0.01),
         learning_penalty=ElasticLearningPenalty(0.0, 1e-2, weights=["coef_0"]), **common).fit(X, y)
@@ -164,12 +163,12 @@ def test_pickle_clone_and_warm_start(regression_data, linear_start):
     est = OrtGradientForwardBackwardOptimizer(linear_start, max_iter=2, warm_start=True, random_state=0).fit(X, y)
     copy = pickle.loads(pickle.dumps(est))
     np.testing.assert_allclose(copy.predict(X), est.predict(X))
-    assert clone(est).get_params()["learning_rate"] == "SGD"
+    assert clone(est).get_params()["learning_rate"] == 0.01
     state = est.get_state()
     est.fit(X, y)
     assert est.n_iter_ == 4
     est.set_state(state)
-    np.testing.assert_array_equal(est.get_state()["coef_0"], state["coef_0"])
+    np.testing.assert_array_equal(est.get_state()["coef"], state["coef"])
 
 
 def test_sample_weight_zero_rows_are_ignored(regression_data, linear_start):
@@ -234,4 +233,4 @@ def test_cuda_training_matches_cpu(regression_data, linear_start):
     params = dict(max_iter=3, shuffle=False, learning_rate=LearningRateSGDNesterov(eta0=0.01))
     cpu = OrtGradientForwardBackwardOptimizer(linear_start, device="cpu", **params).fit(X, y)
     gpu = OrtGradientForwardBackwardOptimizer(linear_start, device="cuda", **params).fit(X, y)
-    np.testing.assert_allclose(gpu.get_state()["coef_0"], cpu.get_state()["coef_0"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gpu.get_state()["coef"], cpu.get_state()["coef"], rtol=1e-4, atol=1e-5)

@@ -1,21 +1,28 @@
 """Forward-backward training: onnxruntime computes the forward and backward passes of a prediction graph,
 small ONNX graphs of ortflow compute the loss gradient and the weight update.
 
-Each family (losses, penalties, learning rates) is selectable by instance or by short name through
-:func:`select`; a user subclass declaring ``names`` joins the registry.
+The loss, penalty and learning-rate families live in :mod:`ortflow.losses`, :mod:`ortflow.penalties` and
+:mod:`ortflow.learning_rates` (both trainers use them); they are re-exported here, where onnxcustom's users look.
 """
 
-from .forward_backward import OrtGradientForwardBackward, select
-from .learning_rates import BaseLearningRate, LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov
-from .losses import (
+from ..learning_rates import (
+    BaseLearningRate,
+    LearningRateAdam,
+    LearningRateAdamW,
+    LearningRateSGD,
+    LearningRateSGDNesterov,
+)
+from ..losses import (
     AbsoluteLearningLoss,
     BaseLearningLoss,
     ElasticLearningLoss,
     NegLogLearningLoss,
     SquareLearningLoss,
 )
+from ..penalties import BaseLearningPenalty, ElasticLearningPenalty, NoLearningPenalty
+from ..registry import select
+from .forward_backward import OrtGradientForwardBackward
 from .optimizer import OrtGradientForwardBackwardOptimizer
-from .penalties import BaseLearningPenalty, ElasticLearningPenalty, NoLearningPenalty
 
 __all__ = [
     "AbsoluteLearningLoss",
@@ -25,6 +32,7 @@ __all__ = [
     "ElasticLearningLoss",
     "ElasticLearningPenalty",
     "LearningRateAdam",
+    "LearningRateAdamW",
     "LearningRateSGD",
     "LearningRateSGDNesterov",
     "NegLogLearningLoss",

@@ -1,5 +1,4 @@
-"""Forward and backward passes of an ONNX graph with onnxruntime's ``TrainingAgent``, plus the small runtime
-helpers the fwbw families share (device buffers, IOBinding-run graphs, a graph builder, the family registry).
+"""Forward and backward passes of an ONNX graph with onnxruntime's ``TrainingAgent``.
 
 The graph given to ``OrtModuleGraphBuilder`` has its trained weights moved from initializers to inputs, as in
 onnxruntime's ORTModule: the caller owns the weights (OrtValues) and feeds them at every forward pass.
@@ -10,11 +9,11 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from .. import graph as g
 from .._ort import (
@@ -28,246 +27,10 @@ from .._ort import (
     SessionOptions,
     TrainingAgent,
     captured_native_stderr,
-    ort,
 )
 from ..exceptions import UnsupportedModelError, explain_gradient_failure
-from ..validation import check_device, check_weights_to_train, device_index, resolve_device
-
-# Pybind classes _ort does not re-export yet (OrtDevice, SessionIOBinding, TrainingGraphTransformerConfiguration,
-# the C OrtValue): they live in the module onnxruntime has already imported.
-_C = ort.capi._pybind_state
-
-DEFAULT_OPSET = 17
-
-
-# --- device buffers -------------------------------------------------------------------------------------------
-def ort_device(device: str):
-    """The ``OrtDevice`` of ``'cpu'``, ``'cuda'`` or ``'cuda:N'``."""
-    kind, _ = check_device(device)
-    device = resolve_device(device)
-    dev_type = _C.OrtDevice.cpu() if kind == "cpu" else _C.OrtDevice.cuda()
-    return _C.OrtDevice(dev_type, _C.OrtDevice.default_memory(), device_index(device) if kind == "cuda" else 0)
-
-
-def to_ortvalue(value: Any, device: str = "cpu") -> OrtValue:
-    """``value`` (OrtValue, DeviceBuffer or array-like) as an OrtValue on ``device``. A C-contiguous CPU array is
-    wrapped without a copy; float64 becomes float32 (ortflow trains float32 graphs). Keep the returned object
-    referenced while onnxruntime uses it: a C OrtValue taken from it does not own the memory."""
-    if isinstance(value, OrtValue):
-        return value
-    if isinstance(value, DeviceBuffer):
-        return value.ortvalue
-    if isinstance(value, _C.OrtValue):
-        return OrtValue(value)
-    array = np.ascontiguousarray(value)
-    if array.dtype == np.float64:
-        array = array.astype(np.float32)
-    kind, _ = check_device(device)
-    if kind == "cpu":
-        return OrtValue.ortvalue_from_numpy(array)
-    return OrtValue.ortvalue_from_numpy(array, "cuda", device_index(device))
-
-
-class DeviceBuffer:
-    """A float32 tensor allocated once on a device. On CPU, ``array`` shares its memory with ``ortvalue``."""
-
-    __slots__ = ("array", "device", "ortvalue", "c", "shape")
-
-    def __init__(self, shape: Sequence[int], device: str = "cpu", value: np.ndarray | None = None):
-        self.shape = tuple(int(d) for d in shape)
-        self.device = device = resolve_device(device)
-        kind, _ = check_device(device)
-        if kind == "cpu":
-            self.array = np.zeros(self.shape, dtype=np.float32)
-            self.ortvalue = OrtValue.ortvalue_from_numpy(self.array)
-        else:
-            self.array = None
-            self.ortvalue = OrtValue.ortvalue_from_shape_and_type(self.shape, np.float32, "cuda", device_index(device))
-        self.c = self.ortvalue._ortvalue  # the C object, what bindings and vectors take
-        if value is not None:
-            self.write(value)
-
-    @classmethod
-    def view(cls, parent: DeviceBuffer, offset: int, shape: Sequence[int]) -> DeviceBuffer:
-        """A buffer of ``shape`` sharing the memory of the CPU buffer ``parent`` from its element ``offset``."""
-        if parent.array is None:
-            raise ValueError("views of a device buffer exist only on CPU")
-        obj = cls.__new__(cls)
-        obj.shape = tuple(int(d) for d in shape)
-        obj.device = parent.device
-        obj.array = parent.array.reshape(-1)[offset : offset + int(np.prod(obj.shape))].reshape(obj.shape)
-        obj.ortvalue = OrtValue.ortvalue_from_numpy(obj.array)
-        obj.c = obj.ortvalue._ortvalue
-        return obj
-
-    def write(self, value) -> None:
-        """Copy ``value`` (same shape) into the buffer."""
-        if self.array is not None:
-            np.copyto(self.array, value, casting="same_kind")
-        else:
-            self.ortvalue.update_inplace(np.ascontiguousarray(value, dtype=np.float32).reshape(self.shape))
-
-    def read(self) -> np.ndarray:
-        """A numpy copy of the buffer."""
-        return self.array.copy() if self.array is not None else self.ortvalue.numpy()
-
-    def scalar(self) -> float:
-        """The value of a one-element buffer."""
-        return float(self.array if self.array is not None else self.ortvalue.numpy())
-
-    def gather(self, source: np.ndarray, rows) -> None:
-        """Copy ``source[rows]`` (``rows``: a slice or indices along axis 0) into the buffer."""
-        if self.array is None:
-            self.write(source[rows])
-        elif isinstance(rows, slice):
-            np.copyto(self.array, source[rows])
-        else:
-            np.take(source, rows, axis=0, out=self.array)
-
-
-# --- ONNX helpers ---------------------------------------------------------------------------------------------
-class GraphBuilder:
-    """Builds a small float32 ONNX graph; every constant is a Constant node (never mistaken for a weight)."""
-
-    def __init__(self, prefix: str = "n"):
-        self.prefix = prefix
-        self.nodes: list[onnx.NodeProto] = []
-        self.inputs: list[onnx.ValueInfoProto] = []
-        self.outputs: list[onnx.ValueInfoProto] = []
-        self._renamed: dict[str, str] = {}
-
-    def input(self, name: str, shape: Sequence | None = None, elem_type: int = TensorProto.FLOAT) -> str:
-        self.inputs.append(helper.make_tensor_value_info(name, elem_type, None if shape is None else list(shape)))
-        return name
-
-    def output(self, value: str, name: str, shape: Sequence | None = None) -> str:
-        """Make ``value`` a graph output called ``name``: its producing node is renamed (no Identity copy) unless
-        it is a graph input or already an output."""
-        value = self._renamed.get(value, value)
-        producer = next((n for n in self.nodes if value in n.output), None)
-        if producer is None or any(o.name == value for o in self.outputs):
-            self.nodes.append(helper.make_node("Identity", [value], [name]))
-        else:
-            self._renamed[value] = name
-            producer.output[list(producer.output).index(value)] = name
-            for node in self.nodes:
-                for i, used in enumerate(node.input):
-                    if used == value:
-                        node.input[i] = name
-        dims = None if shape is None else list(shape)
-        self.outputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, dims))
-        return name
-
-    def node(self, op: str, inputs: Sequence[str], **attrs) -> str:
-        out = f"{self.prefix}_{op.lower()}_{len(self.nodes)}"
-        self.nodes.append(helper.make_node(op, list(inputs), [out], **attrs))
-        return out
-
-    def const(self, value, dtype=np.float32) -> str:
-        out = f"{self.prefix}_cst_{len(self.nodes)}"
-        array = np.asarray(value, dtype=dtype)
-        self.nodes.append(helper.make_node("Constant", [], [out], value=numpy_helper.from_array(array)))
-        return out
-
-    def model(self, opset: int = DEFAULT_OPSET, name: str = "ortflow_fwbw") -> onnx.ModelProto:
-        if opset < 13:
-            raise ValueError(f"opset={opset}: the fwbw graphs need opset 13 or more (ReduceSum takes axes as input)")
-        graph = helper.make_graph(self.nodes, name, self.inputs, self.outputs)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
-        model.producer_name = "ortflow"
-        if all(v.type.tensor_type.HasField("shape") for v in self.inputs + self.outputs):
-            onnx.checker.check_model(model)  # the checker refuses inputs of unknown rank, onnxruntime does not
-        return model
-
-
-class OnnxFunction:
-    """A graph run on OrtValues with IOBinding: ``run`` binds per call, ``bind`` + ``run_bound`` bind once."""
-
-    def __init__(self, model: onnx.ModelProto, device: str = "cpu", session_options: SessionOptions | None = None):
-        _, providers = check_device(device)
-        self.model = model
-        self.device = device = resolve_device(device)
-        self.session = InferenceSession(model.SerializeToString(), session_options or quiet_options(),
-                                        providers=providers)
-        self._sess = self.session._sess
-        self.input_names = [i.name for i in self.session.get_inputs()]
-        self.output_names = [o.name for o in self.session.get_outputs()]
-        self._device = ort_device(device)
-
-    def bind(self, inputs: Sequence, outputs: Sequence | None = None):
-        """A C-level IOBinding of ``inputs`` (OrtValues, in input order) and ``outputs`` (pre-allocated OrtValues,
-        or None to let onnxruntime allocate them on the device at each run)."""
-        binding = _C.SessionIOBinding(self._sess)
-        for name, value in _zip_exact(self.input_names, inputs):
-            binding.bind_ortvalue_input(name, _c_value(value))
-        if outputs is None:
-            for name in self.output_names:
-                binding.bind_output(name, self._device)
-        else:
-            for name, value in _zip_exact(self.output_names, outputs):
-                binding.bind_ortvalue_output(name, _c_value(value))
-        return binding
-
-    def run_bound(self, binding) -> None:
-        self._sess.run_with_iobinding(binding, None)
-
-    def run(self, *inputs) -> list[OrtValue]:
-        """Run on ``inputs`` (OrtValues or arrays); outputs are OrtValues on the device."""
-        values = [to_ortvalue(v, self.device) for v in inputs]
-        binding = self.bind(values)
-        self.run_bound(binding)
-        return [OrtValue(v) for v in binding.get_outputs()]
-
-
-def _zip_exact(names: Sequence[str], values: Sequence) -> list:
-    if len(names) != len(values):
-        raise ValueError(f"{len(values)} values for the {len(names)} names {list(names)}")
-    return list(zip(names, values))
-
-
-def _c_value(value):
-    if isinstance(value, DeviceBuffer):
-        return value.c
-    return value._ortvalue if isinstance(value, OrtValue) else value
-
-
-def quiet_options(n_threads: int | None = None) -> SessionOptions:
-    """Session options logging errors only, with ``n_threads`` intra-op threads when given."""
-    options = SessionOptions()
-    options.log_severity_level = 3
-    if n_threads:
-        options.intra_op_num_threads = int(n_threads)
-    return options
-
-
-# --- registry -------------------------------------------------------------------------------------------------
-class Registered:
-    """Mixin registering every subclass under the short ``names`` it declares, in its family ``kind``."""
-
-    kind: ClassVar[str] = ""
-    names: ClassVar[tuple[str, ...]] = ()
-    _registry: ClassVar[dict[str, dict[str, type]]] = {}
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        family = Registered._registry.setdefault(cls.kind, {})
-        for name in cls.__dict__.get("names", ()):
-            family[name] = cls
-
-
-def select(kind: str, value: Any, **kwargs) -> Any:
-    """An instance of family ``kind`` (``'loss'``, ``'penalty'``, ``'learning_rate'``) from an instance (returned
-    as is) or a registered short name (instantiated with ``kwargs``)."""
-    family = Registered._registry.get(kind)
-    if family is None:
-        raise ValueError(f"kind={kind!r} is not a family; families: {sorted(Registered._registry)}")
-    if isinstance(value, Registered) and value.kind == kind:
-        return value
-    if isinstance(value, str) or value is None:
-        if value not in family:
-            raise ValueError(f"{kind}={value!r} is unknown; choose an instance or one of {sorted(map(str, family))}")
-        return family[value](**kwargs)
-    raise TypeError(f"{kind}={value!r} must be a registered name or an instance of a {kind} class")
+from ..runtime import _C, DeviceBuffer, _c_value, make_session_options, ort_device, to_ortvalue
+from ..validation import check_device, check_weights_to_train, resolve_device
 
 
 # --- forward / backward ---------------------------------------------------------------------------------------
@@ -331,7 +94,7 @@ class OrtGradientForwardBackward:
         return new
 
     def _build(self, session_options: SessionOptions | None) -> None:
-        self._session_options = session_options or quiet_options()
+        self._session_options = session_options or make_session_options()
         self._sessions: list[InferenceSession] = []  # the agents hold the C sessions only
         self.agent_, self.cache_, self.gradient_model_, builder = self._build_agent(None, self._session_options)
         self._sess = self._sessions[0]
@@ -472,7 +235,7 @@ class OrtGradientForwardBackward:
         """The training graph after onnxruntime's graph optimizations (what the session runs)."""
         with tempfile.TemporaryDirectory(prefix="ortflow-opt-") as folder:
             path = os.path.join(folder, "optimized.onnx")
-            options = quiet_options()
+            options = make_session_options()
             options.optimized_model_filepath = path
             _, providers = check_device(self.device)
             InferenceSession(self.gradient_model_.SerializeToString(), options, providers=providers)

@@ -19,18 +19,13 @@ from sklearn.base import clone
 from .. import graph as g
 from .._ort import OrtValueVector, PartialGraphExecutionState
 from ..base import BaseTrainer, GraphSpec, TrainData
-from ..validation import check_weights_to_train, resolve_device
-from .forward_backward import (
-    DEFAULT_OPSET,
-    DeviceBuffer,
-    OnnxFunction,
-    OrtGradientForwardBackward,
-    quiet_options,
-    select,
-)
-from .learning_rates import BaseLearningRate
-from .losses import BaseLearningLoss
-from .penalties import BaseLearningPenalty
+from ..learning_rates import BaseLearningRate
+from ..onnx_builder import DEFAULT_OPSET
+from ..parameters import FWBW, MODEL, SHARED, WEIGHTS, init_from
+from ..registry import select
+from ..runtime import DeviceBuffer, OnnxFunction, make_session_options
+from ..validation import resolve_device
+from .forward_backward import OrtGradientForwardBackward
 
 STATE_FILE = "fwbw_state.npz"
 
@@ -77,68 +72,23 @@ class _Batch:
 class OrtGradientForwardBackwardOptimizer(BaseTrainer):
     """Train a prediction graph (no loss inside) by forward-backward passes.
 
-    ``learning_rate``, ``learning_loss`` and ``learning_penalty`` take an instance or a registered name
-    (``'SGD'``, ``'SGDNesterov'``, ``'Adam'``; ``'square_error'``, ``'absolute_error'``, ``'elastic'``,
-    ``'neg_log'``; ``None``, ``'elastic'``/``'l1l2'``); the estimator works on clones, never on them.
-    ``output_name`` picks the trained output (default: the only one, or ``raw_score`` when present); the exported
-    graph keeps every output. Sample weights enter the loss graph through its input ``weight_name``
-    (default ``'weight'``).
+    ``learning_loss`` and ``learning_penalty`` take an instance or a registered name (:mod:`ortflow.losses`,
+    :mod:`ortflow.penalties`); ``learning_rate`` is shared with full training (:mod:`ortflow.parameters`). The
+    estimator works on clones, never on the given objects. ``output_name`` picks the trained output (default: the
+    only one, or ``raw_score`` when present); the exported graph keeps every output. Sample weights enter the loss
+    graph through its input ``weight_name`` (default ``'weight'``).
     """
 
-    def __init__(
-        self,
-        model_onnx,
-        weights_to_train=None,
-        max_iter=100,
-        batch_size=10,
-        learning_rate="SGD",
-        learning_loss="square_error",
-        learning_penalty=None,
-        device="cpu",
-        warm_start=False,
-        verbose=0,
-        validation_every=1,
-        weight_name=None,
-        exc=True,
-        output_name=None,
-        validation_fraction=None,
-        early_stopping=False,
-        n_iter_no_change=10,
-        tol=1e-4,
-        shuffle=True,
-        random_state=None,
-        callbacks=None,
-        n_threads=None,
-    ):
-        self.model_onnx = model_onnx
-        self.weights_to_train = weights_to_train
-        self.max_iter = max_iter
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.learning_loss = learning_loss
-        self.learning_penalty = learning_penalty
-        self.device = device
-        self.warm_start = warm_start
-        self.verbose = verbose
-        self.validation_every = validation_every
-        self.weight_name = weight_name
-        self.exc = exc
-        self.output_name = output_name
-        self.validation_fraction = validation_fraction
-        self.early_stopping = early_stopping
-        self.n_iter_no_change = n_iter_no_change
-        self.tol = tol
-        self.shuffle = shuffle
-        self.random_state = random_state
-        self.callbacks = callbacks
-        self.n_threads = n_threads
+    parameters = (MODEL, WEIGHTS, *FWBW, *SHARED)
+    __init__ = init_from(parameters)
+    _runtime_parameters = ("learning_loss", "learning_penalty", "output_name", "weight_name")
 
     # --- hooks: graphs and runtime -------------------------------------------------------------------------
     def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
         feeds = g.input_names(model)
         if len(feeds) != 1:
             raise ValueError(f"the graph must have exactly one input (the features), it has {feeds}")
-        output = self._trained_output(model)
+        output = g.pick_output(model, self.output_name, "output_name")
         if g.elem_type(model, output) != onnx.TensorProto.FLOAT:
             raise ValueError(f"output {output!r} is not float32: only float32 predictions can be trained")
         shape = g.shape_of(model, output)
@@ -146,52 +96,35 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
             raise ValueError(f"output {output!r} has rank {len(shape)}; the losses expect (N,) or (N, k)")
         x_shape = g.shape_of(model, feeds[0])
         n_features = x_shape[1] if len(x_shape) == 2 and isinstance(x_shape[1], int) and x_shape[1] > 0 else None
-        self._trained_output_ = output
         return GraphSpec(x_name=feeds[0], n_features=n_features, label_shape=shape,
-                         weight_name=self.weight_name or "weight", prediction_outputs=g.output_names(model))
+                         weight_name=self.weight_name or "weight", prediction_outputs=g.output_names(model),
+                         trained_output=output)
 
-    def _trained_output(self, model: onnx.ModelProto) -> str:
-        names = g.output_names(model)
-        if self.output_name is not None:
-            if self.output_name not in names:
-                raise ValueError(f"output_name={self.output_name!r} is not an output; outputs are {names}")
-            return self.output_name
-        if len(names) == 1:
-            return names[0]
-        if "raw_score" in names:
-            return "raw_score"
-        raise ValueError(f"the graph has {len(names)} outputs {names}: choose the trained one with output_name")
+    def _loss_object(self):
+        return clone(select("loss", self.learning_loss))
 
-    def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec) -> None:
-        loss = clone(select("loss", self.learning_loss))
+    def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec, rate: BaseLearningRate) -> None:
+        loss = self._loss_object()
         penalty = clone(select("penalty", self.learning_penalty))
-        rate = clone(select("learning_rate", self.learning_rate))
-        for value, base, name in ((loss, BaseLearningLoss, "learning_loss"), (penalty, BaseLearningPenalty,
-                                  "learning_penalty"), (rate, BaseLearningRate, "learning_rate")):
-            if not isinstance(value, base):
-                raise TypeError(f"{name}={value!r} is not a {base.__name__}")
-        rate.check()
         device = resolve_device(self.device)
-        train_graph = g.keep_outputs(model, [self._trained_output_])
-        self.weights_to_train_ = check_weights_to_train(
-            model if self.weights_to_train is not None else train_graph, self.weights_to_train)
-        kept = {i.name for i in train_graph.graph.initializer}
-        unused = [w for w in self.weights_to_train_ if w not in kept]
-        if unused:
-            raise ValueError(f"weights_to_train names {unused}, which do not influence {self._trained_output_!r}")
+        output = spec.trained_output
+        train_graph = g.keep_outputs(model, [output])
+        self.weights_to_train_ = self._check_weights(model, train_graph, output)
         fb = OrtGradientForwardBackward(train_graph, self.weights_to_train_, device=device,
                                         session_options=self._session_options())
         inits = g.get_initializers(model)
-        small = quiet_options(1 if device == "cpu" else None)  # elementwise graphs on small tensors: one thread
+        small = make_session_options(1 if device == "cpu" else None)  # elementwise graphs on small tensors: one thread
         rate.start({w: inits[w] for w in self.weights_to_train_}, device, penalty, small)
         self._rt_grad_fetches = OrtValueVector()
         for name in fb.grad_names_:
             self._rt_grad_fetches.push_back(rate.grads_[name[: -len("_grad")]].c)
         self._rt_fb, self._rt_rate, self._rt_loss, self._rt_penalty = fb, rate, loss, penalty
+        rank = len(spec.label_shape)
+        width = spec.label_shape[1] if rank == 2 and isinstance(spec.label_shape[1], int) else None
         self._rt_loss_fn = OnnxFunction(loss.build_onnx_function(
-            DEFAULT_OPSET, device, spec.weight_name, rank=len(spec.label_shape), scaled_weight=True), device, small)
+            DEFAULT_OPSET, device, spec.weight_name, rank=rank, scaled_weight=True, width=width), device, small)
         self._rt_val_loss_fn = OnnxFunction(loss.build_onnx_function(
-            DEFAULT_OPSET, device, spec.weight_name, rank=len(spec.label_shape)), device, small)
+            DEFAULT_OPSET, device, spec.weight_name, rank=rank, width=width), device, small)
         self._rt_batches: dict[int, _Batch] = {}
         self._rt_device = device
 
@@ -216,7 +149,7 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         binding = self._rt_loss_fn.bind([prediction, y, w], [loss, grad])
         # Another batch size (the last, shorter batch) runs on one thread: a second thread pool, woken once per
         # epoch, spins against the main one on the next batches (measured: +15% per epoch on D-wide, 2 threads).
-        single = quiet_options(1) if device == "cpu" and n != self.batch_size else None
+        single = make_session_options(1) if device == "cpu" and n != self.batch_size else None
         agent, cache = fb.static_agent([x.shape], single)
         batch = _Batch(x, y, w, prediction, loss, grad, feeds, fetches, binding, bw_feeds, agent, cache)
         self._rt_batches[n] = batch

@@ -14,26 +14,22 @@ from omegaconf import DictConfig
 
 import ortflow
 
+from ..config import loss, penalty_weights
 from ..runner import StageContext
-
-SCORE_NAMES = {"square": "squared_error", "absolute": "absolute_error", "elastic": "elastic", "log": "log"}
 
 
 def penalty_spec(cfg: DictConfig, onx: onnx.ModelProto) -> dict | None:
-    """``{weight: {'l1': a, 'l2': b}}`` for ``add_loss_output`` (default weights: every ``coef_*``)."""
+    """``{weight: {'l1': a, 'l2': b}}`` for ``add_loss_output`` (default weights: every ``coef*``)."""
     if str(cfg.penalty.name) == "none":
         return None
-    names = list(cfg.penalty.weights) if cfg.penalty.weights else [
-        i.name for i in onx.graph.initializer if i.name.startswith("coef_")]
-    return {name: {"l1": float(cfg.penalty.l1), "l2": float(cfg.penalty.l2)} for name in names}
+    weights = penalty_weights(cfg, [i.name for i in onx.graph.initializer])
+    return {name: {"l1": float(cfg.penalty.l1), "l2": float(cfg.penalty.l2)} for name in weights}
 
 
 def with_loss(cfg: DictConfig, onx: onnx.ModelProto) -> onnx.ModelProto:
     """``onx`` with the configured loss (and penalty) as its first output ``loss``: what ``trainer=full`` trains."""
-    return ortflow.add_loss_output(
-        onx, score_name=SCORE_NAMES[str(cfg.loss.name)], loss_name="loss", label_name="label",
-        penalty=penalty_spec(cfg, onx), l1_weight=float(cfg.loss.l1_weight), l2_weight=float(cfg.loss.l2_weight),
-    )
+    return ortflow.add_loss_output(onx, score_name=loss(cfg), loss_name="loss", label_name="label",
+                                   penalty=penalty_spec(cfg, onx))
 
 
 def add_loss(ctx: StageContext) -> dict:

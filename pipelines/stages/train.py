@@ -24,59 +24,32 @@ import ortflow
 from .. import plots
 from .. import tracking as tr
 from ..checkpoints import MarkResumed, MlflowCheckpoint, resume_point
+from ..config import TRAINERS, learning_rate, loss
 from ..data import Split
 from ..runner import StageContext
 from ..tracking import MlflowMetricsCallback
 from .add_loss import penalty_spec
 
-FWBW_LOSSES = {"square": "square_error", "absolute": "absolute_error", "elastic": "elastic", "log": "neg_log"}
 
-
-def common_params(cfg: DictConfig, callbacks: list) -> dict:
+def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
+    """The estimator of ``trainer.name``: shared parameters from ``trainer``, loss and penalty from the registry
+    (forward-backward training takes them as objects; full training has them in its graph already)."""
     t = cfg.trainer
-    return dict(
-        weights_to_train=list(t.weights_to_train) if t.weights_to_train else None,
+    params = dict(
+        weights_to_train=list(t.weights_to_train) if t.weights_to_train else None, learning_rate=learning_rate(cfg),
         max_iter=int(t.max_iter), batch_size=int(t.batch_size), device=str(t.device), verbose=int(t.verbose),
         early_stopping=bool(t.early_stopping), n_iter_no_change=int(t.n_iter_no_change), tol=float(t.tol),
         shuffle=bool(t.shuffle), random_state=int(t.seed), callbacks=callbacks, exc=True,
     )
-
-
-def build_full(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
-    t = cfg.trainer
-    return ortflow.OrtGradientOptimizer(
-        graph, loss_output_name="loss", learning_rate=float(t.learning_rate), lr_schedule=str(t.lr_schedule),
-        power_t=float(t.power_t), optimizer=str(t.optimizer), **common_params(cfg, callbacks),
-    )
-
-
-def build_fwbw(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
-    from ortflow import fwbw
-
-    t = cfg.trainer
-    eta0 = float(t.learning_rate)
-    schedule = dict(learning_rate=str(t.lr_schedule), power_t=float(t.power_t))
-    optimizer = str(t.optimizer)
-    if optimizer == "nesterov":
-        learning_rate = fwbw.LearningRateSGDNesterov(eta0=eta0, momentum=float(t.momentum), **schedule)
-    elif optimizer == "adam":
-        learning_rate = fwbw.LearningRateAdam(eta0=eta0)
+    if str(t.name) == "fwbw":
+        params["learning_loss"] = loss(cfg)
+        spec = penalty_spec(cfg, graph)  # the same weights as the full trainer's penalty (default: every coef*)
+        if spec:
+            params["learning_penalty"] = ortflow.ElasticLearningPenalty(
+                l1=float(cfg.penalty.l1), l2=float(cfg.penalty.l2), weights=list(spec))
     else:
-        learning_rate = fwbw.LearningRateSGD(eta0=eta0, **schedule)
-    loss = str(cfg.loss.name)
-    if loss == "elastic":
-        learning_loss = fwbw.ElasticLearningLoss(l1_weight=float(cfg.loss.l1_weight),
-                                                 l2_weight=float(cfg.loss.l2_weight))
-    else:
-        learning_loss = FWBW_LOSSES[loss]
-    penalty = None
-    spec = penalty_spec(cfg, graph)  # the same weights as the full trainer's penalty (default: every coef_*)
-    if spec:
-        penalty = fwbw.ElasticLearningPenalty(l1=float(cfg.penalty.l1), l2=float(cfg.penalty.l2), weights=list(spec))
-    return fwbw.OrtGradientForwardBackwardOptimizer(
-        graph, learning_rate=learning_rate, learning_loss=learning_loss, learning_penalty=penalty,
-        **common_params(cfg, callbacks),
-    )
+        params["loss_output_name"] = "loss"
+    return TRAINERS[str(t.name)](graph, **params)
 
 
 def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict:
@@ -95,7 +68,7 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
     resume = resume_point(ctx)  # trainer.resume_from: downloaded, checked, and this run tagged
     if resume is not None and resume.run_id:
         trainer_callbacks.append(MarkResumed(ctx.tracking, resume.run_id, ctx.run_id))  # the killed run ends KILLED
-    estimator = (build_full if full else build_fwbw)(cfg, graph, trainer_callbacks)
+    estimator = build_trainer(cfg, graph, trainer_callbacks)
     validation = (split.X_valid, split.y_valid) if split.has_validation else None
 
     resume_from = resume.folder if resume is not None else None

@@ -16,10 +16,20 @@ import numpy as np
 import onnx
 from sklearn.base import BaseEstimator
 
-from ..schedules import SCHEDULES, learning_rate_at
-from ..validation import check_device, resolve_device
-from .forward_backward import DEFAULT_OPSET, DeviceBuffer, GraphBuilder, OnnxFunction, Registered
+from .onnx_builder import DEFAULT_OPSET, GraphBuilder
 from .penalties import BaseLearningPenalty, NoLearningPenalty
+from .registry import Registered
+from .runtime import DeviceBuffer, OnnxFunction
+from .schedules import SCHEDULES, learning_rate_at
+from ._ort import artifacts, onnxblock
+from .validation import (
+    check_choice,
+    check_device,
+    check_finite,
+    check_non_negative,
+    check_positive_float,
+    resolve_device,
+)
 
 PENALTY_OUTPUT = "penalty"
 
@@ -61,6 +71,32 @@ class BaseLearningRate(Registered, BaseEstimator):
     def check(self) -> None:
         """Raise ValueError on an invalid hyper-parameter."""
 
+    def ort_optimizer(self) -> Any:
+        """The optimizer full training asks onnxruntime's ``generate_artifacts`` for (an ``OptimType`` or an
+        ``onnxblock`` optimizer block); the learning rate itself is set per epoch from :meth:`value_at`."""
+        raise ValueError(
+            f"learning_rate={self!r}: onnxruntime's training API has no such optimizer, so full training "
+            "(OrtGradientOptimizer) cannot run it; use forward-backward training "
+            "(OrtGradientForwardBackwardOptimizer), which runs any learning rate as an ONNX graph"
+        )
+
+    # --- a schedule that can be stepped outside a fit (onnxcustom's interface) ---
+    def init_learning_rate(self) -> BaseLearningRate:
+        """Reset the schedule to its first value (:attr:`value`); returns self."""
+        self.check()
+        self.value = self.value_at(0)
+        return self
+
+    def update_learning_rate(self, t: int) -> BaseLearningRate:
+        """Move the schedule to ``t`` samples seen (:attr:`value`); returns self."""
+        self.value = self.value_at(int(t))
+        return self
+
+    def loop(self, n: int = 1000):
+        """The first ``n`` values of the schedule, one per sample seen."""
+        for t in range(n):
+            yield self.value_at(t)
+
     def build_onnx_function(self, opset: int = DEFAULT_OPSET, device: str = "cpu",
                             shapes: Mapping[str, Sequence[int]] | None = None,
                             penalty: BaseLearningPenalty | None = None,
@@ -86,7 +122,7 @@ class BaseLearningRate(Registered, BaseEstimator):
                 grad = penalty.add_gradient(b, state["weight"], grad)
             updates.append((weight, shape, self._update(b, grad, state, scalars)))
         if values:
-            b.output(values[0] if len(values) == 1 else b.node("Sum", values), PENALTY_OUTPUT, [])
+            b.output(b.add_all(values), PENALTY_OUTPUT, [])
         for weight, shape, new in updates:
             for slot in self.slots:
                 b.output(new[slot], slot_name(slot, weight, new=True), shape)
@@ -219,12 +255,10 @@ class BaseLearningRate(Registered, BaseEstimator):
 
 
 def _check_schedule(rate: BaseLearningRate) -> None:
-    if rate.learning_rate not in SCHEDULES:
-        raise ValueError(f"learning_rate={rate.learning_rate!r} is not one of {list(SCHEDULES)}")
-    for name in ("eta0", "alpha"):
-        value = getattr(rate, name)
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-            raise ValueError(f"{name}={value!r} must be a positive number")
+    check_choice("learning_rate", rate.learning_rate, SCHEDULES)
+    check_positive_float("eta0", rate.eta0)
+    check_positive_float("alpha", rate.alpha)
+    check_finite("power_t", rate.power_t)
 
 
 class LearningRateSGD(BaseLearningRate):
@@ -232,7 +266,7 @@ class LearningRateSGD(BaseLearningRate):
     :func:`ortflow.schedules.learning_rate_at`): ``'constant'`` (``eta0``), ``'invscaling'``
     (``eta0 / (samples_seen + 1) ** power_t``), ``'optimal'`` (``1 / (alpha * (t0 + samples_seen))``)."""
 
-    names = ("SGD", "sgd")
+    names = ("sgd", "SGD")
 
     def __init__(self, eta0: float = 0.01, alpha: float = 0.0001, power_t: float = 0.25,
                  learning_rate: str = "invscaling"):
@@ -247,15 +281,19 @@ class LearningRateSGD(BaseLearningRate):
     def value_at(self, samples_seen: int) -> float:
         return learning_rate_at(self.learning_rate, float(self.eta0), samples_seen, self.power_t, self.alpha)
 
+    def ort_optimizer(self):
+        return artifacts.OptimType.SGD
+
     def _update(self, b, grad, state, scalars):
         return {"weight": b.node("Sub", [state["weight"], b.node("Mul", [grad, scalars["learning_rate"]])])}
 
 
 class LearningRateSGDNesterov(LearningRateSGD):
     """scikit-learn MLP's ``SGDOptimizer``: ``v = momentum * v - lr * grad``, then ``w += momentum * v - lr * grad``
-    (``nesterov=True``) or ``w += v``; ``lr`` follows the same schedules as :class:`LearningRateSGD`."""
+    (``nesterov=True``) or ``w += v``; ``lr`` follows the same schedules as :class:`LearningRateSGD`.
+    Forward-backward training only: onnxruntime's training API has no momentum optimizer."""
 
-    names = ("SGDNesterov", "nesterov")
+    names = ("nesterov", "SGDNesterov")
     slots = ("weight", "velocity")
 
     def __init__(self, eta0: float = 0.01, alpha: float = 0.0001, power_t: float = 0.25,
@@ -269,6 +307,9 @@ class LearningRateSGDNesterov(LearningRateSGD):
         if not 0.0 <= self.momentum <= 1.0:
             raise ValueError(f"momentum={self.momentum!r} must be in [0, 1]")
 
+    def ort_optimizer(self):
+        return BaseLearningRate.ort_optimizer(self)
+
     def _update(self, b, grad, state, scalars):
         step = b.node("Mul", [grad, scalars["learning_rate"]])
         momentum = b.const(self.momentum)
@@ -280,9 +321,10 @@ class LearningRateSGDNesterov(LearningRateSGD):
 class LearningRateAdam(BaseLearningRate):
     """scikit-learn MLP's ``AdamOptimizer``: at step ``t``, ``m = beta1 * m + (1 - beta1) * grad``,
     ``v = beta2 * v + (1 - beta2) * grad ** 2``, ``w -= lr_t * m / (sqrt(v) + epsilon)`` with
-    ``lr_t = eta0 * sqrt(1 - beta2 ** t) / (1 - beta1 ** t)``."""
+    ``lr_t = eta0 * sqrt(1 - beta2 ** t) / (1 - beta1 ** t)``. Full training runs onnxruntime's AdamW without
+    decay, where epsilon enters after the bias correction of ``v``: the two trainers differ by that much."""
 
-    names = ("Adam", "adam")
+    names = ("adam", "Adam")
     slots = ("weight", "m", "v")
     per_step_scalars = True
 
@@ -293,14 +335,18 @@ class LearningRateAdam(BaseLearningRate):
         self.epsilon = epsilon
 
     def check(self) -> None:
-        if not (isinstance(self.eta0, (int, float)) and self.eta0 > 0):
-            raise ValueError(f"eta0={self.eta0!r} must be a positive number")
+        check_positive_float("eta0", self.eta0)
+        check_positive_float("epsilon", self.epsilon)
         for name in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be in [0, 1)")
 
     def value_at(self, samples_seen: int) -> float:
         return float(self.eta0)
+
+    def ort_optimizer(self):
+        return onnxblock.optim.AdamW(betas=(float(self.beta1), float(self.beta2)), eps=float(self.epsilon),
+                                     weight_decay=float(getattr(self, "weight_decay", 0.0)))
 
     def _scalar_values(self, learning_rate: float) -> list[float]:
         t = self.step_
@@ -314,3 +360,24 @@ class LearningRateAdam(BaseLearningRate):
         denominator = b.node("Add", [b.node("Sqrt", [v]), b.const(self.epsilon)])
         step = b.node("Mul", [b.node("Div", [m, denominator]), scalars["learning_rate"]])
         return {"weight": b.node("Sub", [state["weight"], step]), "m": m, "v": v}
+
+
+class LearningRateAdamW(LearningRateAdam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter): each step first shrinks the weights,
+    ``w -= eta0 * weight_decay * w``, then applies :class:`LearningRateAdam`'s update."""
+
+    names = ("adamw", "AdamW")
+
+    def __init__(self, eta0: float = 0.001, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8,
+                 weight_decay: float = 0.01):
+        super().__init__(eta0=eta0, beta1=beta1, beta2=beta2, epsilon=epsilon)
+        self.weight_decay = weight_decay
+
+    def check(self) -> None:
+        super().check()
+        check_non_negative("weight_decay", self.weight_decay)
+
+    def _update(self, b, grad, state, scalars):
+        shrink = b.const(1.0 - float(self.eta0) * float(self.weight_decay))
+        decayed = dict(state, weight=b.node("Mul", [state["weight"], shrink]))
+        return super()._update(b, grad, decayed, scalars)

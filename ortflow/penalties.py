@@ -1,8 +1,8 @@
 """Learning penalties on the trained weights: a value added to the loss and its gradient added to the weights'.
 
-``ElasticLearningPenalty(l1, l2)`` adds ``l1 * sum|w| + l2 * sum(w ** 2)`` per penalized weight, like the
-``penalty`` argument of :func:`ortflow.add_loss_output`; its gradient ``l1 * sign(w) + 2 * l2 * w`` joins the
-loss gradient before the learning-rate update.
+``ElasticLearningPenalty(l1, l2)`` adds ``l1 * sum|w| + l2 * sum(w ** 2)`` per penalized weight; its gradient
+``l1 * sign(w) + 2 * l2 * w`` joins the loss gradient before the learning-rate update (forward-backward
+training). :func:`ortflow.add_loss_output` writes the same value nodes into the loss graph (full training).
 """
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ from typing import Any
 import onnx
 from sklearn.base import BaseEstimator
 
-from .forward_backward import DEFAULT_OPSET, GraphBuilder, OnnxFunction, OrtValue, Registered
+from .onnx_builder import DEFAULT_OPSET, GraphBuilder
+from .registry import Registered
+from .runtime import OnnxFunction, OrtValue
+from .validation import check_non_negative
 
 
 class BaseLearningPenalty(Registered, BaseEstimator):
@@ -31,6 +34,9 @@ class BaseLearningPenalty(Registered, BaseEstimator):
         """True when the penalty adds nothing (no node is written)."""
         return True
 
+    def check(self) -> None:
+        """Raise ValueError on an invalid hyper-parameter."""
+
     def add_value(self, b: GraphBuilder, weight: str) -> str | None:
         """Name of the penalty value of ``weight`` (a scalar), or None for no penalty."""
         return None
@@ -43,11 +49,10 @@ class BaseLearningPenalty(Registered, BaseEstimator):
                             n_tensors: int = 1) -> tuple[onnx.ModelProto, onnx.ModelProto]:
         """(value graph: inputs ``weight_0..weight_{n-1}`` -> ``loss``, the summed penalty; gradient graph:
         inputs ``grad``, ``weight`` -> ``new_grad``). ``device`` does not change the graphs."""
+        self.check()
         b = GraphBuilder(prefix="penalty")
         terms = [self.add_value(b, b.input(f"weight_{i}")) for i in range(n_tensors)]
-        terms = [t for t in terms if t is not None]
-        total = (terms[0] if len(terms) == 1 else b.node("Sum", terms)) if terms else b.const(0.0)
-        b.output(total, "loss", [])
+        b.output(b.add_all([t for t in terms if t is not None]), "loss", [])
         value = b.model(opset, name=f"{type(self).__name__}_value")
         b = GraphBuilder(prefix="penalty_grad")
         grad, weight = b.input("grad"), b.input("weight")
@@ -100,6 +105,10 @@ class ElasticLearningPenalty(BaseLearningPenalty):
     def is_null(self) -> bool:
         return not (self.l1 or self.l2)
 
+    def check(self) -> None:
+        check_non_negative("l1", self.l1, "the penalty would reward large weights")
+        check_non_negative("l2", self.l2, "the penalty would reward large weights")
+
     def add_value(self, b, weight):
         terms = []
         if self.l1:
@@ -107,9 +116,7 @@ class ElasticLearningPenalty(BaseLearningPenalty):
         if self.l2:
             square = b.node("Mul", [weight, weight])
             terms.append(b.node("Mul", [b.node("ReduceSum", [square], keepdims=0), b.const(self.l2)]))
-        if not terms:
-            return None
-        return terms[0] if len(terms) == 1 else b.node("Add", terms)
+        return b.add_all(terms) if terms else None
 
     def add_gradient(self, b, weight, grad):
         if self.l1:

@@ -1,0 +1,108 @@
+"""``add_loss_output``: turn a prediction graph Y = f(W, X) into one that also computes loss(f(W, X), W, y)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Union
+
+import onnx
+from onnx import TensorProto, helper
+
+from .graph import ModelLike, all_names, check_loadable, elem_type, load_model, pick_output, shape_of
+from .losses import BaseLearningLoss
+from .onnx_builder import GraphBuilder
+from .penalties import ElasticLearningPenalty
+from .registry import select
+
+PenaltySpec = Mapping[str, Union[float, Mapping[str, float]]]
+#: metadata key under which add_loss_output records the loss it added (read by ``OrtGradientOptimizer.losses``)
+LOSS_METADATA = "ortflow.loss"
+PROBABILITY_OUTPUTS = ("output_probability", "probabilities")
+
+
+def add_loss_output(
+    onx: ModelLike,
+    score_name: str | BaseLearningLoss = "squared_error",
+    loss_name: str = "loss",
+    label_name: str = "label",
+    weight_name: str | None = None,
+    penalty: PenaltySpec | None = None,
+    output_index: int | str | None = None,
+    l1_weight: float = 0.5,
+    l2_weight: float = 0.5,
+) -> onnx.ModelProto:
+    """Return a copy of ``onx`` with a new input ``label_name`` and a first output ``loss_name``.
+
+    ``score_name`` is a loss of :mod:`ortflow.losses`, by name or instance: ``'squared_error'``/``'l2'``,
+    ``'absolute_error'``/``'l1'``, ``'elastic'`` (``l1_weight * |d| + l2_weight * d**2``) or ``'log'`` (log loss
+    of raw scores: binary for one column with labels in {0, 1}, softmax cross-entropy with one-hot labels for k
+    columns). With ``w`` the optional per-sample weight input ``weight_name`` (1 when absent), the loss is
+    ``mean(w * l)``.
+
+    ``penalty`` maps initializer names to ``{'l1': a, 'l2': b}`` (or to ``b`` alone, meaning L2) and adds
+    ``a * sum|w| + b * sum(w**2)`` for each. ``output_index`` picks the prediction by position or name (default: the
+    only output, or ``raw_score`` when the graph has one). The original outputs are kept after the loss.
+    """
+    model = load_model(onx)
+    check_loadable(model, "onx")
+    loss = select("loss", score_name, "score_name", l1_weight=l1_weight, l2_weight=l2_weight)
+    loss.check()
+    output = pick_output(model, output_index, "output_index")
+    existing = all_names(model)
+    for arg, name in (("loss_name", loss_name), ("label_name", label_name), ("weight_name", weight_name)):
+        if name is not None and name in existing:
+            raise ValueError(f"{arg}={name!r} collides with a name already in the graph; pick another name")
+    if elem_type(model, output) != TensorProto.FLOAT:
+        raise ValueError(f"output {output!r} is not float32: only float32 predictions can carry a loss")
+    shape = shape_of(model, output)
+    if len(shape) not in (1, 2):
+        raise ValueError(f"output {output!r} has rank {len(shape)}; the loss expects (N,) or (N, k)")
+    width = shape[1] if len(shape) == 2 and isinstance(shape[1], int) and shape[1] > 0 else None
+    if loss.task == "classification" and output in PROBABILITY_OUTPUTS:
+        raise ValueError(f"score_name={score_name!r} applies to raw scores, but output {output!r} holds probabilities "
+                         f"(shape {shape}): pick the raw score with output_index (ortflow.to_onnx names it 'raw_score')")
+
+    b = GraphBuilder(prefix=f"{loss_name}")
+    total = loss.mean_loss(b, output, label_name, weight_name, len(shape), width)
+    if penalty:
+        total = b.add_all([total, *_penalty_terms(b, model, penalty)])
+    b.output(total, loss_name, [])
+
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    new.graph.input.append(helper.make_tensor_value_info(label_name, TensorProto.FLOAT, ["N"] + [width] * (len(shape) - 1)))
+    if weight_name is not None:
+        new.graph.input.append(helper.make_tensor_value_info(weight_name, TensorProto.FLOAT, ["N"]))
+    new.graph.node.extend(b.nodes)
+    old_outputs = list(new.graph.output)
+    del new.graph.output[:]
+    new.graph.output.extend(b.outputs)
+    new.graph.output.extend(old_outputs)
+    entry = new.metadata_props.add()
+    entry.key, entry.value = LOSS_METADATA, json.dumps({
+        "loss": loss.names[0], "params": loss.get_params(), "prediction": output, "label": label_name,
+        "weight": weight_name, "loss_output": loss_name,
+    })
+    onnx.checker.check_model(new)
+    return new
+
+
+def _penalty_terms(b: GraphBuilder, model: onnx.ModelProto, penalty: PenaltySpec) -> list[str]:
+    floats = {i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT}
+    terms = []
+    for name, coef in penalty.items():
+        if name not in floats:
+            raise ValueError(f"penalty names {name!r}, which is not a float32 initializer; candidates: {sorted(floats)}")
+        if isinstance(coef, Mapping):
+            unknown = set(coef) - {"l1", "l2"}
+            if unknown:
+                raise ValueError(f"penalty[{name!r}] has unknown keys {sorted(unknown)}; use 'l1' and 'l2'")
+            term = ElasticLearningPenalty(l1=coef.get("l1", 0.0), l2=coef.get("l2", 0.0), weights=[name])
+        else:
+            term = ElasticLearningPenalty(l1=0.0, l2=coef, weights=[name])
+        term.check()
+        value = term.add_value(b, name)
+        if value is not None:
+            terms.append(value)
+    return terms

@@ -1,0 +1,14 @@
+"""ortflow's own gradient graphs: reverse-mode differentiation of ONNX graphs into standard ONNX nodes.
+
+``rules.py`` holds one vector-Jacobian product per op, ``builder.py`` the reverse pass over the graph,
+``emitter.py`` node writing and broadcasting, ``derivative.py`` the public :func:`onnx_derivative`,
+``training.py`` one optimizer step as one graph.
+"""
+
+from .builder import Gradients, build_gradients
+from .derivative import onnx_derivative
+from .rules import NO_GRADIENT, RULES
+from .training import TrainingStepRunner, training_step
+
+__all__ = ["NO_GRADIENT", "RULES", "Gradients", "TrainingStepRunner", "build_gradients", "onnx_derivative",
+           "training_step"]

@@ -1,0 +1,189 @@
+"""Writing the nodes of a gradient graph: fresh names, typed constants, and the opset-dependent spellings
+(ReduceSum/Unsqueeze take their axes as an attribute before opset 13, as an input from 13 on).
+
+Also the one broadcasting helper every elementwise rule uses: :meth:`Emitter.unbroadcast` sums a gradient of the
+broadcast result back to an operand's shape, statically when the shapes settle it, with a run-time computation
+of the summed axes otherwise (e.g. ``(N, 1) - (M, 1)`` with two symbolic batch dimensions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ..exceptions import NotDifferentiableError
+
+@dataclass
+class ValueInfo:
+    """Element type and shape (ints, symbols or None per axis; None when the rank is unknown) of a tensor, and
+    the value of the small integer constants."""
+
+    elem_type: int = 0
+    shape: list | None = None
+    value: np.ndarray | None = None  # for small integer constants (axes, shapes)
+
+
+@dataclass
+class Emitter:
+    """Appends uniquely named nodes in the default domain at ``opset``; ``info`` holds what is known of each value
+    (the forward values and, filled in by the rules, the gradients)."""
+
+    opset: int
+    taken: set
+    info: dict = field(default_factory=dict)
+    nodes: list = field(default_factory=list)
+    prefix: str = "grad"
+
+    def fresh(self, base: str) -> str:
+        name, i = base, 0
+        while name in self.taken:
+            i += 1
+            name = f"{base}_{i}"
+        self.taken.add(name)
+        return name
+
+    def op(self, op_type: str, inputs: Sequence[str], like: str | None = None, **attrs) -> str:
+        """One node with one output; the output gets the element type and shape of ``like`` when given."""
+        out = self.op_named(op_type, inputs, self.fresh(f"{self.prefix}_{op_type.lower()}"), **attrs)
+        if like is not None and like in self.info:
+            self.info[out] = self.info[like]
+        return out
+
+    def op_named(self, op_type: str, inputs: Sequence[str], output: str, **attrs) -> str:
+        """One node writing ``output`` (a name the caller reserved)."""
+        self.nodes.append(helper.make_node(op_type, list(inputs), [output], name=self.fresh(f"{output}_node"),
+                                           **attrs))
+        return output
+
+    def dtype(self, name: str) -> int:
+        elem = self.info.get(name, ValueInfo()).elem_type
+        return elem or TensorProto.FLOAT
+
+    def const(self, value, like: str | None = None, dtype: int | None = None) -> str:
+        """A Constant node holding ``value`` with the element type of ``like`` (or ``dtype``)."""
+        elem = dtype if dtype is not None else self.dtype(like)
+        array = np.asarray(value, dtype=helper.tensor_dtype_to_np_dtype(elem))
+        out = self.fresh(f"{self.prefix}_cst")
+        self.nodes.append(helper.make_node("Constant", [], [out], name=self.fresh(f"{out}_node"),
+                                           value=numpy_helper.from_array(array)))
+        self.info[out] = ValueInfo(elem, list(array.shape))
+        return out
+
+    def ints(self, values: Sequence[int]) -> str:
+        return self.const(np.asarray(values, dtype=np.int64), dtype=TensorProto.INT64)
+
+    def reduce_sum(self, x: str, axes: Sequence[int] | str, keepdims: bool) -> str:
+        """``ReduceSum`` of ``x`` over ``axes`` (a list, or the name of an int64 tensor from opset 13)."""
+        if self.opset >= 13:
+            axes_in = axes if isinstance(axes, str) else self.ints(axes)
+            return self.op("ReduceSum", [x, axes_in], keepdims=int(keepdims), noop_with_empty_axes=1)
+        if isinstance(axes, str):
+            raise NotDifferentiableError(f"summing over run-time axes needs opset 13 or more (the graph has "
+                                         f"opset {self.opset})")
+        return self.op("ReduceSum", [x], axes=list(axes), keepdims=int(keepdims))
+
+    def unsqueeze(self, x: str, axes: Sequence[int] | str) -> str:
+        if self.opset >= 13:
+            return self.op("Unsqueeze", [x, axes if isinstance(axes, str) else self.ints(axes)])
+        if isinstance(axes, str):
+            raise NotDifferentiableError(f"run-time Unsqueeze axes need opset 13 or more (opset {self.opset})")
+        return self.op("Unsqueeze", [x], axes=list(axes))
+
+    def shape(self, x: str) -> str:
+        return self.op("Shape", [x])
+
+    def zeros_like(self, x: str) -> str:
+        zero = numpy_helper.from_array(np.zeros((1,), dtype=helper.tensor_dtype_to_np_dtype(self.dtype(x))))
+        return self.op("ConstantOfShape", [self.shape(x)], like=x, value=zero)
+
+    def unbroadcast(self, grad: str, operand: str, result: str, operands: Sequence[str]) -> str:
+        """``grad`` (shaped like ``result``, the broadcast of ``operands``) summed back to ``operand``'s shape."""
+        shape, out = self.info.get(operand, ValueInfo()).shape, self.info.get(result, ValueInfo()).shape
+        if shape is None or out is None or len(out) < len(shape):
+            return self.unbroadcast_at_run_time(grad, operand)
+        lead = len(out) - len(shape)
+        others = [self.info.get(o, ValueInfo()).shape for o in operands if o != operand]
+        kept = []
+        for i, dim in enumerate(shape):
+            if dim == 1:
+                if out[i + lead] != 1:
+                    kept.append(i + lead)
+            elif not (isinstance(dim, int) and dim > 1 or _others_follow(dim, i - len(shape), others)):
+                return self.unbroadcast_at_run_time(grad, operand)
+        if kept:
+            grad = self.reduce_sum(grad, kept, keepdims=True)
+        if lead:
+            grad = self.reduce_sum(grad, list(range(lead)), keepdims=False)
+        if kept or lead:
+            self.info[grad] = self.info.get(operand, ValueInfo())
+        return grad
+
+    def unbroadcast_at_run_time(self, grad: str, operand: str) -> str:
+        """Sum over the axes where the (left-padded) operand shape differs from the gradient's, found at run time."""
+        shape = self.shape(operand)
+        grad_shape = self.shape(grad)
+        rank_gap = self.op("Sub", [self.op("Size", [grad_shape]), self.op("Size", [shape])])
+        ones = self.op("Expand", [self.ints([1]), self.unsqueeze(rank_gap, [0])])
+        padded = self.op("Concat", [ones, shape], axis=0)
+        differs = self.op("Not", [self.op("Equal", [padded, grad_shape])])
+        axes = self.op("Reshape", [self.op("NonZero", [differs]), self.ints([-1])])
+        summed = self.reduce_sum(grad, axes, keepdims=True)
+        return self.op("Reshape", [summed, shape], like=operand)
+
+
+def _others_follow(dim, axis_from_end: int, others: list) -> bool:
+    """True when every other operand is 1 (or absent) at that axis, or has the same symbol: the result's axis is
+    then ``dim`` itself, so no sum is needed. Unknown dims (None) prove nothing."""
+    if dim is None:
+        return all(s is not None and (len(s) < -axis_from_end or s[axis_from_end] == 1) for s in others)
+    for s in others:
+        if s is None:
+            return False
+        if len(s) >= -axis_from_end and s[axis_from_end] not in (1, dim):
+            return False
+    return True
+
+
+def value_infos(model: onnx.ModelProto) -> dict[str, ValueInfo]:
+    """Element type and shape of every tensor of the main graph, from onnx's shape inference. Unnamed dims of the
+    graph inputs get a symbol of their own first, so that inference carries them (``X``'s batch axis stays the
+    same symbol through MatMul and Add)."""
+    named = onnx.ModelProto()
+    named.CopyFrom(model)
+    for value in named.graph.input:
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+            for i, dim in enumerate(value.type.tensor_type.shape.dim):
+                if not dim.HasField("dim_value") and not dim.dim_param:
+                    dim.dim_param = f"{value.name}__dim{i}"
+    try:
+        graph = onnx.shape_inference.infer_shapes(named).graph
+    except Exception:  # an op onnx does not know: keep what the graph declares
+        graph = named.graph
+    infos = {}
+    for init in graph.initializer:
+        infos[init.name] = ValueInfo(init.data_type, list(init.dims), _small_ints(init))
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            for att in node.attribute:
+                if att.name == "value":
+                    infos[node.output[0]] = ValueInfo(att.t.data_type, list(att.t.dims), _small_ints(att.t))
+    for value in list(graph.input) + list(graph.value_info) + list(graph.output):
+        if not value.type.HasField("tensor_type"):
+            continue
+        tensor = value.type.tensor_type
+        shape = None
+        if tensor.HasField("shape"):
+            shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
+        if value.name not in infos or tensor.elem_type:
+            infos[value.name] = ValueInfo(tensor.elem_type, shape, infos.get(value.name, ValueInfo()).value)
+    return infos
+
+
+def _small_ints(tensor: onnx.TensorProto) -> np.ndarray | None:
+    if tensor.data_type != TensorProto.INT64 or np.prod(tensor.dims, dtype=np.int64) > 64:
+        return None
+    return numpy_helper.to_array(tensor)

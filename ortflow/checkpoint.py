@@ -1,0 +1,81 @@
+"""Library checkpoints: a folder written atomically, every file listed with its SHA-256 in ``trainer.json``.
+
+A checkpoint is trusted only when its manifest reads, every listed file is there with its checksum, and it was
+written by the same trainer class for the same graph and weights (a fingerprint): a flipped bit, a truncated file
+or another model's checkpoint is a :class:`~ortflow.exceptions.CheckpointError` naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .exceptions import CheckpointError
+
+META = "trainer.json"
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fingerprint(model_bytes: bytes, weights: list[str]) -> str:
+    """What a checkpoint must have been written for: the graph and the names of the trained weights."""
+    digest = hashlib.sha256(model_bytes)
+    digest.update(json.dumps(sorted(weights)).encode())
+    return digest.hexdigest()
+
+
+def write(folder: str | os.PathLike, save_state: Callable[[str], None], meta: dict[str, Any]) -> str:
+    """Write ``save_state(tmp_folder)``'s files and ``meta`` (plus the file checksums) into ``folder``, replaced
+    atomically: a reader sees the old checkpoint or the new one, never a mix."""
+    folder = Path(folder)
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_state(str(tmp))
+    files = {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+    (tmp / META).write_text(json.dumps({**meta, "files": files}))
+    old = folder.with_name(folder.name + ".old")
+    if folder.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        folder.rename(old)
+    tmp.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+    return str(folder)
+
+
+def read(folder: str | os.PathLike, trainer: str, expected_fingerprint: str) -> dict[str, Any]:
+    """The manifest of the checkpoint in ``folder`` once every check passed."""
+    folder = Path(folder)
+    path = folder / META
+    if not path.is_file():
+        raise FileNotFoundError(f"resume_from={str(folder)!r} holds no ortflow checkpoint ({META})")
+    try:
+        meta = json.loads(path.read_text())
+        files, written_by = meta["files"], meta["trainer"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"resume_from={str(folder)!r}: {META} is unreadable or has no file checksums "
+                              f"({type(exc).__name__}: {exc}); the checkpoint is not trusted") from exc
+    if written_by != trainer:
+        raise CheckpointError(f"resume_from={str(folder)!r} was written by {written_by}, not {trainer}")
+    if meta.get("fingerprint") != expected_fingerprint:
+        raise CheckpointError(f"resume_from={str(folder)!r} was written for another graph or other weights to "
+                              "train: resume with the model_onnx and weights_to_train it was trained with")
+    for name, digest in files.items():
+        file = folder / name
+        if not file.is_file():
+            raise CheckpointError(f"resume_from={str(folder)!r}: {name} is missing")
+        if sha256(file) != digest:
+            raise CheckpointError(f"resume_from={str(folder)!r}: {name} does not match its checksum (corrupt or "
+                                  "truncated); the checkpoint is not trusted")
+    return meta

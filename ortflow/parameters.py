@@ -1,0 +1,190 @@
+"""The trainers' parameters, declared once: name, default, check and meaning.
+
+``BaseTrainer`` takes its ``__init__`` from these tables (it stores every argument untouched, as scikit-learn
+requires) and checks them all in ``fit`` through :func:`check_parameters`. A parameter shared by both trainers has
+one name, one default and one meaning.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from numbers import Integral, Real
+from typing import Any, Callable, Optional
+
+from .callbacks import Callback
+from .schedules import SCHEDULES
+from .validation import (
+    check_bool,
+    check_choice,
+    check_device,
+    check_finite,
+    check_non_negative,
+    check_positive_float,
+    check_positive_int,
+)
+
+REQUIRED = inspect.Parameter.empty
+
+
+@dataclass(frozen=True)
+class Param:
+    """One constructor parameter: ``check(name, value)`` raises on a bad value (None: anything goes)."""
+
+    name: str
+    default: Any
+    check: Optional[Callable[[str, Any], Any]]
+    doc: str
+
+
+def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
+    return lambda name, value: None if value is None else check(name, value)
+
+
+def _names(name: str, value: Any) -> None:
+    if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise TypeError(f"{name}={value!r} must be a list of names (initializers)")
+
+
+def _learning_rate(name: str, value: Any) -> None:
+    from .learning_rates import BaseLearningRate
+    from .registry import names
+
+    if isinstance(value, BaseLearningRate):
+        value.check()
+    elif isinstance(value, str):
+        if value not in names("learning_rate"):
+            raise ValueError(f"{name}={value!r} is not a learning rate; use a positive float, one of "
+                             f"{names('learning_rate')} or a BaseLearningRate instance")
+    else:
+        check_positive_float(name, value)
+
+
+def _family(kind: str, base: str) -> Callable[[str, Any], None]:
+    def check(name: str, value: Any) -> None:
+        from .registry import select
+
+        select(kind, value, name).check()
+
+    check.__doc__ = f"a registered {kind} name or a {base} instance"
+    return check
+
+
+def _validation_every(name: str, value: Any) -> None:
+    if isinstance(value, Real) and not isinstance(value, (bool, Integral)):
+        if not 0.0 < value < 1.0:
+            raise ValueError(f"{name}={value!r}: a float is a fraction of max_iter and must be in (0, 1); "
+                             "an int N validates every N epochs")
+        return
+    check_positive_int(name, value)
+
+
+def _fraction(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, Real) or not 0.0 < value < 1.0:
+        raise ValueError(f"{name}={value!r} must be in (0, 1)")
+
+
+def _non_negative_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 0:
+        raise ValueError(f"{name}={value!r} must be an integer >= 0")
+
+
+def _callbacks(name: str, value: Any) -> None:
+    for cb in value:
+        if not isinstance(cb, Callback):
+            raise TypeError(f"{name} holds {cb!r}, which is not an ortflow.callbacks.Callback")
+
+
+def _string(name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"{name}={value!r} must be a non-empty string")
+
+
+def _output(name: str, value: Any) -> None:
+    if not isinstance(value, (str, Integral)) or isinstance(value, bool):
+        raise TypeError(f"{name}={value!r} must be an output name, an output position or None")
+
+
+def _random_state(name: str, value: Any) -> None:
+    from sklearn.utils import check_random_state
+
+    try:
+        check_random_state(value)
+    except ValueError as exc:
+        raise ValueError(f"{name}={value!r} must be None, an int or a numpy RandomState") from exc
+
+
+MODEL = Param("model_onnx", REQUIRED, None, "the graph: a ModelProto, its bytes or a file path")
+WEIGHTS = Param("weights_to_train", None, _optional(_names),
+                "initializers to train; None: every float initializer the trained output depends on")
+
+SHARED = (
+    Param("max_iter", 100, check_positive_int, "number of epochs"),
+    Param("batch_size", 10, check_positive_int, "samples per batch (at most the number of training samples)"),
+    Param("learning_rate", 0.01, _learning_rate,
+          "a positive float (SGD at that rate, following lr_schedule and power_t), a learning-rate name "
+          "('sgd', 'nesterov', 'adam', 'adamw' or the seed's 'SGD', 'SGDNesterov', 'Adam': that class with its "
+          "defaults) or a BaseLearningRate instance"),
+    Param("lr_schedule", "constant", lambda n, v: check_choice(n, v, SCHEDULES),
+          "schedule of a float learning_rate: 'constant', 'invscaling' or 'optimal' (scikit-learn's)"),
+    Param("power_t", 0.25, check_finite, "exponent of the 'invscaling' schedule"),
+    Param("device", "cpu", lambda n, v: check_device(v), "'cpu', 'cuda', 'cuda:N' or 'auto'"),
+    Param("warm_start", False, check_bool, "a new fit continues from the current weights and optimizer state"),
+    Param("verbose", 0, _non_negative_int, "1 or more: a progress bar over epochs"),
+    Param("validation_every", 1, _validation_every,
+          "validate every N epochs (an int), or every fraction of max_iter (a float in (0, 1))"),
+    Param("validation_fraction", None, _optional(_fraction),
+          "part of the training data held out for validation when fit gets no validation_data"),
+    Param("early_stopping", False, check_bool, "stop when the validation loss stops improving"),
+    Param("n_iter_no_change", 10, check_positive_int, "early stopping's patience, in epochs"),
+    Param("tol", 1e-4, check_non_negative, "early stopping's minimum improvement"),
+    Param("shuffle", True, check_bool, "shuffle the samples before every epoch"),
+    Param("random_state", None, _random_state, "seed of the shuffling and of the validation split"),
+    Param("callbacks", None, _optional(_callbacks), "ortflow.Callback objects called after every epoch"),
+    Param("exc", True, check_bool,
+          "True: a non-finite loss raises ConvergenceError; False: warn and keep the last finite weights"),
+    Param("n_threads", None, _optional(check_positive_int), "intra-op threads of onnxruntime (None: all cores)"),
+    Param("enable_logging", False, check_bool,
+          "log every epoch (INFO) and every batch loss (DEBUG) to the 'ortflow' logger"),
+)
+
+FULL = (
+    Param("loss_output_name", "loss", _string, "the graph output holding the loss (add_loss_output's loss_name)"),
+    Param("label_name", "label", _string, "the graph input taking the labels"),
+    Param("sample_weight_name", "weight", _string, "the graph input taking sample weights, when it has one"),
+)
+
+FWBW = (
+    Param("learning_loss", "squared_error", _family("loss", "BaseLearningLoss"),
+          "the loss: a name of ortflow.losses ('squared_error', 'absolute_error', 'elastic', 'log') or an instance"),
+    Param("learning_penalty", None, _family("penalty", "BaseLearningPenalty"),
+          "a penalty on the weights: None, 'elastic' or a BaseLearningPenalty instance"),
+    Param("output_name", None, _optional(_output),
+          "the trained output; None: the only output, or raw_score when present"),
+    Param("weight_name", None, _optional(_string), "name of the sample-weight input of the loss graph"),
+)
+
+
+def init_from(params: tuple[Param, ...]) -> Callable:
+    """An ``__init__`` storing each parameter of ``params`` untouched, with the matching signature."""
+    signature = inspect.Signature(
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+        + [inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=p.default) for p in params]
+    )
+
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        for name, value in list(bound.arguments.items())[1:]:
+            setattr(self, name, value)
+
+    __init__.__signature__ = signature
+    __init__.__doc__ = "Parameters:\n\n" + "\n".join(f"- ``{p.name}``: {p.doc}" for p in params)
+    return __init__
+
+
+def check_parameters(estimator: Any) -> None:
+    """Check every parameter of ``estimator`` against its table (``type(estimator).parameters``)."""
+    for param in type(estimator).parameters:
+        if param.check is not None:
+            param.check(param.name, getattr(estimator, param.name))

@@ -1,0 +1,53 @@
+"""One registry of names for losses, penalties and learning rates, shared by the trainers and the pipelines.
+
+A class joins its family (``kind``) under the short ``names`` it declares, the first being its canonical name;
+a user subclass declaring ``names`` joins it the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class Registered:
+    """Mixin registering every subclass under the ``names`` it declares, in its family ``kind``."""
+
+    kind: ClassVar[str] = ""
+    names: ClassVar[tuple] = ()
+    _registry: ClassVar[dict[str, dict[Any, type]]] = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        family = Registered._registry.setdefault(cls.kind, {})
+        for name in cls.__dict__.get("names", ()):
+            family[name] = cls
+
+
+def family(kind: str) -> dict[Any, type]:
+    """Name -> class of the family ``kind`` (``'loss'``, ``'penalty'``, ``'learning_rate'``)."""
+    if kind not in Registered._registry:
+        raise ValueError(f"kind={kind!r} is not a family; families: {sorted(Registered._registry)}")
+    return dict(Registered._registry[kind])
+
+
+def names(kind: str) -> list[str]:
+    """The names registered in family ``kind`` (strings only, sorted)."""
+    return sorted(n for n in family(kind) if isinstance(n, str))
+
+
+def select(kind: str, value: Any, argument: str | None = None, **kwargs) -> Any:
+    """An instance of family ``kind`` from an instance (returned as is) or a registered name, instantiated with
+    the ``kwargs`` its class accepts (the others are ignored: a name picks a class, ``kwargs`` are settings).
+    ``argument`` names the parameter in errors (default: ``kind``)."""
+    argument = argument or kind
+    classes = family(kind)
+    if isinstance(value, Registered) and value.kind == kind:
+        return value
+    if isinstance(value, str) or value is None:
+        if value not in classes:
+            raise ValueError(f"{argument}={value!r} is unknown; choose an instance or one of {names(kind)}")
+        cls = classes[value]
+        accepted = cls._get_param_names() if hasattr(cls, "_get_param_names") else []
+        return cls(**{k: v for k, v in kwargs.items() if k in accepted})
+    raise TypeError(f"{argument}={value!r} must be a registered name or an instance of a {kind} class; "
+                    f"names: {names(kind)}")

@@ -1,0 +1,164 @@
+"""Runtime pieces shared by the trainers: devices, device buffers, session options and small graphs run with
+IOBinding (``OnnxFunction``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+
+from ._ort import InferenceSession, OrtValue, SessionOptions, ort
+from .validation import check_device, device_index, resolve_device
+
+# Pybind classes _ort does not re-export yet (OrtDevice, SessionIOBinding, TrainingGraphTransformerConfiguration,
+# the C OrtValue): they live in the module onnxruntime has already imported.
+_C = ort.capi._pybind_state
+
+
+# --- device buffers -------------------------------------------------------------------------------------------
+def ort_device(device: str):
+    """The ``OrtDevice`` of ``'cpu'``, ``'cuda'`` or ``'cuda:N'``."""
+    kind, _ = check_device(device)
+    device = resolve_device(device)
+    dev_type = _C.OrtDevice.cpu() if kind == "cpu" else _C.OrtDevice.cuda()
+    return _C.OrtDevice(dev_type, _C.OrtDevice.default_memory(), device_index(device) if kind == "cuda" else 0)
+
+
+def to_ortvalue(value: Any, device: str = "cpu") -> OrtValue:
+    """``value`` (OrtValue, DeviceBuffer or array-like) as an OrtValue on ``device``. A C-contiguous CPU array is
+    wrapped without a copy; float64 becomes float32 (ortflow trains float32 graphs). Keep the returned object
+    referenced while onnxruntime uses it: a C OrtValue taken from it does not own the memory."""
+    if isinstance(value, OrtValue):
+        return value
+    if isinstance(value, DeviceBuffer):
+        return value.ortvalue
+    if isinstance(value, _C.OrtValue):
+        return OrtValue(value)
+    array = np.ascontiguousarray(value)
+    if array.dtype == np.float64:
+        array = array.astype(np.float32)
+    kind, _ = check_device(device)
+    if kind == "cpu":
+        return OrtValue.ortvalue_from_numpy(array)
+    return OrtValue.ortvalue_from_numpy(array, "cuda", device_index(device))
+
+
+class DeviceBuffer:
+    """A float32 tensor allocated once on a device. On CPU, ``array`` shares its memory with ``ortvalue``."""
+
+    __slots__ = ("array", "device", "ortvalue", "c", "shape")
+
+    def __init__(self, shape: Sequence[int], device: str = "cpu", value: np.ndarray | None = None):
+        self.shape = tuple(int(d) for d in shape)
+        self.device = device = resolve_device(device)
+        kind, _ = check_device(device)
+        if kind == "cpu":
+            self.array = np.zeros(self.shape, dtype=np.float32)
+            self.ortvalue = OrtValue.ortvalue_from_numpy(self.array)
+        else:
+            self.array = None
+            self.ortvalue = OrtValue.ortvalue_from_shape_and_type(self.shape, np.float32, "cuda", device_index(device))
+        self.c = self.ortvalue._ortvalue  # the C object, what bindings and vectors take
+        if value is not None:
+            self.write(value)
+
+    @classmethod
+    def view(cls, parent: DeviceBuffer, offset: int, shape: Sequence[int]) -> DeviceBuffer:
+        """A buffer of ``shape`` sharing the memory of the CPU buffer ``parent`` from its element ``offset``."""
+        if parent.array is None:
+            raise ValueError("views of a device buffer exist only on CPU")
+        obj = cls.__new__(cls)
+        obj.shape = tuple(int(d) for d in shape)
+        obj.device = parent.device
+        obj.array = parent.array.reshape(-1)[offset : offset + int(np.prod(obj.shape))].reshape(obj.shape)
+        obj.ortvalue = OrtValue.ortvalue_from_numpy(obj.array)
+        obj.c = obj.ortvalue._ortvalue
+        return obj
+
+    def write(self, value) -> None:
+        """Copy ``value`` (same shape) into the buffer."""
+        if self.array is not None:
+            np.copyto(self.array, value, casting="same_kind")
+        else:
+            self.ortvalue.update_inplace(np.ascontiguousarray(value, dtype=np.float32).reshape(self.shape))
+
+    def read(self) -> np.ndarray:
+        """A numpy copy of the buffer."""
+        return self.array.copy() if self.array is not None else self.ortvalue.numpy()
+
+    def scalar(self) -> float:
+        """The value of a one-element buffer."""
+        return float(self.array if self.array is not None else self.ortvalue.numpy())
+
+    def gather(self, source: np.ndarray, rows) -> None:
+        """Copy ``source[rows]`` (``rows``: a slice or indices along axis 0) into the buffer."""
+        if self.array is None:
+            self.write(source[rows])
+        elif isinstance(rows, slice):
+            np.copyto(self.array, source[rows])
+        else:
+            np.take(source, rows, axis=0, out=self.array)
+
+
+# --- small graphs ------------------------------------------------------------------------------------------
+class OnnxFunction:
+    """A graph run on OrtValues with IOBinding: ``run`` binds per call, ``bind`` + ``run_bound`` bind once."""
+
+    def __init__(self, model: onnx.ModelProto, device: str = "cpu", options: SessionOptions | None = None):
+        _, providers = check_device(device)
+        self.model = model
+        self.device = device = resolve_device(device)
+        self.session = InferenceSession(model.SerializeToString(), options or make_session_options(),
+                                        providers=providers)
+        self._sess = self.session._sess
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self._device = ort_device(device)
+
+    def bind(self, inputs: Sequence, outputs: Sequence | None = None):
+        """A C-level IOBinding of ``inputs`` (OrtValues, in input order) and ``outputs`` (pre-allocated OrtValues,
+        or None to let onnxruntime allocate them on the device at each run)."""
+        binding = _C.SessionIOBinding(self._sess)
+        for name, value in _zip_exact(self.input_names, inputs):
+            binding.bind_ortvalue_input(name, _c_value(value))
+        if outputs is None:
+            for name in self.output_names:
+                binding.bind_output(name, self._device)
+        else:
+            for name, value in _zip_exact(self.output_names, outputs):
+                binding.bind_ortvalue_output(name, _c_value(value))
+        return binding
+
+    def run_bound(self, binding) -> None:
+        self._sess.run_with_iobinding(binding, None)
+
+    def run(self, *inputs) -> list[OrtValue]:
+        """Run on ``inputs`` (OrtValues or arrays); outputs are OrtValues on the device."""
+        values = [to_ortvalue(v, self.device) for v in inputs]
+        binding = self.bind(values)
+        self.run_bound(binding)
+        return [OrtValue(v) for v in binding.get_outputs()]
+
+
+def _zip_exact(names: Sequence[str], values: Sequence) -> list:
+    if len(names) != len(values):
+        raise ValueError(f"{len(values)} values for the {len(names)} names {list(names)}")
+    return list(zip(names, values))
+
+
+def _c_value(value):
+    if isinstance(value, DeviceBuffer):
+        return value.c
+    return value._ortvalue if isinstance(value, OrtValue) else value
+
+
+def make_session_options(n_threads: int | None = None) -> SessionOptions:
+    """Session options logging errors only (onnxruntime warns about harmless shape merges in training graphs),
+    with ``n_threads`` intra-op threads when given (default: onnxruntime's choice, all cores)."""
+    options = SessionOptions()
+    options.log_severity_level = 3
+    if n_threads:
+        options.intra_op_num_threads = int(n_threads)
+    return options

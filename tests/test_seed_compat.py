@@ -1,0 +1,124 @@
+"""Features users of onnxcustom's design bring: per-sample losses, graphs in memory, steppable learning rates,
+sample weights as a column, logging, scikit-learn's 'optimal' schedule, several penalty terms."""
+
+import logging
+
+import numpy as np
+import onnx
+import pytest
+from sklearn.linear_model import LinearRegression, SGDRegressor
+
+from ortflow import (
+    ElasticLearningLoss,
+    LearningRateSGD,
+    OrtGradientForwardBackwardOptimizer,
+    OrtGradientOptimizer,
+    add_loss_output,
+    to_onnx,
+)
+from ortflow.schedules import learning_rate_at
+
+
+@pytest.fixture(scope="module")
+def linear(regression_data):
+    X, y = regression_data
+    return to_onnx(LinearRegression().fit(X[:20], np.zeros(20)))
+
+
+def test_per_sample_losses_of_both_trainers(regression_data, linear):
+    X, y = regression_data
+    w = np.linspace(0.5, 2.0, len(X)).astype(np.float32)
+    full = OrtGradientOptimizer(add_loss_output(linear, "elastic", weight_name="weight", l1_weight=0.3,
+                                                l2_weight=0.7), max_iter=2).fit(X, y, w)
+    fwbw = OrtGradientForwardBackwardOptimizer(linear, max_iter=2, learning_loss=ElasticLearningLoss(0.3, 0.7)
+                                               ).fit(X, y, w)
+    for est in (full, fwbw):
+        d = est.predict(X) - y
+        expected = w * (0.3 * np.abs(d) + 0.7 * d**2)
+        np.testing.assert_allclose(est.losses(X, y, w), expected, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(est.losses(X, y), expected / w, rtol=1e-4, atol=1e-6)
+
+
+def test_save_onnx_graph_without_folder_returns_the_graphs_in_memory(regression_data, linear, tmp_path):
+    X, y = regression_data
+    est = OrtGradientForwardBackwardOptimizer(linear, max_iter=1).fit(X, y)
+    in_memory = est.save_onnx_graph()
+    on_disk = est.save_onnx_graph(tmp_path)
+    assert set(in_memory) == set(on_disk)
+    for name, data in in_memory.items():
+        assert isinstance(data, bytes)
+        assert len(onnx.load_from_string(data).graph.node) > 0, name
+        assert data == open(on_disk[name], "rb").read(), name
+    full = OrtGradientOptimizer(add_loss_output(linear), max_iter=1).fit(X, y)
+    graphs = full.save_onnx_graph()
+    assert {"training_model", "optimizer_model", "trained_model"} <= set(graphs)
+    assert graphs["training_model"] == open(full.save_onnx_graph(tmp_path / "f")["training_model"], "rb").read()
+
+
+def test_learning_rate_schedule_can_be_stepped_outside_a_fit():
+    rate = LearningRateSGD(eta0=0.1, power_t=0.5).init_learning_rate()
+    assert rate.value == pytest.approx(0.1)
+    assert rate.update_learning_rate(3).value == pytest.approx(0.1 / 4**0.5)
+    np.testing.assert_allclose(list(rate.loop(4)), [0.1 / (t + 1) ** 0.5 for t in range(4)])
+
+
+def test_sample_weight_as_a_column(regression_data, linear):
+    X, y = regression_data
+    w = np.linspace(0.5, 2.0, len(X)).astype(np.float32)
+    graph = add_loss_output(linear, weight_name="weight")
+    params = dict(max_iter=2, shuffle=False)
+    flat = OrtGradientOptimizer(graph, **params).fit(X, y, w)
+    column = OrtGradientOptimizer(graph, **params).fit(X, y, w.reshape(-1, 1))
+    np.testing.assert_array_equal(column.get_state()["coef"], flat.get_state()["coef"])
+    with pytest.raises(ValueError, match="sample_weight is zero everywhere"):
+        OrtGradientOptimizer(graph, **params).fit(X, y, np.zeros(len(X)))
+
+
+def test_enable_logging_reports_every_epoch(regression_data, linear, caplog):
+    X, y = regression_data
+    with caplog.at_level(logging.DEBUG, logger="ortflow"):
+        OrtGradientForwardBackwardOptimizer(linear, max_iter=3, enable_logging=True).fit(X, y)
+    epochs = [r for r in caplog.records if r.levelno == logging.INFO and "epoch" in r.getMessage()]
+    assert len(epochs) == 3
+    assert any("batch losses" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="ortflow"):
+        OrtGradientForwardBackwardOptimizer(linear, max_iter=2).fit(X, y)
+    assert not caplog.records
+
+
+def test_optimal_schedule_is_scikit_learns_sequence():
+    """scikit-learn's SGDRegressor with learning_rate='optimal': each step moves coef by eta_t * (y - p) when
+    alpha's shrink is negligible; one feature of value 1, target 1, no intercept."""
+    alpha = 1e-4
+    sgd = SGDRegressor(learning_rate="optimal", alpha=alpha, penalty=None, fit_intercept=False, shuffle=False,
+                       average=False)
+    X, y = np.ones((1, 1)), np.ones(1)
+    coefs = [0.0]
+    sgd.partial_fit(X, y)
+    coefs.append(float(sgd.coef_[0]))
+    sgd.partial_fit(X, y)
+    coefs.append(float(sgd.coef_[0]))
+    eta1 = coefs[1] - coefs[0]  # p = 0, y - p = 1
+    eta2 = (coefs[2] - coefs[1]) / (1.0 - coefs[1])
+    assert eta1 == pytest.approx(10.0)
+    np.testing.assert_allclose([eta1, eta2], [learning_rate_at("optimal", 0.0, t, alpha=alpha) for t in (0, 1)],
+                               rtol=1e-9)
+
+
+def test_several_penalty_terms_train_with_full_training(regression_data):
+    """Seen: penalty={'coef': {'l1': .1, 'l2': .1}} (or two weights) joined the terms with Sum, which has no
+    gradient in onnxruntime 1.19.2; the error named the node ''."""
+    from sklearn.neural_network import MLPRegressor
+
+    X, y = regression_data
+    linear = to_onnx(LinearRegression().fit(X[:20], np.zeros(20)))
+    graph = add_loss_output(linear, penalty={"coef": {"l1": 0.1, "l2": 0.1}, "intercept": 0.01})
+    assert all(node.name for node in graph.graph.node)
+    assert "Sum" not in {node.op_type for node in graph.graph.node}
+    est = OrtGradientOptimizer(graph, max_iter=5, learning_rate=0.01, random_state=0).fit(X, y)
+    assert est.train_losses_[-1] < est.train_losses_[0]
+    mlp = to_onnx(MLPRegressor(hidden_layer_sizes=(4,), max_iter=1).fit(X, y))
+    graph = add_loss_output(mlp, penalty={"coef_0": {"l1": 0.01, "l2": 0.01}, "coef_1": 0.01})
+    est = OrtGradientOptimizer(graph, max_iter=3, learning_rate=0.01, random_state=0).fit(X, y)
+    assert est.train_losses_[-1] < est.train_losses_[0]
