@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"problems {found.problems}", flush=True)
         finally:
             server.stop()
-    print(f"\n| store | chains at once | wall time (s) | chains per minute | failed chains | runs FINISHED | "
+    print("\n| store | chains at once | wall time (s) | chains per minute | failed chains | runs FINISHED | "
           f"epoch metric points | versions | @champion on the best | problems |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for label, outcome, found in rows:

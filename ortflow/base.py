@@ -21,13 +21,11 @@ Parameters are declared once in :mod:`ortflow.parameters` (``parameters`` of eac
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import onnx

@@ -18,6 +18,7 @@ from . import tracking as tr
 from .bundle import Bundle
 from .stages import stage_function
 from .config import task_of
+from .precheck import check_training_settings
 from .runner import (
     execute_stage,
     job_dir,
@@ -42,6 +43,7 @@ class ChainResult:
 def run_chain(cfg: DictConfig, work_dir: Path | None = None) -> ChainResult:
     """Run ``cfg.stages`` in order; each stage's outputs feed the next through the bundle."""
     tracking = prepare(cfg)
+    check_training_settings(cfg)
     bundle = Bundle.from_source(cfg.source)
     env_run = os.environ.get("MLFLOW_RUN_ID") or None
     sweep_parent = None if env_run else sweep_parent_run_id()

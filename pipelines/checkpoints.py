@@ -8,11 +8,12 @@ leaves a copy torn; with two copies written one after the other, at most one is,
 
 **Resuming.** ``trainer.resume_from`` takes a local checkpoint folder, an artifact URI
 (``runs:/<train run id>/checkpoint``), or a bare run id (that run's ``checkpoint/``). :func:`resume_point`
-downloads it, takes ``checkpoint/`` when its files match its manifest and ``checkpoint_backup/`` otherwise, and
+downloads it, takes ``checkpoint/`` when its files match its manifest and ``checkpoint_backup/`` otherwise (a
+logged copy without a manifest is not trusted; a local folder is the user's own and needs none), and
 tags the new run ``ortflow.resumed_from``, ``ortflow.resumed_from_run`` and ``ortflow.resumed_from_epoch``.
 Once the checkpoint is restored, :class:`MarkResumed` ends the source run as ``KILLED`` with the tag
-``ortflow.resumed_by`` when it is still ``RUNNING`` (its process was killed and could not end it), and so the
-parent run of the chain it ran in.
+``ortflow.resumed_by`` when it is still ``RUNNING`` and its process is gone (:func:`pipelines.tracking.is_alive`:
+its pid on this host, its heartbeat elsewhere), and so the parent run of the chain it ran in.
 """
 
 from __future__ import annotations
@@ -302,7 +303,7 @@ def resolve(tracking: tr.Tracking, resume_from: str | None, dest: Path) -> Resum
                                   f"store {tracking.uri} ({str(exc).splitlines()[0][:200]})") from exc
     primary = _download(uri, dest / "primary", tracking.uri)
     state = check_folder(primary) if primary else "missing"
-    if state in ("ok", "unverified"):
+    if state == "ok":  # a logged copy without its manifest ("unverified") is not trusted
         return ResumePoint(str(primary), uri, run_id, checkpoint_epoch(primary))
     backup_uri = uri + BACKUP_SUFFIX
     backup = _download(backup_uri, dest / "backup", tracking.uri)
@@ -312,6 +313,8 @@ def resolve(tracking: tr.Tracking, resume_from: str | None, dest: Path) -> Resum
         return ResumePoint(str(backup), backup_uri, run_id, checkpoint_epoch(backup))
     hint = (f" Run {run_id} logged no checkpoint: it was stopped before its first one, or ran without "
             "trainer.checkpoint_every" if state == "missing" and run_id else "")
+    if state == "unverified":
+        hint = f" A logged checkpoint without its {MANIFEST} (sha256 of its files) is not trusted."
     raise CheckpointError(f"trainer.resume_from={str(resume_from)!r}: no complete checkpoint at {uri} "
                           f"({state}) nor at {backup_uri}.{hint}")
 
@@ -353,6 +356,11 @@ def mark_resumed(tracking: tr.Tracking, source_run_id: str, run_id: str) -> list
     """
     source = tracking.client.get_run(source_run_id)
     if source.info.status != "RUNNING" or source_run_id == run_id:
+        return []
+    if tr.is_alive(source):  # RUNNING because it runs: two trainings now go on from the same checkpoint
+        tags = source.data.tags
+        _log.warning("run %s is still alive (pid %s on %s): not marked KILLED", source_run_id, tags.get(tr.PID_TAG),
+                     tags.get(tr.HOST_TAG))
         return []
     marked = [source_run_id]
     parent_id = source.data.tags.get(MLFLOW_PARENT_RUN_ID)

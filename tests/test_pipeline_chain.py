@@ -284,5 +284,7 @@ def test_checkpoint_logged_and_training_resumed_from_it(compose_pipeline, clean_
     resumed = _chain(compose_pipeline, tmp_path, sqlite_uri, stages, "trainer.max_iter=4",
                      f"trainer.resume_from=runs:/{train_run}/checkpoint", name="resumed")
     history = client.get_metric_history(resumed.stage_run_ids["train"], "train_loss")
-    assert sorted(m.step for m in history) == [3, 4]  # epochs 1-2 were the first run's
+    assert sorted(m.step for m in history) == [1, 2, 3, 4]  # the whole curve: epochs 1-2 from the checkpoint
+    first_losses = {m.step: m.value for m in client.get_metric_history(train_run, "train_loss")}
+    assert {m.step: m.value for m in history if m.step <= 2} == first_losses
     assert client.get_run(resumed.stage_run_ids["train"]).data.tags["ortflow.resumed_from"].endswith("/checkpoint")

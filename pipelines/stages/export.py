@@ -21,6 +21,7 @@ from mlflow.models import infer_signature
 from .. import promotion
 from ..data import Split
 from ..runner import StageContext, in_multirun
+from .evaluate import check_finite_predictions, onnx_predict
 
 
 def pip_requirements() -> list[str]:
@@ -51,8 +52,10 @@ def export(ctx: StageContext) -> dict:
     direction = str(cfg.promotion.direction) if cfg.promotion.direction else promotion.default_direction(metric)
     value = evaluation[metric]
 
-    example = split.raw_X(split.X_test[:5])
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    # the graph about to be registered, run on the whole test split: a NaN model never reaches the registry
+    check_finite_predictions(onnx_predict(session, split.raw_X(split.X_test), split.task), split)
+    example = split.raw_X(split.X_test[:5])
     outputs = dict(zip([o.name for o in session.get_outputs()],
                        session.run(None, {session.get_inputs()[0].name: example})))
     signature = infer_signature(example, outputs)
