@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.stop()
     print("\n| store | chains at once | wall time (s) | chains per minute | failed chains | runs FINISHED | "
-          f"epoch metric points | versions | @champion on the best | problems |")
+          "epoch metric points | versions | @champion on the best | problems |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for label, outcome, found in rows:
         best = "yes" if found.champion and not any("@champion" in p for p in found.problems) else "no"
