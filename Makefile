@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
-EXTRAS ?= cpu,pipelines,test
+EXTRAS ?= cpu,pipelines,test,torch
 
 .PHONY: install run test bench ui clean
 
