@@ -265,7 +265,8 @@ class OnnxModule(nn.Module):
                 raise TypeError(f"input {name!r} has dtype {tensor.dtype}, the graph expects {dtype}")
             if dims is not None and (tensor.dim() != len(dims) or any(
                     d is not None and d != s for d, s in zip(dims, tensor.shape))):
-                expected = tuple("?" if d is None else d for d in dims)
+                shown = ", ".join("?" if d is None else str(d) for d in dims)
+                expected = f"({shown},)" if len(dims) == 1 else f"({shown})"
                 raise ValueError(f"input {name!r} has shape {tuple(tensor.shape)}, the graph expects {expected} "
                                  f"(rank {len(dims)})")
             if tensor.device != device:
