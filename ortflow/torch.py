@@ -24,6 +24,11 @@ import numpy as np
 import onnx
 import torch
 from torch import nn
+from torch.utils.dlpack import to_dlpack
+
+# What torch.utils.dlpack.from_dlpack calls for a capsule, without its Python checks (onnxruntime's ORTModule
+# passes the same function to OrtValueVector.to_dlpacks).
+_from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
 
 from . import graph as g
 from ._ort import OrtValueVector, PartialGraphExecutionState, ort
@@ -61,17 +66,43 @@ def parameter_name(initializer: str, taken: set[str] | frozenset = frozenset()) 
     return name
 
 
-def _to_ort(tensor: torch.Tensor):
-    """A C OrtValue viewing ``tensor`` (made contiguous first when it is not)."""
+def _capsule(tensor: torch.Tensor):
+    """A DLPack capsule viewing ``tensor`` (made contiguous first when it is not: onnxruntime reads dense buffers)."""
     tensor = tensor.detach()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
-    return _C.OrtValue.from_dlpack(tensor.__dlpack__(), tensor.dtype == torch.bool)
+    return to_dlpack(tensor)
 
 
-def _to_torch(value) -> torch.Tensor:
-    """A torch tensor viewing the C OrtValue ``value`` (which the tensor keeps alive)."""
-    return torch.utils.dlpack.from_dlpack(value.to_dlpack())
+def _to_ort(tensor: torch.Tensor):
+    """A C OrtValue viewing ``tensor``."""
+    return _C.OrtValue.from_dlpack(_capsule(tensor), tensor.dtype == torch.bool)
+
+
+def _vector(tensors: Sequence[torch.Tensor], values: Sequence = ()) -> OrtValueVector:
+    """An OrtValueVector viewing ``tensors`` then holding the C OrtValues ``values``."""
+    vector = OrtValueVector()
+    vector.reserve(len(tensors) + len(values))
+    for tensor in tensors:
+        vector.push_back(_capsule(tensor), tensor.dtype == torch.bool)
+    for value in values:
+        vector.push_back(value)
+    return vector
+
+
+def _to_torch(vector: OrtValueVector) -> list[torch.Tensor]:
+    """Torch tensors viewing every OrtValue of ``vector`` (one C++ call; the tensors own the values)."""
+    tensors = vector.to_dlpacks(_from_dlpack)
+    for i in vector.bool_tensor_indices():  # DLPack carries booleans as uint8
+        tensors[i] = tensors[i].to(torch.bool)
+    return tensors
+
+
+def _synchronize(device: torch.device) -> None:
+    """On CUDA, wait for the device: torch and onnxruntime work on different streams, so the tensors one writes
+    must be complete before the other reads them (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _device_string(device: torch.device) -> str:
@@ -91,52 +122,91 @@ class _Runtime:
         self.device = device
         threads = module.n_threads or torch.get_num_threads()
         self.options = quiet_options(threads)
-        self._fwbw: dict[tuple[str, ...], OrtGradientForwardBackward] = {}
-        self._static_keys: dict[tuple[str, ...], set] = {}
+        # torch's and onnxruntime's thread pools take turns on the same cores: a pool spinning while it waits
+        # for work steals them from the other (4x slower batches on case A of the bench with 2 threads each).
+        self.options.add_session_config_entry("session.intra_op.allow_spinning", "1" if module.spinning else "0")
+        self._param_views: list[tuple[int, Any] | None] = [None] * len(module.weights_to_train_)
+        self._plans: dict[tuple[str, ...], _Plan] = {}
+        self._agents: dict[tuple[str, ...], dict[tuple, tuple]] = {}
         self._inference: OnnxFunction | None = None
 
-    def fwbw(self, inputs_with_grad: tuple[str, ...]) -> OrtGradientForwardBackward:
-        if inputs_with_grad not in self._fwbw:
-            self._fwbw[inputs_with_grad] = OrtGradientForwardBackward(
+    def plan(self, inputs_with_grad: tuple[str, ...]) -> _Plan:
+        """The plan of the forward-backward object computing the gradients of ``inputs_with_grad`` and of the
+        parameters (built on first use)."""
+        plan = self._plans.get(inputs_with_grad)
+        if plan is None:
+            fb = OrtGradientForwardBackward(
                 self.module.onnx_model_, weights_to_train=self.module.weights_to_train_,
                 input_names_to_train=list(inputs_with_grad), device=self.device, session_options=self.options)
-            self._static_keys[inputs_with_grad] = set()
-        return self._fwbw[inputs_with_grad]
+            plan = self._plans[inputs_with_grad] = _Plan(self.module, fb, inputs_with_grad)
+            self._agents[inputs_with_grad] = {}
+        return plan
 
-    def agent(self, fb: OrtGradientForwardBackward, key: tuple[str, ...], inputs: Sequence[torch.Tensor]):
-        """A static-shape agent for these input shapes while fewer than ``static_shapes`` exist, else the agent
-        for any shape."""
+    def agent(self, plan: _Plan, key: tuple[str, ...], inputs: Sequence[torch.Tensor]) -> tuple:
+        """(agent, cache): the static-shape agent for these input shapes while fewer than ``static_shapes``
+        exist, else the agent for any shape."""
+        agents = self._agents[key]
         shapes = tuple(tuple(t.shape) for t in inputs)
-        known = self._static_keys[key]
-        if shapes in known or len(known) < self.module.static_shapes:
-            known.add(shapes)
-            return fb.static_agent(shapes)
-        return fb.agent_, fb.cache_
+        found = agents.get(shapes)
+        if found is None:
+            fb = plan.fb
+            if len(agents) < self.module.static_shapes:
+                found = agents[shapes] = fb.static_agent(shapes)
+            else:
+                found = (fb.agent_, fb.cache_)
+        return found
 
-    def infer(self, feeds: dict[str, Any]) -> list:
+    def param_views(self, params: Sequence[torch.Tensor]) -> list:
+        """C OrtValues viewing the parameters, kept while a parameter's storage stays where it is (optimizers and
+        ``load_state_dict`` write in place): a DLPack export costs a few microseconds per tensor and batch."""
+        views = []
+        for i, param in enumerate(params):
+            cached = self._param_views[i]
+            if cached is None or cached[0] != param.data_ptr():
+                cached = self._param_views[i] = (param.data_ptr(), _to_ort(param))
+            views.append(cached[1])
+        return views
+
+    def infer(self, feeds: dict[str, Any], device: torch.device) -> list:
         if self._inference is None:
-            fb = next(iter(self._fwbw.values()), None)
-            model = fb.training_input_model_ if fb is not None else self.fwbw(()).training_input_model_
+            plan = next(iter(self._plans.values()), None) or self.plan(())
+            model = plan.fb.training_input_model_
             self._inference = OnnxFunction(model, self.device, self.options)
         fn = self._inference
         binding = fn.bind([feeds[name] for name in fn.input_names])
+        _synchronize(device)
         fn.run_bound(binding)
-        return list(binding.get_outputs())
+        _synchronize(device)
+        return binding.get_outputs()
 
 
-def _run_forward(module: OnnxModule, fb, agent_cache, tensors: Sequence[torch.Tensor]):
-    """(output C OrtValues, execution state) of the training graph's forward pass on ``tensors`` (inputs then
-    parameters)."""
+class _Plan:
+    """Where the module's tensors sit in the feeds and fetches of one forward-backward object."""
+
+    def __init__(self, module: OnnxModule, fb: OrtGradientForwardBackward, input_grads: tuple[str, ...]):
+        if fb.feed_names_ != module.feed_names_:
+            raise UnsupportedModelError(f"the training graph's inputs {fb.feed_names_} are not the graph inputs "
+                                        f"then the trained weights {module.feed_names_}")
+        position = {name: i for i, name in enumerate(fb.grad_names_)}
+        self.fb = fb
+        self.n_outputs = len(module.output_names_)
+        self.non_differentiable = set(fb.non_differentiable_)
+        self.input_grads = [position[name + "_grad"] if name in input_grads else None
+                            for name in module.input_names_]
+        self.weight_grads = [position[name + "_grad"] for name in module.weights_to_train_]
+
+
+def _run_forward(plan: _Plan, agent_cache, inputs: Sequence[torch.Tensor], param_views: Sequence,
+                 device: torch.device):
+    """(output tensors, execution state) of the training graph's forward pass."""
     agent, cache = agent_cache
-    values = dict(zip(module.input_names_ + module.weights_to_train_, map(_to_ort, tensors)))
-    vector = OrtValueVector()
-    vector.reserve(len(fb.feed_names_))
-    for name in fb.feed_names_:
-        vector.push_back(values[name])
     fetches = OrtValueVector()
     state = PartialGraphExecutionState()
-    agent.run_forward(vector, fetches, state, cache)
-    return [fetches[i] for i in range(len(module.output_names_))], state
+    feeds = _vector(inputs, param_views)
+    _synchronize(device)
+    agent.run_forward(feeds, fetches, state, cache)
+    _synchronize(device)
+    return _to_torch(fetches)[: plan.n_outputs], state
 
 
 class _OnnxFunction(torch.autograd.Function):
@@ -145,36 +215,34 @@ class _OnnxFunction(torch.autograd.Function):
     pass: a second one (``retain_graph=True``, ``gradcheck``) runs the forward pass again on the saved tensors."""
 
     @staticmethod
-    def forward(ctx, module: OnnxModule, fb, agent_cache, input_grads: tuple, *tensors):
-        fetches, state = _run_forward(module, fb, agent_cache, tensors)
-        outputs = [_to_torch(value) for value in fetches]
-        ctx.module, ctx.fb, ctx.agent_cache, ctx.state = module, fb, agent_cache, state
-        ctx.input_grads, ctx.dtypes = input_grads, [o.dtype for o in outputs]
+    def forward(ctx, plan: _Plan, agent_cache, param_views: list, n_inputs: int, *tensors):
+        device = tensors[-1].device
+        outputs, ctx.state = _run_forward(plan, agent_cache, tensors[:n_inputs], param_views, device)
+        ctx.plan, ctx.agent_cache, ctx.n_inputs, ctx.device = plan, agent_cache, n_inputs, device
+        ctx.dtypes = [o.dtype for o in outputs]
         ctx.save_for_backward(*tensors)
-        ctx.mark_non_differentiable(*(outputs[i] for i in fb.non_differentiable_))
+        if plan.non_differentiable:
+            ctx.mark_non_differentiable(*(outputs[i] for i in plan.non_differentiable))
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        fb = ctx.fb
+        plan = ctx.plan
         state, ctx.state = ctx.state, None
         if state is None:
-            _, state = _run_forward(ctx.module, fb, ctx.agent_cache, ctx.saved_tensors)
-        skipped = set(fb.non_differentiable_)
-        grads = [_to_ort(grad.to(dtype)) for i, (grad, dtype) in enumerate(zip(grad_outputs, ctx.dtypes))
-                 if i not in skipped]
-        feeds = OrtValueVector()
-        for value in grads:
-            feeds.push_back(value)
+            saved = ctx.saved_tensors
+            views = [_to_ort(t) for t in saved[ctx.n_inputs:]]
+            _, state = _run_forward(plan, ctx.agent_cache, saved[: ctx.n_inputs], views, ctx.device)
+        grads = [grad if grad.dtype == dtype else grad.to(dtype)
+                 for i, (grad, dtype) in enumerate(zip(grad_outputs, ctx.dtypes)) if i not in plan.non_differentiable]
         fetches = OrtValueVector()
+        feeds = _vector(grads)
+        _synchronize(ctx.device)
         ctx.agent_cache[0].run_backward(feeds, fetches, state)
-        by_name = {name: fetches[i] for i, name in enumerate(fb.grad_names_)}
-        result = [None, None, None, None]
-        for name in fb.input_names_:
-            value = by_name.get(name + "_grad") if name in ctx.input_grads else None
-            result.append(None if value is None else _to_torch(value))
-        result.extend(_to_torch(by_name[name + "_grad"]) for name in fb.weights_to_train_)
-        return tuple(result)
+        _synchronize(ctx.device)
+        tensors = _to_torch(fetches)
+        return (None, None, None, None, *(None if i is None else tensors[i] for i in plan.input_grads),
+                *(tensors[i] for i in plan.weight_grads))
 
 
 class OnnxModule(nn.Module):
@@ -190,21 +258,24 @@ class OnnxModule(nn.Module):
     ``n_threads``: onnxruntime intra-op threads (default: ``torch.get_num_threads()`` when the sessions are built).
     ``static_shapes``: how many distinct input shapes get their own shape-specialized training graph (faster
     backward bookkeeping, built on first use of a shape); other shapes share one graph for any shape.
+    ``spinning``: let onnxruntime's idle threads spin (off by default: they would take the cores from torch's).
 
     Without gradient (``torch.no_grad()``, or nothing requiring one) the graph runs in a plain inference session.
     The graph has no training mode of its own: ``train()`` and ``eval()`` give the same values.
     """
 
     def __init__(self, onx, weights_to_train: Sequence[str] | None = None, n_threads: int | None = None,
-                 static_shapes: int = 4):
+                 static_shapes: int = 4, spinning: bool = False):
         super().__init__()
         model = g.load_model(onx)
         g.check_loadable(model)
         self.weights_to_train_ = check_weights_to_train(model, weights_to_train)
         self.input_names_ = g.input_names(model)
         self.output_names_ = g.output_names(model)
+        self.feed_names_ = self.input_names_ + self.weights_to_train_
         self.n_threads = n_threads
         self.static_shapes = int(static_shapes)
+        self.spinning = bool(spinning)
         inputs = {i.name: i for i in model.graph.input}
         self._input_specs = [self._spec(inputs[name]) for name in self.input_names_]
         inits = g.get_initializers(model)
@@ -215,6 +286,7 @@ class OnnxModule(nn.Module):
             taken.add(attr)
             self.parameter_names_[name] = attr
             self.register_parameter(attr, nn.Parameter(torch.from_numpy(np.array(inits[name]))))
+        self._param_dtypes = [p.dtype for p in self._parameters.values()]
         # The graph without the trained values (torch owns them); get_trained_onnx puts them back.
         self.onnx_model_ = model
         self._runtimes: dict[str, _Runtime] = {}
@@ -237,20 +309,20 @@ class OnnxModule(nn.Module):
         return {name: getattr(self, attr) for name, attr in self.parameter_names_.items()}
 
     def forward(self, *inputs: torch.Tensor):
-        params = list(self.parameters_by_initializer().values())
+        params = list(self._parameters.values())
         device = self._check_inputs(inputs, params)
         runtime = self._runtime(device)
         grad = torch.is_grad_enabled()
         input_grads = tuple(name for name, t in zip(self.input_names_, inputs)
                             if grad and t.requires_grad and t.is_floating_point())
+        views = runtime.param_views(params)
         if not grad or not (input_grads or any(p.requires_grad for p in params)):
-            feeds = {name: _to_ort(t) for name, t in zip(self.input_names_ + self.weights_to_train_,
-                                                         list(inputs) + params)}
-            outputs = tuple(_to_torch(v) for v in runtime.infer(feeds))
+            feeds = dict(zip(self.feed_names_, [_to_ort(t) for t in inputs] + views))
+            outputs = _to_torch(runtime.infer(feeds, device))
         else:
-            fb = runtime.fwbw(input_grads)
-            agent = runtime.agent(fb, input_grads, inputs)
-            outputs = _OnnxFunction.apply(self, fb, agent, input_grads, *inputs, *params)
+            plan = runtime.plan(input_grads)
+            agent = runtime.agent(plan, input_grads, inputs)
+            outputs = _OnnxFunction.apply(plan, agent, views, len(inputs), *inputs, *params)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def _check_inputs(self, inputs: Sequence[torch.Tensor], params: list[nn.Parameter]) -> torch.device:
@@ -272,19 +344,13 @@ class OnnxModule(nn.Module):
             if tensor.device != device:
                 raise ValueError(f"input {name!r} is on {tensor.device}, the module's parameters on {device}; "
                                  "move them to the same device")
-        for name, param in self.parameters_by_initializer().items():
-            init = param.dtype
+        for name, param, expected in zip(self.weights_to_train_, params, self._param_dtypes):
             if param.device != device:
                 raise ValueError(f"parameter {name!r} is on {param.device}, the others on {device}")
-            expected = self._initializer_dtype(name)
-            if init != expected:
-                raise TypeError(f"parameter {name!r} has dtype {init}, the graph expects {expected}: the graph's "
-                                "dtypes are fixed (convert the ONNX graph instead of calling .double()/.float())")
+            if param.dtype != expected:
+                raise TypeError(f"parameter {name!r} has dtype {param.dtype}, the graph expects {expected}: the "
+                                "graph's dtypes are fixed (convert the ONNX graph instead of calling .double())")
         return device
-
-    def _initializer_dtype(self, name: str) -> torch.dtype:
-        init = next(i for i in self.onnx_model_.graph.initializer if i.name == name)
-        return _TORCH_DTYPES[init.data_type]
 
     def _runtime(self, device: torch.device) -> _Runtime:
         key = _device_string(device)
