@@ -184,7 +184,7 @@ class _Plan:
     """Where the module's tensors sit in the feeds and fetches of one forward-backward object."""
 
     def __init__(self, module: OnnxModule, fb: OrtGradientForwardBackward, input_grads: tuple[str, ...]):
-        if fb.feed_names_ != module.feed_names_:
+        if fb.feed_names_ != module.feed_names_:  # OrtGradientForwardBackward puts the weights after the inputs
             raise UnsupportedModelError(f"the training graph's inputs {fb.feed_names_} are not the graph inputs "
                                         f"then the trained weights {module.feed_names_}")
         position = {name: i for i, name in enumerate(fb.grad_names_)}

@@ -203,8 +203,11 @@ def two_in_two_out() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def test_several_inputs_and_outputs_frozen_initializer():
+@pytest.mark.parametrize("declared", [False, True])
+def test_several_inputs_and_outputs_frozen_initializer(declared):
     onx = two_in_two_out()
+    if declared:  # older graphs list initializers among the inputs too, here before the real inputs
+        onx.graph.input.insert(0, helper.make_tensor_value_info("V", TensorProto.FLOAT, [2, 1]))
     layer = OnnxModule(onx, weights_to_train=["layer.0/W", "c", "V"])
     assert layer.parameter_names_ == {"layer.0/W": "layer_0_W", "c": "c", "V": "V"}
     assert "frozen" not in dict(layer.named_parameters())
