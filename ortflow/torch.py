@@ -364,6 +364,15 @@ class OnnxModule(nn.Module):
         values = {name: p.detach().cpu().numpy() for name, p in self.parameters_by_initializer().items()}
         return g.replace_initializers(self.onnx_model_, values)
 
+    def training_graphs(self) -> dict[str, onnx.ModelProto]:
+        """The forward-backward graphs onnxruntime built so far on the first device used: ``training`` (and
+        ``training_grad_<inputs>`` when gradients of some inputs were asked for), for reading or logging."""
+        graphs = {}
+        for runtime in list(self._runtimes.values())[:1]:
+            for key, plan in runtime._plans.items():
+                graphs["_".join(["training", *(["grad"] if key else []), *key])] = plan.fb.gradient_model_
+        return graphs
+
     def extra_repr(self) -> str:
         return f"inputs={self.input_names_}, outputs={self.output_names_}, trained={self.weights_to_train_}"
 

@@ -73,6 +73,7 @@ class PenaltyKind(_Choice):
 class TrainerKind(_Choice):
     full = "full"
     fwbw = "fwbw"
+    torch = "torch"  # pipelines/stages/train_torch.py
 
 
 class OptimizerKind(_Choice):

@@ -95,7 +95,10 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
     resume = resume_point(ctx)  # trainer.resume_from: downloaded, checked, and this run tagged
     if resume is not None and resume.run_id:
         trainer_callbacks.append(MarkResumed(ctx.tracking, resume.run_id, ctx.run_id))  # the killed run ends KILLED
-    estimator = (build_full if full else build_fwbw)(cfg, graph, trainer_callbacks)
+    build = build_full if full else build_fwbw
+    if str(cfg.trainer.name) == "torch":  # pipelines/stages/train_torch.py
+        from .train_torch import build_torch as build
+    estimator = build(cfg, graph, trainer_callbacks)
     validation = (split.X_valid, split.y_valid) if split.has_validation else None
 
     resume_from = resume.folder if resume is not None else None
