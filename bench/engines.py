@@ -305,6 +305,13 @@ def train_torch(case: Case, data: CaseData, epochs: int, threads: int) -> Run:
 
     begin = time.perf_counter()
     torch.set_num_threads(threads)
+    return torch_loop(torch_sequential(case, data), case, data, epochs, begin)
+
+
+def torch_sequential(case: Case, data: CaseData):
+    """The case's model as ``nn.Sequential`` (Linear + ReLU) with the initial weights."""
+    import torch
+
     layers = []
     for i, (coef, intercept) in enumerate(initial_layers(data)):
         lin = torch.nn.Linear(coef.shape[0], coef.shape[1])
@@ -314,7 +321,7 @@ def train_torch(case: Case, data: CaseData, epochs: int, threads: int) -> Run:
         layers.append(lin)
         if i < len(case.hidden):
             layers.append(torch.nn.ReLU())
-    return torch_loop(torch.nn.Sequential(*layers), case, data, epochs, begin)
+    return torch.nn.Sequential(*layers)
 
 
 def train_ortflow_torch(case: Case, data: CaseData, epochs: int, threads: int) -> Run:

@@ -226,7 +226,7 @@ def relu_as_mask(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def fused_matmul_for_double(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` itself, or, when a graph input is double, a copy whose ``com.microsoft`` ``FusedMatMul`` nodes
-    compute ``Einsum`` (times ``alpha`` when it is not 1).
+    compute ``Einsum``.
 
     onnxruntime 1.19's gradient builder writes the gradient of ``MatMul`` as ``FusedMatMul`` (transposed operands),
     whose CPU kernel exists for float only: a float64 training graph could not be loaded. Einsum has a double kernel.
@@ -237,29 +237,19 @@ def fused_matmul_for_double(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     new = onnx.ModelProto()
     new.CopyFrom(model)
-    taken = all_names(model) | {n.name for n in model.graph.node}
     nodes = []
     for node in new.graph.node:
         if node.op_type != "FusedMatMul" or node.domain != "com.microsoft":
             nodes.append(node)
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        if attrs.get("transBatchA") or attrs.get("transBatchB"):
-            raise UnsupportedModelError(f"node {node.name!r}: FusedMatMul with transBatchA/transBatchB has no double "
-                                        "kernel in onnxruntime 1.19 and no Einsum rewrite in ortflow")
+        if attrs.get("transBatchA") or attrs.get("transBatchB") or float(attrs.get("alpha", 1.0)) != 1.0:
+            raise UnsupportedModelError(f"node {node.name!r}: FusedMatMul {attrs} has no double kernel in "
+                                        "onnxruntime 1.19 and no Einsum rewrite in ortflow")
         left = "...ji" if attrs.get("transA") else "...ij"
         right = "...kj" if attrs.get("transB") else "...jk"
-        alpha = float(attrs.get("alpha", 1.0))
-        out = node.output[0] if alpha == 1.0 else f"{node.output[0]}_unscaled"
-        while out in taken and alpha != 1.0:
-            out += "_"
-        taken.add(out)
-        nodes.append(onnx.helper.make_node("Einsum", list(node.input), [out], name=node.name + "_einsum",
+        nodes.append(onnx.helper.make_node("Einsum", list(node.input), list(node.output), name=node.name + "_einsum",
                                            equation=f"{left},{right}->...ik"))
-        if alpha != 1.0:
-            scale = numpy_helper.from_array(np.array(alpha, dtype=np.float64), f"{out}_alpha")
-            new.graph.initializer.append(scale)
-            nodes.append(onnx.helper.make_node("Mul", [out, scale.name], [node.output[0]], name=node.name + "_alpha"))
     del new.graph.node[:]
     new.graph.node.extend(nodes)
     return new
