@@ -22,7 +22,11 @@ from typing import Any
 
 import numpy as np
 import onnx
-import torch
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError("ortflow.torch needs PyTorch: pip install 'ortflow[torch]' (torch==2.13.0, CPU build)") from exc
 from torch import nn
 from torch.utils.dlpack import to_dlpack
 
