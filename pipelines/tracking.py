@@ -36,6 +36,8 @@ from ortflow.callbacks import Callback
 from ortflow.graph import safe_join
 
 from .config import to_container
+from .errors import TrackingUnavailableError
+from .paths import original_cwd
 
 _log = logging.getLogger("pipelines.tracking")
 FAILURE_TAG = "ortflow.failure_reason"
@@ -50,10 +52,6 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, MlflowException) and "already exists" in text:
         return False
     return any(marker in text for marker in _TRANSIENT)
-
-
-class TrackingUnavailableError(RuntimeError):
-    """The tracking store cannot be reached; the message names its URI and where local outputs were kept."""
 
 
 def call(fn: Callable, *args: Any, retries: int = 8, retry_seconds: float = 60.0, **kwargs: Any) -> Any:
@@ -118,17 +116,6 @@ class Tracking:
             path = f"#/experiments/{self.experiment_id}" + (f"/runs/{run_id}" if run_id else "")
             return f"open {self.uri.rstrip('/')}/{path}"
         return f"mlflow ui --backend-store-uri {self.uri} --port 5000   # then open http://127.0.0.1:5000"
-
-
-def original_cwd() -> Path:
-    """The directory the command was started from (Hydra may have changed the cwd when chdir is on)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized():
-        from hydra.utils import get_original_cwd
-
-        return Path(get_original_cwd())
-    return Path.cwd()
 
 
 def resolve_root(cfg: DictConfig) -> Path:
