@@ -37,6 +37,7 @@ from ortflow.graph import safe_join
 
 from .config import to_container
 from .errors import TrackingUnavailableError
+from .lineage import source_tags
 from .paths import original_cwd
 
 _log = logging.getLogger("pipelines.tracking")
@@ -345,12 +346,13 @@ def heartbeat(tracking: Tracking, run_id: str, every: float = HEARTBEAT_SECONDS)
 
 def _open_run(tracking: Tracking, run_name: str, run_id: str | None, parent_run_id: str | None,
               tags: Mapping[str, str] | None) -> str:
-    """A new run (nested under ``parent_run_id``), or the existing ``run_id`` with ``tags`` added; both tagged
-    with this process (:func:`process_tags`)."""
+    """A new run (nested under ``parent_run_id``, with the source tags ``mlflow run`` would set:
+    :func:`pipelines.lineage.source_tags`), or the existing ``run_id`` with ``tags`` added; both tagged with this
+    process (:func:`process_tags`)."""
     if run_id is not None:
         set_tags(tracking, run_id, {**(tags or {}), **process_tags()})
         return run_id
-    all_tags = {**(tags or {}), **process_tags()}
+    all_tags = {**source_tags(), **(tags or {}), **process_tags()}
     if parent_run_id:
         all_tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
     return tracking.client.create_run(tracking.experiment_id, run_name=run_name, tags=all_tags).info.run_id
@@ -389,14 +391,16 @@ def parent_run(tracking: Tracking, run_name: str, run_id: str | None = None, par
 
 @contextlib.contextmanager
 def stage_run(tracking: Tracking, run_name: str, parent_run_id: str | None = None, run_id: str | None = None,
-              tags: Mapping[str, str] | None = None) -> Iterator[str]:
-    """The fluent active run of one stage (``mlflow.onnx.log_model`` needs one).
+              tags: Mapping[str, str] | None = None, system_metrics: bool = False) -> Iterator[str]:
+    """The fluent active run of one stage (``mlflow.onnx.log_model`` needs one); with ``system_metrics``, MLflow
+    samples CPU, memory, disk and network into it while it is active (``mlflow.system_metrics``, needs psutil).
 
     A new run is created under ``parent_run_id`` unless ``run_id`` names an existing one (``mlflow run``'s run).
     On an exception the run gets the reason as the tag ``ortflow.failure_reason`` and ends FAILED.
     """
     run_id = _open_run(tracking, run_name, run_id, parent_run_id, tags)
-    tracking.call(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None)
+    tracking.call(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None,
+                  log_system_metrics=True if system_metrics else None)  # None: MLflow's own setting
     try:
         with heartbeat(tracking, run_id):
             yield run_id
