@@ -212,7 +212,8 @@ class TrainerConfig:
     # continue a training from a checkpoint folder, or from a logged one: runs:/<train run id>/checkpoint, or
     # just <train run id> (a run killed while RUNNING is then marked KILLED, tagged ortflow.resumed_by)
     resume_from: Optional[str] = None
-    verbose: int = 0
+    # a progress bar over epochs: None (default) when stdout is a terminal, 0 never, 1 or more always
+    verbose: Optional[int] = None
 
 
 @dataclass
@@ -307,6 +308,8 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="ortflow_config", node=Config)
     if not OmegaConf.has_resolver("ortflow.stem"):
         OmegaConf.register_new_resolver("ortflow.stem", file_stem)
+    if not OmegaConf.has_resolver("ortflow.stages"):  # the --help text (conf/hydra/help/ortflow.yaml)
+        OmegaConf.register_new_resolver("ortflow.stages", lambda: " -> ".join(STAGES))
 
 
 def validate(cfg: DictConfig) -> None:
@@ -382,6 +385,15 @@ def loss(cfg: DictConfig) -> ortflow.BaseLearningLoss:
     """``loss.name`` from the registry, with the ``loss`` settings its class takes."""
     return select("loss", _value(cfg.loss.name), "loss", l1_weight=float(cfg.loss.l1_weight),
                   l2_weight=float(cfg.loss.l2_weight))
+
+
+def trainer_verbose(cfg: DictConfig) -> int:
+    """``trainer.verbose``, or when it is None 1 (ortflow's progress bar over epochs) if stdout is a terminal and
+    0 otherwise: a bar for a person at a terminal, clean logs for jobs, CI and pipes."""
+    import sys
+
+    verbose = cfg.trainer.verbose
+    return int(verbose) if verbose is not None else int(sys.stdout.isatty())
 
 
 def penalty_weights(cfg: DictConfig, names_in_graph: list[str]) -> list[str]:

@@ -32,7 +32,8 @@ CONTEXTS = {"train": "training", "validation": "validation", "test": "testing"}
 #: the code that makes the built-in data sets (the source of their dataset inputs)
 BUILT_IN_SOURCES = {"regression": "sklearn.datasets.make_regression",
                     "classification": "sklearn.datasets.make_classification",
-                    "diabetes": "sklearn.datasets.load_diabetes", "breast_cancer": "sklearn.datasets.load_breast_cancer"}
+                    "diabetes": "sklearn.datasets.load_diabetes",
+                    "breast_cancer": "sklearn.datasets.load_breast_cancer"}
 
 
 def data_source(data: DictConfig):

@@ -62,9 +62,9 @@ def table_path(data: DictConfig) -> Path:
 def read_table(data: DictConfig) -> Table:
     """Read ``data.path`` and check it against ``data.target``, ``data.features``, ``data.task`` and
     ``data.drop_invalid``; raises :class:`DataError` naming the problem."""
+    path = table_path(data)  # before importing pandas: a missing file is reported at once
     import pandas as pd
 
-    path = table_path(data)
     try:
         frame = pd.read_parquet(path) if SUFFIXES[path.suffix.lower()] == "parquet" else pd.read_csv(path)
     except Exception as exc:  # noqa: BLE001 - any reader failure is the file's problem

@@ -38,6 +38,7 @@ from ortflow.graph import safe_join
 from .config import to_container
 from .errors import TrackingUnavailableError
 from .lineage import source_tags
+from .mlproject import OUTER_RUN_ENV
 from .paths import original_cwd
 
 _log = logging.getLogger("pipelines.tracking")
@@ -355,7 +356,21 @@ def _open_run(tracking: Tracking, run_name: str, run_id: str | None, parent_run_
     all_tags = {**source_tags(), **(tags or {}), **process_tags()}
     if parent_run_id:
         all_tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
-    return tracking.client.create_run(tracking.experiment_id, run_name=run_name, tags=all_tags).info.run_id
+    run_id = tracking.client.create_run(tracking.experiment_id, run_name=run_name, tags=all_tags).info.run_id
+    if not parent_run_id:
+        link_mlflow_run(tracking, run_id)
+    return run_id
+
+
+def link_mlflow_run(tracking: Tracking, run_id: str) -> None:
+    """Under ``mlflow run`` given no experiment (see :mod:`pipelines.mlproject`), tag mlflow run's run
+    (``ortflow.pipeline_run``, ``ortflow.pipeline_experiment``) and the top-level run ``run_id`` of the pipelines
+    (``ortflow.mlflow_run``) with each other."""
+    outer = os.environ.get(OUTER_RUN_ENV)
+    if outer:
+        set_tags(tracking, outer, {"ortflow.pipeline_run": run_id, "ortflow.pipeline_experiment":
+                                   f"{tracking.experiment_name} (id {tracking.experiment_id})"})
+        set_tags(tracking, run_id, {"ortflow.mlflow_run": outer})
 
 
 def _mark_failed(tracking: Tracking, run_id: str, exc: BaseException, fluent: bool) -> None:
