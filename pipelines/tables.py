@@ -61,8 +61,24 @@ def table_path(data: DictConfig) -> Path:
 
 def read_table(data: DictConfig) -> Table:
     """Read ``data.path`` and check it against ``data.target``, ``data.features``, ``data.task`` and
-    ``data.drop_invalid``; raises :class:`DataError` naming the problem."""
+    ``data.drop_invalid``; raises :class:`DataError` naming the problem.
+
+    The last table read is kept: the entry point's early check, the chain's pre-check and ``convert`` read the
+    file once (and warn once), unless it changed in between."""
     path = table_path(data)  # before importing pandas: a missing file is reported at once
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size, str(data.target), tuple(data.features or ()),
+           str(data.task), bool(data.get("drop_invalid", False)))
+    if key not in _LAST:
+        _LAST.clear()
+        _LAST[key] = _read(path, data)
+    return _LAST[key]
+
+
+_LAST: dict[tuple, Table] = {}
+
+
+def _read(path: Path, data: DictConfig) -> Table:
     import pandas as pd
 
     try:

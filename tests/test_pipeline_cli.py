@@ -21,7 +21,7 @@ def _run(cmd, cwd, env, timeout=300):
 def test_cli_wrong_type_fails_naming_the_key(tmp_path, pipeline_subprocess_env):
     proc, out = _run([sys.executable, "-m", "pipelines.main", "trainer.max_iter=abc"], tmp_path,
                      pipeline_subprocess_env)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert "trainer.max_iter" in out and "could not be converted to Integer" in out
     assert not (tmp_path / "mlflow.db").exists()  # nothing ran
 
@@ -29,7 +29,7 @@ def test_cli_wrong_type_fails_naming_the_key(tmp_path, pipeline_subprocess_env):
 def test_cli_incompatible_choice_fails_before_any_run(tmp_path, pipeline_subprocess_env):
     proc, out = _run([sys.executable, "-m", "pipelines.train", "model=logistic"], tmp_path,
                      pipeline_subprocess_env)
-    assert proc.returncode != 0 and "ConfigError" in out and "model=logistic" in out
+    assert proc.returncode == 2 and "ConfigError" in out and "model=logistic" in out
 
 
 @pytest.mark.slow
