@@ -1,7 +1,7 @@
 """Your own data (``data=file``): a CSV or Parquet table read and checked, then turned into features and a target.
 
-Nothing is dropped silently. By default a column that is not numeric, a row with a missing or non-finite value
-(or one beyond float32's range, where the model computes) and a target the task cannot use stop the command with a
+Nothing is dropped silently. By default a column that is not numeric, a row with a missing or non-finite value and
+a target the task cannot use stop the command with a
 :class:`~pipelines.errors.DataError` naming them; ``data.drop_invalid=true`` drops such columns and rows instead,
 with a warning, and the counts go into :class:`Table` (the ``convert`` stage logs them).
 
@@ -23,7 +23,6 @@ from .paths import user_path
 
 _log = logging.getLogger("pipelines.tables")
 SUFFIXES = {".csv": "csv", ".txt": "csv", ".parquet": "parquet", ".pq": "parquet"}
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 #: more distinct labels than this in a classification target: a continuous column, not labels
 MAX_CLASSES = 100
 #: fewest rows a split into train, validation and test can take
@@ -95,20 +94,17 @@ def _read(path: Path, data: DictConfig) -> Table:
     features, dropped = _feature_columns(frame, data, path.name, drop)
     y = _target(frame[target], str(data.task), target, path.name)
     X = frame[features].astype(np.float64).to_numpy()
-    valid = np.isfinite(X).all(axis=1) & (np.abs(X) <= FLOAT32_MAX).all(axis=1)
-    valid &= _target_present(y)
+    cells = np.column_stack([np.isfinite(X), _target_present(y)])
+    valid = cells.all(axis=1)
     n_bad = int((~valid).sum())
     if n_bad and not drop:
-        columns = [*features, target]
-        bad_cols = [c for c, ok in zip(columns, [*(np.isfinite(X) & (np.abs(X) <= FLOAT32_MAX)).all(axis=0),
-                                                 bool(_target_present(y).all())]) if not ok]
+        bad_cols = [c for c, ok in zip([*features, target], cells.all(axis=0)) if not ok]
         first = int(np.flatnonzero(~valid)[0])
-        raise DataError(f"{n_bad} of {len(frame)} rows of {path.name} have a missing, non-finite or beyond-float32 "
-                        f"value (columns {_names(bad_cols)}; first at data row {first + 1}): fix them, or "
+        raise DataError(f"{n_bad} of {len(frame)} rows of {path.name} have a missing or non-finite value "
+                        f"(columns {_names(bad_cols)}; first at data row {first + 1}): fix them, or "
                         "data.drop_invalid=true drops those rows")
     if n_bad:
-        _log.warning("%s: %d of %d rows dropped (missing, non-finite or beyond-float32 values)", path.name,
-                     n_bad, len(frame))
+        _log.warning("%s: %d of %d rows dropped (missing or non-finite values)", path.name, n_bad, len(frame))
         X, y = X[valid], y[valid]
     if y.dtype == object:  # text labels (pandas keeps them as objects): compared and sorted as strings
         y = y.astype(str)
