@@ -69,15 +69,21 @@ def split_datasets(split: Split, data: DictConfig, parts: tuple[str, ...] = tupl
         if len(y) == 0:
             continue
         frame = pd.DataFrame(split.raw_X(X).astype(np.float64), columns=[str(n) for n in split.feature_names])
-        if split.task == "classification" and len(split.classes):
-            frame[target] = split.classes[np.asarray(y, dtype=np.int64)].astype(np.float64)
-        else:
-            frame[target] = split.raw_y(y).astype(np.float64)
+        frame[target] = _labels(split, y) if split.task == "classification" else split.raw_y(y).astype(np.float64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             datasets[part] = mlflow.data.from_pandas(frame, source=source, targets=target,
                                                      name=f"{data.name}-{part}")
     return datasets
+
+
+def _labels(split: Split, y: np.ndarray) -> np.ndarray:
+    """The original labels of a classifier's targets: ``y`` itself when it holds labels of ``split.classes``,
+    else the class indices it holds mapped through ``split.classes``."""
+    y = np.asarray(y)
+    if not len(split.classes) or np.isin(y, split.classes).all():
+        return y
+    return split.classes[y.astype(np.int64)]
 
 
 def log_split_inputs(tracking: Tracking, run_id: str, split: Split, data: DictConfig, stage: str) -> list[str]:
