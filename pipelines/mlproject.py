@@ -37,7 +37,8 @@ def own_experiment(environ: dict = os.environ) -> None:  # noqa: B006 - the proc
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in STAGES:
-        raise SystemExit(f"usage: python -m pipelines.mlproject {{{','.join(STAGES)}}} [overrides ...]")
+        print(f"usage: python -m pipelines.mlproject {{{','.join(STAGES)}}} [overrides ...]", file=sys.stderr)
+        raise SystemExit(2)
     stage, rest = argv[0], [word for arg in argv[1:] for word in shlex.split(arg)]
     own_experiment()
     module = importlib.import_module(f"pipelines.{stage}")

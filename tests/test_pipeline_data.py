@@ -9,6 +9,7 @@ import pytest
 from pipelines.config import ConfigError, validate
 from pipelines.data import load_dataset
 from pipelines.errors import DataError
+from pipelines.lineage import logged_model_name
 from pipelines.tables import read_table
 
 
@@ -37,6 +38,7 @@ def test_name_is_free_text_and_names_the_registered_model(compose_pipeline, tmp_
     cfg = compose_pipeline("data=file", f"data.path={path}", "data.target=price", "model=linear",
                            "data.name=house-prices")
     assert cfg.mlflow.registered_model_name == "ortflow-house-prices-linear"
+    assert logged_model_name(cfg) == "ortflow-house-prices-linear"  # the exported model's LoggedModel
     # a built-in loader under another name: data.loader picks it
     cfg = compose_pipeline("data=diabetes", "model=linear", "data.name=diabetes-v2")
     validate(cfg)
