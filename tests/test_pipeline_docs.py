@@ -1,8 +1,10 @@
 """The console transcripts of docs/PIPELINES.md marked ``<!-- run by tests/test_pipeline_docs.py -->``, run as
-written: each ``$ command`` in a fresh folder holding the ``houses.csv`` the page describes; every line shown
-must be printed (``…`` stands for text left out), and a transcript showing ``ortflow: error:`` exits with status 2.
-"""
+written: each ``$ command`` in one folder holding the ``houses.csv`` the page describes; every line shown must be
+printed (``…`` stands for text left out), and a transcript showing ``ortflow: error:`` exits with status 2.
+The documented chain's store is then read for the lineage the page describes (data inputs, source tags,
+system metrics, the feature list and what was dropped)."""
 
+import json
 import re
 import shlex
 import subprocess
@@ -12,8 +14,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from mlflow import MlflowClient
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "PIPELINES.md"
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "PIPELINES.md"
 MARK = "<!-- run by tests/test_pipeline_docs.py -->"
 
 
@@ -58,14 +62,62 @@ def test_transcripts_are_marked():
 
 
 @pytest.mark.slow
-def test_documented_commands_print_what_the_page_shows(tmp_path, pipeline_subprocess_env):
+def test_documented_commands_print_what_the_page_shows_and_log_their_lineage(tmp_path, pipeline_subprocess_env):
     write_houses(tmp_path)
+    # system metrics sampled often enough for a chain of a few seconds
+    env = dict(pipeline_subprocess_env, MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL="0.2",
+               MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING="1")
     for command, shown in transcripts():
         words = shlex.split(command)
-        proc = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, env=pipeline_subprocess_env,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([sys.executable, *words[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
         output = (proc.stdout + proc.stderr).splitlines()
         expected = 2 if any(line.startswith("ortflow: error:") for line in shown) else 0
         assert proc.returncode == expected, (command, output[-30:])
         for line in shown:
             assert _printed(line, output), (command, line, output[-30:])
+    check_lineage(tmp_path)
+
+
+def check_lineage(folder: Path) -> None:
+    """The store of the documented chain: data inputs, source tags, system metrics, the features and the drops."""
+    client = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("ortflow").experiment_id])
+    by_stage = {r.data.tags.get("ortflow.stage", "parent"): r for r in runs}
+    assert set(by_stage) == {"parent", "convert", "add_loss", "train", "evaluate"}
+
+    def inputs(stage):
+        found = {}
+        for item in client.get_run(by_stage[stage].info.run_id).inputs.dataset_inputs:
+            found[{t.key: t.value for t in item.tags}["mlflow.data.context"]] = item.dataset
+        return found
+
+    convert = inputs("convert")
+    assert set(convert) == {"training", "validation", "testing"}
+    assert set(inputs("train")) == {"training", "validation"} and set(inputs("evaluate")) == {"testing"}
+    assert inputs("add_loss") == {}
+    for dataset in convert.values():
+        assert json.loads(dataset.source) == {"uri": (folder / "houses.csv").as_uri()}
+        assert [c["name"] for c in json.loads(dataset.schema)["mlflow_colspec"]] == ["area", "rooms", "price"]
+        assert dataset.name.startswith("houses-")  # data.name: the file's name by default
+    assert inputs("train")["training"].digest == convert["training"].digest  # the same rows, the same digest
+    assert convert["training"].digest != convert["testing"].digest
+    rows = {c: json.loads(d.profile)["num_rows"] for c, d in convert.items()}
+    assert sum(rows.values()) == 198  # 200 read, 2 dropped
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    for stage, run in by_stage.items():
+        tags = run.data.tags
+        assert tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.user"], stage
+        assert tags["mlflow.source.name"].endswith("pipelines/main.py"), stage
+        assert tags["mlflow.source.git.commit"] == commit, stage
+    train = client.get_run(by_stage["train"].info.run_id)
+    assert any(k.startswith("system/cpu_utilization") for k in train.data.metrics), sorted(train.data.metrics)
+
+    run = by_stage["convert"]
+    assert run.data.metrics["n_rows_read"] == 200 and run.data.metrics["n_rows_dropped"] == 2
+    assert run.data.metrics["n_columns_dropped"] == 1 and run.data.tags["ortflow.dropped_columns"] == "city"
+    assert run.data.tags["ortflow.features"] == "area,rooms"
+    features = json.loads(Path(client.download_artifacts(run.info.run_id, "data/features.json",
+                                                         str(folder))).read_text())
+    assert features["features"] == ["area", "rooms"] and features["dropped_columns"] == "city"
