@@ -1,8 +1,8 @@
 """Data sets, the train/validation/test split and its standardization.
 
-Synthetic sets come from ``make_regression``/``make_classification`` (seeded), ``diabetes`` and ``breast_cancer``
-are bundled with scikit-learn (no download), ``file`` reads a CSV or Parquet table. The split is saved as one
-``split.npz`` so a stage run alone works on exactly the rows the earlier stages used.
+Synthetic sets come from ``make_regression``/``make_classification`` (seeded), ``diabetes``, ``breast_cancer``,
+``iris`` and ``digits`` are bundled with scikit-learn (no download), ``file`` reads a CSV or Parquet table. The
+split is saved as one ``split.npz`` so a stage run alone works on exactly the rows the earlier stages used.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
+from .labels import class_labels
 from .tracking import original_cwd
 
 
@@ -32,7 +33,7 @@ class Split:
     y_mean: float
     y_scale: float
     feature_names: np.ndarray
-    classes: np.ndarray  # original labels of classes 0 and 1 (classification), empty otherwise
+    classes: np.ndarray  # the sorted class labels, as the data has them (classification); empty otherwise
 
     @property
     def n_features(self) -> int:
@@ -68,7 +69,8 @@ class Split:
 
         digest = hashlib.sha256()
         for array in (self.X_test, self.y_test, self.x_mean, self.x_scale):
-            digest.update(np.ascontiguousarray(array, dtype=np.float32).tobytes())
+            numeric = np.asarray(array).dtype.kind in "iufb"
+            digest.update(np.ascontiguousarray(array, dtype=np.float32 if numeric else str).tobytes())
         digest.update(np.array([self.y_mean, self.y_scale], dtype=np.float64).tobytes())
         return digest.hexdigest()[:16]
 
@@ -82,7 +84,7 @@ class Split:
 
 
 def load_dataset(data: DictConfig) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(X, y, feature names) of the configured data set; y holds 0/1 for classification."""
+    """(X, y, feature names) of the configured data set; y holds the labels as they are for classification."""
     from sklearn import datasets
 
     name = str(data.name)
@@ -104,8 +106,8 @@ def load_dataset(data: DictConfig) -> tuple[np.ndarray, np.ndarray, list[str]]:
     elif name == "diabetes":
         bunch = datasets.load_diabetes()
         X, y, names = bunch.data, bunch.target, list(bunch.feature_names)
-    elif name == "breast_cancer":
-        bunch = datasets.load_breast_cancer()
+    elif name in ("breast_cancer", "iris", "digits"):
+        bunch = getattr(datasets, f"load_{name}")()
         X, y, names = bunch.data, bunch.target, [str(n) for n in bunch.feature_names]
     elif name == "file":
         X, y, names = _load_table(data)
@@ -152,12 +154,8 @@ def make_split(data: DictConfig) -> Split:
     task = str(data.task)
     seed = int(data.seed)
     classes = np.array([], dtype=np.float64)
-    if task == "classification":
-        classes, y = np.unique(y, return_inverse=True)
-        if len(classes) != 2:
-            raise ValueError(f"data={data.name}: {len(classes)} classes found; the pipelines train binary classifiers")
-        classes = classes.astype(np.float64) if classes.dtype.kind in "iufb" else np.arange(2, dtype=np.float64)
-        y = y.astype(np.float64)
+    if task == "classification":  # the labels as they are (never re-encoded): the trainers map them to classes
+        classes, y = class_labels(y, str(data.name))
     else:
         y = np.asarray(y, dtype=np.float64)
     stratify = y if task == "classification" else None
@@ -182,6 +180,8 @@ def make_split(data: DictConfig) -> Split:
         return ((a - x_mean) / x_scale).astype(np.float32)
 
     def fy(a: np.ndarray) -> np.ndarray:
+        if task == "classification":
+            return a
         return ((a - y_mean) / y_scale).astype(np.float32)
 
     return Split(

@@ -252,7 +252,7 @@ def test_file_data_parquet_classification_and_csv_regression(compose_pipeline, c
 
     X, y = make_classification(300, n_features=4, n_informative=3, n_redundant=1, class_sep=2.0, random_state=0)
     frame = pd.DataFrame(X, columns=list("abcd"))
-    frame["label"] = np.where(y == 1, "yes", "no")  # string labels become classes 0/1 in sorted order
+    frame["label"] = np.where(y == 1, "yes", "no")  # string labels: the graph's classes, in sorted order
     frame["comment"] = "non-numeric columns are left out"
     frame.to_parquet(tmp_path / "table.parquet")
     result = _chain(compose_pipeline, tmp_path, sqlite_uri, "data=file", f"data.path={tmp_path / 'table.parquet'}",
@@ -261,7 +261,7 @@ def test_file_data_parquet_classification_and_csv_regression(compose_pipeline, c
     assert result.metrics["test_accuracy"] > 0.7 and result.metrics["test_roc_auc"] > 0.7
     client = MlflowClient(sqlite_uri)
     plots = client.list_artifacts(result.stage_run_ids["evaluate"], "plots")
-    assert [f.path for f in plots] == ["plots/roc.png"]
+    assert [f.path for f in plots] == ["plots/confusion_matrix.png", "plots/roc.png"]
     assert client.get_run(result.stage_run_ids["convert"]).data.metrics["n_features"] == 4
 
     X, y = make_regression(250, n_features=3, noise=5.0, random_state=1)

@@ -1,0 +1,81 @@
+"""Classification of any number of classes through the pipelines: iris and digits configs, the evaluate stage's
+metrics and plots, label sets refused before any run is created."""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from mlflow import MlflowClient
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import accuracy_score, f1_score, log_loss
+
+from pipelines.chain import run_chain
+from pipelines.config import ConfigError
+from pipelines.data import Split, make_split
+
+
+def _no_runs(uri: str) -> bool:
+    client = MlflowClient(uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return not experiments or not client.search_runs(experiments)
+
+
+def test_iris_chain_logs_multiclass_metrics_and_plots(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
+    cfg = compose_pipeline("experiment=iris_logistic", f"mlflow.tracking_uri={sqlite_uri}", f"mlflow.root={tmp_path}",
+                           "stages=[convert,add_loss,train,evaluate]")
+    result = run_chain(cfg, work_dir=tmp_path / "iris")
+    client = MlflowClient(sqlite_uri)
+    evaluate_id = result.stage_run_ids["evaluate"]
+    metrics = client.get_run(evaluate_id).data.metrics
+
+    # the numbers against scikit-learn's on the same test rows, recomputed from the logged deploy graph
+    split = Split.load(client.download_artifacts(result.stage_run_ids["convert"], "data/split.npz", str(tmp_path)))
+    assert split.classes.tolist() == [0, 1, 2] and split.y_test.dtype == np.int64  # labels as iris has them
+    import onnxruntime
+
+    session = onnxruntime.InferenceSession(
+        client.download_artifacts(evaluate_id, "graphs/deploy_model.onnx", str(tmp_path)),
+        providers=["CPUExecutionProvider"])
+    label, proba = session.run(["output_label", "output_probability"], {"X": split.raw_X(split.X_test)})
+    assert metrics["test_accuracy"] == pytest.approx(accuracy_score(split.y_test, label))
+    assert metrics["test_f1_macro"] == pytest.approx(f1_score(split.y_test, label, average="macro"))
+    assert metrics["test_log_loss"] == pytest.approx(log_loss(split.y_test, proba), rel=1e-5)
+    for c in (0, 1, 2):
+        assert {f"test_precision_class_{c}", f"test_recall_class_{c}", f"test_f1_class_{c}"} <= set(metrics)
+    assert math.isfinite(metrics["test_roc_auc"]) and math.isfinite(metrics["sklearn_test_log_loss"])
+    # trained from one scikit-learn iteration, it reaches a fully fitted scikit-learn model's accuracy - 0.02
+    reference = LogisticRegression(max_iter=1000).fit(split.X_train, split.y_train)
+    assert metrics["test_accuracy"] >= reference.score(split.X_test, split.y_test) - 0.02
+    plots = [f.path for f in client.list_artifacts(evaluate_id, "plots")]
+    assert plots == ["plots/confusion_matrix.png", "plots/roc.png"]
+
+
+def test_digits_config_keeps_ten_classes(compose_pipeline):
+    split = make_split(compose_pipeline("experiment=digits_mlp").data)
+    assert split.classes.tolist() == list(range(10)) and split.n_features == 64
+    assert set(np.unique(split.y_test)) == set(range(10))  # stratified
+
+
+@pytest.mark.parametrize("labels, message", [
+    (np.full(60, 3), "holds one class ([3]); a classifier needs at least two"),
+    (np.linspace(0.0, 10.0, 60), "non-integral numbers"),
+    (np.arange(60), "too few to split into train and test (many distinct values: a regression target?"),
+])
+def test_label_sets_a_classifier_cannot_learn_are_refused_before_any_run(compose_pipeline, clean_mlflow_env,
+                                                                        tmp_path, sqlite_uri, labels, message):
+    frame = pd.DataFrame(np.random.default_rng(0).normal(size=(60, 3)), columns=["a", "b", "c"]).assign(y=labels)
+    frame.to_csv(tmp_path / "table.csv", index=False)
+    cfg = compose_pipeline("data=file", f"data.path={tmp_path / 'table.csv'}", "data.target=y",
+                           "data.task=classification", "model=logistic", "loss=log",
+                           f"mlflow.tracking_uri={sqlite_uri}", f"mlflow.root={tmp_path}")
+    with pytest.raises(ConfigError, match="data.task=classification") as info:
+        run_chain(cfg, work_dir=tmp_path / "chain")
+    assert message in str(info.value)
+    assert _no_runs(sqlite_uri)
+
+
+def test_a_regression_set_as_classification_is_refused_naming_it(compose_pipeline):
+    cfg = compose_pipeline("data=diabetes", "data.task=classification", "model=logistic", "loss=log")
+    with pytest.raises(ConfigError, match="regression target"):
+        make_split(cfg.data)
