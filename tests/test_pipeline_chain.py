@@ -8,6 +8,7 @@ import mlflow
 import numpy as np
 import onnx
 import onnxruntime
+import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
@@ -116,8 +117,8 @@ def test_default_chain_on_sqlite(compose_pipeline, clean_mlflow_env, tmp_path, s
     # artifacts live under <root>/mlartifacts; the model loads back through the alias and predicts
     assert (tmp_path / "mlartifacts").is_dir() and (tmp_path / "mlflow.db").is_file()
     model = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
-    X = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
-    assert np.asarray(model.predict(X)["variable"]).shape == (4, 1)
+    X = pd.DataFrame(np.random.default_rng(0).normal(size=(4, 5)), columns=[f"x{i}" for i in range(5)])
+    assert model.predict(X)["prediction"].shape == (4,)
     requirements = Path(mlflow.artifacts.download_artifacts(f"models:/{MODEL}@champion")) / "requirements.txt"
     text = requirements.read_text()
     assert "onnxruntime-training" in text and "onnxruntime==" not in text
@@ -132,8 +133,8 @@ def test_default_chain_on_mlflow_server(compose_pipeline, clean_mlflow_env, tmp_
     _check_chain(client, result, "full")
     assert client.get_model_version_by_alias(MODEL, "champion") is not None
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlartifacts").exists()
-    model = mlflow.onnx.load_model(f"models:/{MODEL}@champion")
-    assert [o.name for o in model.graph.output] == ["variable"]
+    graph = Path(mlflow.artifacts.download_artifacts(f"models:/{MODEL}@champion")) / "artifacts" / "deploy_model.onnx"
+    assert [o.name for o in onnx.load(str(graph)).graph.output] == ["variable"]
     assert result.tracking.ui_hint(result.run_id).startswith(f"open {mlflow_server}")
 
 
