@@ -21,6 +21,7 @@ def _no_runs(uri: str) -> bool:
     return not experiments or not client.search_runs(experiments)
 
 
+@pytest.mark.slow
 def test_iris_chain_logs_multiclass_metrics_and_plots(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
     cfg = compose_pipeline("experiment=iris_logistic", f"mlflow.tracking_uri={sqlite_uri}", f"mlflow.root={tmp_path}",
                            "stages=[convert,add_loss,train,evaluate]")
@@ -57,22 +58,37 @@ def test_digits_config_keeps_ten_classes(compose_pipeline):
     assert set(np.unique(split.y_test)) == set(range(10))  # stratified
 
 
+def _table_config(compose_pipeline, tmp_path, labels, *overrides):
+    frame = pd.DataFrame(np.random.default_rng(0).normal(size=(60, 3)), columns=["a", "b", "c"]).assign(y=labels)
+    frame.to_csv(tmp_path / "table.csv", index=False)
+    return compose_pipeline("data=file", f"data.path={tmp_path / 'table.csv'}", "data.target=y",
+                            "data.task=classification", "model=logistic", "loss=log", *overrides)
+
+
+def test_a_single_class_is_refused_before_any_run(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
+    cfg = _table_config(compose_pipeline, tmp_path, np.full(60, 3), f"mlflow.tracking_uri={sqlite_uri}",
+                        f"mlflow.root={tmp_path}")
+    with pytest.raises(ConfigError, match=r"data=file with data.task=classification: the target holds one class "
+                                          r"\(\[3\]\); a classifier needs at least two"):
+        run_chain(cfg, work_dir=tmp_path / "chain")
+    assert _no_runs(sqlite_uri)
+
+
 @pytest.mark.parametrize("labels, message", [
-    (np.full(60, 3), "holds one class ([3]); a classifier needs at least two"),
     (np.linspace(0.0, 10.0, 60), "non-integral numbers"),
     (np.arange(60), "too few to split into train and test (many distinct values: a regression target?"),
 ])
-def test_label_sets_a_classifier_cannot_learn_are_refused_before_any_run(compose_pipeline, clean_mlflow_env,
-                                                                        tmp_path, sqlite_uri, labels, message):
-    frame = pd.DataFrame(np.random.default_rng(0).normal(size=(60, 3)), columns=["a", "b", "c"]).assign(y=labels)
-    frame.to_csv(tmp_path / "table.csv", index=False)
-    cfg = compose_pipeline("data=file", f"data.path={tmp_path / 'table.csv'}", "data.target=y",
-                           "data.task=classification", "model=logistic", "loss=log",
-                           f"mlflow.tracking_uri={sqlite_uri}", f"mlflow.root={tmp_path}")
+def test_label_sets_a_classifier_cannot_learn_are_named(compose_pipeline, tmp_path, labels, message):
     with pytest.raises(ConfigError, match="data.task=classification") as info:
-        run_chain(cfg, work_dir=tmp_path / "chain")
+        make_split(_table_config(compose_pipeline, tmp_path, labels).data)
     assert message in str(info.value)
-    assert _no_runs(sqlite_uri)
+
+
+def test_string_and_shifted_labels_are_kept(compose_pipeline, tmp_path):
+    split = make_split(_table_config(compose_pipeline, tmp_path, np.repeat(["cat", "dog", "emu"], 20)).data)
+    assert split.classes.tolist() == ["cat", "dog", "emu"] and set(split.y_train) == {"cat", "dog", "emu"}
+    split = make_split(_table_config(compose_pipeline, tmp_path, np.repeat([-1.0, 1.0, 2.0], 20)).data)
+    assert split.classes.tolist() == [-1, 1, 2] and split.y_test.dtype == np.int64
 
 
 def test_a_regression_set_as_classification_is_refused_naming_it(compose_pipeline):

@@ -16,6 +16,7 @@ the whole test split: non-finite predictions fail the run and nothing is registe
 from __future__ import annotations
 
 import importlib.metadata
+import warnings
 from pathlib import Path
 
 import mlflow
@@ -66,11 +67,13 @@ def log_deploy_model(ctx: StageContext, split: Split, graph_path: Path):
     round-trips before anything is registered."""
     from .. import serving_model
 
-    return ctx.tracking.call(
-        mlflow.pyfunc.log_model, name="model", python_model=Path(serving_model.__file__),
-        artifacts={serving_model.GRAPH: str(graph_path)}, model_config=model_config(split),
-        input_example=input_example(split), pip_requirements=pip_requirements(),
-    )
+    with warnings.catch_warnings():  # the signature is given by the example (see serving_model.predict)
+        warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
+        return ctx.tracking.call(
+            mlflow.pyfunc.log_model, name="model", python_model=Path(serving_model.__file__),
+            artifacts={serving_model.GRAPH: str(graph_path)}, model_config=model_config(split),
+            input_example=input_example(split), pip_requirements=pip_requirements(),
+        )
 
 
 def export(ctx: StageContext) -> dict:
