@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
-EXTRAS ?= cpu,pipelines,test,postgres
+EXTRAS ?= cpu,pipelines,test,postgres,torch
 
 .PHONY: install run test bench ui clean server postgres
 

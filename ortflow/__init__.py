@@ -15,8 +15,8 @@ _EXPORTS = {
     **dict.fromkeys(["BaseTrainer"], "base"),
     **dict.fromkeys(["Callback", "Checkpoint", "EarlyStopping", "ProgressBar"], "callbacks"),
     **dict.fromkeys(["to_onnx"], "convert"),
-    **dict.fromkeys(["ConvergenceError", "DeviceError", "NotDifferentiableError", "OrtflowError",
-                     "UnsafePathError", "UnsupportedModelError"], "exceptions"),
+    **dict.fromkeys(["CheckpointError", "ConvergenceError", "DeviceError", "NotDifferentiableError",
+                     "OrtflowError", "UnsafePathError", "UnsupportedModelError"], "exceptions"),
     **dict.fromkeys(["OrtGradientOptimizer"], "full"),
     **dict.fromkeys(["AbsoluteLearningLoss", "BaseLearningLoss", "BaseLearningPenalty", "BaseLearningRate",
                      "ElasticLearningLoss", "ElasticLearningPenalty", "LearningRateAdam", "LearningRateAdamW",
@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads ea
     from .base import BaseTrainer
     from .callbacks import Callback, Checkpoint, EarlyStopping, ProgressBar
     from .convert import to_onnx
-    from .exceptions import (ConvergenceError, DeviceError, NotDifferentiableError, OrtflowError, UnsafePathError,
-                             UnsupportedModelError)
+    from .exceptions import (CheckpointError, ConvergenceError, DeviceError, NotDifferentiableError, OrtflowError,
+                             UnsafePathError, UnsupportedModelError)
     from .full import OrtGradientOptimizer
     from .fwbw import (AbsoluteLearningLoss, BaseLearningLoss, BaseLearningPenalty, BaseLearningRate,
                        ElasticLearningLoss, ElasticLearningPenalty, LearningRateAdam, LearningRateAdamW,
@@ -75,6 +75,7 @@ __all__ = [
     "BaseTrainer",
     "Callback",
     "Checkpoint",
+    "CheckpointError",
     "ConvergenceError",
     "DeviceError",
     "EarlyStopping",

@@ -323,6 +323,37 @@ def relu_as_mask(model: onnx.ModelProto) -> onnx.ModelProto:
     return new
 
 
+def fused_matmul_for_double(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself, or, when a graph input is double, a copy whose ``com.microsoft`` ``FusedMatMul`` nodes
+    compute ``Einsum``.
+
+    onnxruntime 1.19's gradient builder writes the gradient of ``MatMul`` as ``FusedMatMul`` (transposed operands),
+    whose CPU kernel exists for float only: a float64 training graph could not be loaded. Einsum has a double kernel.
+    """
+    if not any(i.type.tensor_type.elem_type == TensorProto.DOUBLE for i in model.graph.input):
+        return model
+    if not any(n.op_type == "FusedMatMul" and n.domain == "com.microsoft" for n in model.graph.node):
+        return model
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    nodes = []
+    for node in new.graph.node:
+        if node.op_type != "FusedMatMul" or node.domain != "com.microsoft":
+            nodes.append(node)
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("transBatchA") or attrs.get("transBatchB") or float(attrs.get("alpha", 1.0)) != 1.0:
+            raise UnsupportedModelError(f"node {node.name!r}: FusedMatMul {attrs} has no double kernel in "
+                                        "onnxruntime 1.19 and no Einsum rewrite in ortflow")
+        left = "...ji" if attrs.get("transA") else "...ij"
+        right = "...kj" if attrs.get("transB") else "...jk"
+        nodes.append(onnx.helper.make_node("Einsum", list(node.input), list(node.output), name=node.name + "_einsum",
+                                           equation=f"{left},{right}->...ik"))
+    del new.graph.node[:]
+    new.graph.node.extend(nodes)
+    return new
+
+
 def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     """Element type of every tensor that onnx's shape inference (or the graph itself) types."""
     try:

@@ -18,7 +18,6 @@ its pid on this host, its heartbeat elsewhere), and so the parent run of the cha
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -35,6 +34,7 @@ from omegaconf import DictConfig
 
 import ortflow
 from ortflow.callbacks import Callback
+from ortflow.checkpoint import sha256
 
 from . import tracking as tr
 from .config import to_container
@@ -63,14 +63,6 @@ class CheckpointError(RuntimeError):
 # ------------------------------------------------------------------------------------------------ manifest
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _files(folder: Path) -> list[Path]:
     """The checkpoint's files in the order they are logged: state first, ortflow's metadata, the manifest last."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST, META))
@@ -79,7 +71,7 @@ def _files(folder: Path) -> list[Path]:
 
 def write_manifest(folder: str | Path, epoch: int) -> Path:
     folder = Path(folder)
-    files = {p.relative_to(folder).as_posix(): _sha256(p) for p in _files(folder) if p.name != MANIFEST}
+    files = {p.relative_to(folder).as_posix(): sha256(p) for p in _files(folder) if p.name != MANIFEST}
     path = folder / MANIFEST
     path.write_text(json.dumps({"epoch": epoch, "files": files}, indent=1))
     return path
@@ -94,7 +86,7 @@ def check_folder(folder: str | Path) -> str:
         return "unverified" if (folder / META).is_file() else "missing"
     try:
         files = json.loads(manifest.read_text())["files"]
-        ok = all((folder / name).is_file() and _sha256(folder / name) == digest for name, digest in files.items())
+        ok = all((folder / name).is_file() and sha256(folder / name) == digest for name, digest in files.items())
     except (ValueError, KeyError, TypeError):
         return "torn"
     return "ok" if ok else "torn"

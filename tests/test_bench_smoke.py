@@ -17,7 +17,8 @@ def test_bench_quick_tiny_writes_results(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [
         sys.executable, "-m", "bench.run", "--quick", "--tiny", "--no-docs", "--no-pipeline", "--no-mlflow",
-        "--out", str(out), "--cases", "A,C,D-200,D-400,E", "--engines", "raw,ortflow-full,ortflow-fwbw,sklearn",
+        "--out", str(out), "--cases", "A,C,D-200,D-400,E",
+        "--engines", "raw,ortflow-full,ortflow-fwbw,sklearn,ortflow-torch",
         "--memory-engines", "ortflow-full", "--threads", "1", "--repeats", "2",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -33,7 +34,7 @@ def test_bench_quick_tiny_writes_results(tmp_path):
     cases = {c["case"]["key"]: c for c in results["cases"]}
     assert {"A", "C", "D-200", "D-400", "E"} == set(cases)
     a = cases["A"]
-    assert {"raw", "ortflow-full", "sklearn"} <= set(a["engines"])
+    assert {"raw", "ortflow-full", "sklearn", "ortflow-torch"} <= set(a["engines"])  # torch is in the test extras
     for name, engine in a["engines"].items():
         ms = engine["ms_per_epoch"]
         assert ms["n"] == 2 and ms["min"] <= ms["median"] <= ms["max"]

@@ -35,6 +35,10 @@ def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
     """The estimator of ``trainer.name``: shared parameters from ``trainer``, loss and penalty from the registry
     (forward-backward training takes them as objects; full training has them in its graph already)."""
     t = cfg.trainer
+    if str(t.name) == "torch":
+        from .train_torch import build_torch
+
+        return build_torch(cfg, graph, callbacks)
     params = dict(
         weights_to_train=list(t.weights_to_train) if t.weights_to_train else None, learning_rate=learning_rate(cfg),
         max_iter=int(t.max_iter), batch_size=int(t.batch_size), device=str(t.device), verbose=int(t.verbose),
