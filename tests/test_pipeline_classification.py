@@ -95,3 +95,12 @@ def test_a_regression_set_as_classification_is_refused_naming_it(compose_pipelin
     cfg = compose_pipeline("data=diabetes", "data.task=classification", "model=logistic", "loss=log")
     with pytest.raises(ConfigError, match="regression target"):
         make_split(cfg.data)
+
+
+@pytest.mark.slow
+def test_torch_trainer_on_iris(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
+    pytest.importorskip("torch")
+    cfg = compose_pipeline("experiment=iris_logistic", "trainer=torch", f"mlflow.tracking_uri={sqlite_uri}",
+                           f"mlflow.root={tmp_path}", "stages=[convert,train,evaluate]")
+    result = run_chain(cfg, work_dir=tmp_path / "torch")
+    assert result.metrics["test_accuracy"] >= 0.9 and result.metrics["test_log_loss"] < 0.3
