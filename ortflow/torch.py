@@ -37,7 +37,8 @@ _from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
 from . import graph as g
 from ._ort import OrtValueVector, PartialGraphExecutionState, ort
 from .exceptions import UnsupportedModelError
-from .fwbw.forward_backward import OnnxFunction, OrtGradientForwardBackward, quiet_options
+from .fwbw.forward_backward import OrtGradientForwardBackward
+from .runtime import OnnxFunction, make_session_options
 from .validation import check_weights_to_train
 
 _C = ort.capi._pybind_state
@@ -125,7 +126,7 @@ class _Runtime:
         self.module = module
         self.device = device
         threads = module.n_threads or torch.get_num_threads()
-        self.options = quiet_options(threads)
+        self.options = make_session_options(threads)
         # torch's and onnxruntime's thread pools take turns on the same cores: a pool spinning while it waits
         # for work steals them from the other (4x slower batches on case A of the bench with 2 threads each).
         self.options.add_session_config_entry("session.intra_op.allow_spinning", "1" if module.spinning else "0")

@@ -49,7 +49,8 @@ def _check_chain(client, result, trainer):
     assert tr.data.params["trainer.max_iter"] == "3"
     assert tr.data.params["model.hidden_layer_sizes"] == "[8]"
     assert tr.data.params["data.n_samples"] == "200"
-    assert tr.data.params["trainer.n_threads_"] == "1"  # chosen by the work: a batch of 8-unit MLP rows
+    if trainer != "torch":  # ortflow's trainers choose their threads by the work: a batch of 8-unit MLP rows
+        assert tr.data.params["trainer.n_threads_"] == "1"
     assert parent.data.params["trainer.name"] == trainer
     config = Path(mlflow.artifacts.download_artifacts(run_id=tr.info.run_id, artifact_path="config/config.yaml"))
     assert "max_iter: 3" in config.read_text()

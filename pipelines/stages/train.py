@@ -88,7 +88,6 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
                                            title="loss (diverged)"), "plots")
         raise
     fit_seconds = time.perf_counter() - begin
-    ctx.tracking.client.log_param(ctx.run_id, "trainer.n_threads_", estimator.n_threads_)  # the threads fit chose
     in_loop_seconds = logger.loop_seconds
 
     # Everything is saved locally first, so a tracking store lost now loses nothing; then logged while the
@@ -99,6 +98,8 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
     curves = plots.loss_curves(history, ctx.work_dir / "plots" / "loss_curves.png",
                                title=f"{cfg.model.name} / trainer={cfg.trainer.name}")
     with _kept_locally_if_store_lost(ctx, logger):
+        if hasattr(estimator, "n_threads_"):  # the threads fit chose (n_threads=None: by the work)
+            ctx.tracking.client.log_param(ctx.run_id, "trainer.n_threads_", estimator.n_threads_)
         for name, path in sorted(paths.items()):
             ctx.log_file(path, "graphs", entry="trained_model" if name == "trained_model" else None)
         ctx.log_file(ctx.work_dir / "history.json", "history")
