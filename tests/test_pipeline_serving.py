@@ -67,12 +67,19 @@ def _post(url: str, body: bytes, content_type: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
     """A store holding a regressor (the smoke chain, in process) and a ten-class classifier (the digits
-    experiment, run as users run it: ``python -m pipelines.main experiment=digits_mlp`` in their folder)."""
+    experiment, run as users run it: ``python -m pipelines.main experiment=digits_mlp`` in their folder), each
+    served by ``mlflow models serve``."""
+    with pytest.MonkeyPatch.context() as patch:  # module scope: set up before any test's clean_mlflow_env
+        for name in [k for k in os.environ if k.startswith(("MLFLOW_", "ORTFLOW_"))]:
+            patch.delenv(name)  # an earlier test's chain may have left its store in the environment
+        yield from _registry(tmp_path_factory.mktemp("registry"))
+
+
+def _registry(folder: Path):
     from hydra import compose, initialize_config_dir
 
     from pipelines.config import CONFIG_DIR, register_configs
 
-    folder = tmp_path_factory.mktemp("registry")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ORTFLOW_"))}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + os.pathsep + env.get("PYTHONPATH", "")
     uri = f"sqlite:///{folder / 'mlflow.db'}"
