@@ -54,6 +54,8 @@ class DataKind(_Choice):
     classification = "classification"
     diabetes = "diabetes"
     breast_cancer = "breast_cancer"
+    iris = "iris"
+    digits = "digits"
     file = "file"
 
 

@@ -1,8 +1,8 @@
 """Data sets, the train/validation/test split and its standardization.
 
-Synthetic sets come from ``make_regression``/``make_classification`` (seeded), ``diabetes`` and ``breast_cancer``
-are bundled with scikit-learn (no download), ``file`` reads a CSV or Parquet table (checked by
-:mod:`pipelines.tables`). ``data.loader`` (or ``data.name``) picks the loader. The split is saved as one
+Synthetic sets come from ``make_regression``/``make_classification`` (seeded), ``diabetes``, ``breast_cancer``,
+``iris`` and ``digits`` are bundled with scikit-learn (no download), ``file`` reads a CSV or Parquet table (checked
+by :mod:`pipelines.tables`). ``data.loader`` (or ``data.name``) picks the loader. The split is saved as one
 ``split.npz`` so a stage run alone works on exactly the rows the earlier stages used.
 """
 
@@ -15,6 +15,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from .config import data_loader
+from .labels import class_labels
 
 
 @dataclass
@@ -33,7 +34,7 @@ class Split:
     y_mean: float
     y_scale: float
     feature_names: np.ndarray
-    classes: np.ndarray  # original labels of classes 0 and 1 (classification), empty otherwise
+    classes: np.ndarray  # the sorted class labels, as the data has them (classification); empty otherwise
 
     @property
     def n_features(self) -> int:
@@ -69,7 +70,8 @@ class Split:
 
         digest = hashlib.sha256()
         for array in (self.X_test, self.y_test, self.x_mean, self.x_scale):
-            digest.update(np.ascontiguousarray(array, dtype=np.float32).tobytes())
+            numeric = np.asarray(array).dtype.kind in "iufb"
+            digest.update(np.ascontiguousarray(array, dtype=np.float32 if numeric else str).tobytes())
         digest.update(np.array([self.y_mean, self.y_scale], dtype=np.float64).tobytes())
         return digest.hexdigest()[:16]
 
@@ -83,8 +85,8 @@ class Split:
 
 
 def load_dataset(data: DictConfig, notes: dict | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(X, y, feature names) of the configured data set; y holds 0/1 for classification. ``notes`` receives what
-    loading a table dropped (see :meth:`pipelines.tables.Table.report`)."""
+    """(X, y, feature names) of the configured data set; y holds the labels as they are for classification.
+    ``notes`` receives what loading a table dropped (see :meth:`pipelines.tables.Table.report`)."""
     from sklearn import datasets
 
     name = data_loader(data)
@@ -106,8 +108,8 @@ def load_dataset(data: DictConfig, notes: dict | None = None) -> tuple[np.ndarra
     elif name == "diabetes":
         bunch = datasets.load_diabetes()
         X, y, names = bunch.data, bunch.target, list(bunch.feature_names)
-    elif name == "breast_cancer":
-        bunch = datasets.load_breast_cancer()
+    elif name in ("breast_cancer", "iris", "digits"):
+        bunch = getattr(datasets, f"load_{name}")()
         X, y, names = bunch.data, bunch.target, [str(n) for n in bunch.feature_names]
     elif name == "file":
         from .tables import read_table
@@ -130,12 +132,8 @@ def make_split(data: DictConfig, notes: dict | None = None) -> Split:
     task = str(data.task)
     seed = int(data.seed)
     classes = np.array([], dtype=np.float64)
-    if task == "classification":
-        classes, y = np.unique(y, return_inverse=True)
-        if len(classes) != 2:
-            raise ValueError(f"data={data.name}: {len(classes)} classes found; the pipelines train binary classifiers")
-        classes = classes.astype(np.float64) if classes.dtype.kind in "iufb" else np.arange(2, dtype=np.float64)
-        y = y.astype(np.float64)
+    if task == "classification":  # the labels as they are (never re-encoded): the trainers map them to classes
+        classes, y = class_labels(y, str(data.name))
     else:
         y = np.asarray(y, dtype=np.float64)
     stratify = y if task == "classification" else None
@@ -160,6 +158,8 @@ def make_split(data: DictConfig, notes: dict | None = None) -> Split:
         return ((a - x_mean) / x_scale).astype(np.float32)
 
     def fy(a: np.ndarray) -> np.ndarray:
+        if task == "classification":
+            return a
         return ((a - y_mean) / y_scale).astype(np.float32)
 
     return Split(
