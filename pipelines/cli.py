@@ -70,14 +70,19 @@ def run_main(cfg: DictConfig) -> float | None:
 
 def check_inputs(cfg: DictConfig, stages: list[str]) -> None:
     """The checks that need no MLflow and no training: the config's combinations, and the table that ``convert``
-    would read (raises :class:`~pipelines.config.ConfigError` or :class:`~pipelines.errors.DataError`)."""
+    would read, with its labels for a classifier (raises :class:`~pipelines.config.ConfigError` or
+    :class:`~pipelines.errors.DataError`; a bundled set's labels are checked by the chain's precheck)."""
     from .config import DataKind, data_loader, validate, validate_data
 
     validate_data(cfg.data)
     if "convert" in stages and data_loader(cfg.data) == DataKind.file.value:
         from .tables import read_table
 
-        read_table(cfg.data)  # first: listing the registry's names in validate() takes seconds
+        table = read_table(cfg.data)  # first: listing the registry's names in validate() takes seconds
+        if str(cfg.data.task) == "classification":
+            from .labels import class_labels, target_description
+
+            class_labels(table.y, target_description(cfg.data))
     validate(cfg)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from .config import data_loader
-from .labels import class_labels
+from .labels import class_labels, target_description
 
 
 @dataclass
@@ -123,14 +123,6 @@ def load_dataset(data: DictConfig, notes: dict | None = None) -> tuple[np.ndarra
     return np.asarray(X, dtype=np.float64), np.asarray(y), names
 
 
-def _target_description(data: DictConfig) -> str:
-    if data_loader(data) == "file":
-        from .tables import table_path
-
-        return f"data.target={data.target!r} of {table_path(data).name}"
-    return f"the target of data={data.name}"
-
-
 def make_split(data: DictConfig, notes: dict | None = None) -> Split:
     """Load, split (stratified for classification) and standardize with training statistics (``notes``: see
     :func:`load_dataset`)."""
@@ -141,7 +133,7 @@ def make_split(data: DictConfig, notes: dict | None = None) -> Split:
     seed = int(data.seed)
     classes = np.array([], dtype=np.float64)
     if task == "classification":  # the labels as they are (never re-encoded): the trainers map them to classes
-        classes, y = class_labels(y, _target_description(data))
+        classes, y = class_labels(y, target_description(data))
     else:
         y = np.asarray(y, dtype=np.float64)
     stratify = y if task == "classification" else None

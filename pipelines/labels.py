@@ -11,6 +11,7 @@ for the stratified split.
 from __future__ import annotations
 
 import numpy as np
+from omegaconf import DictConfig
 
 from .errors import DataError
 
@@ -19,6 +20,17 @@ MIN_ROWS_PER_CLASS = 3
 #: more distinct values than this are not labels
 MAX_CLASSES = 100
 _REGRESSION_HINT = "for a continuous target set data.task=regression (and a regression model and loss)"
+
+
+def target_description(data: DictConfig) -> str:
+    """How messages name the target: ``data.target='y' of table.csv`` or ``the target of data=iris``."""
+    from .config import data_loader
+
+    if data_loader(data) == "file":
+        from .tables import table_path
+
+        return f"data.target={data.target!r} of {table_path(data).name}"
+    return f"the target of data={data.name}"
 
 
 def class_labels(y: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:

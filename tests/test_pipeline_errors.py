@@ -23,7 +23,7 @@ def _houses(folder):
     (["data=file", "data.path=houses.csv", "data.target=cost"],
      "DataError: data.target='cost' is not a column of houses.csv; its columns: ['area', 'rooms', 'price']"),
     (["data=file", "data.path=houses.csv", "data.target=rooms", "data.task=classification", "model=logistic",
-      "loss=log"], "DataError: labels ["),
+      "loss=log"], "DataError: data.target='rooms' of houses.csv holds non-integral numbers"),
     (["trainer.max_iter=abc"], "'abc' of type 'str' could not be converted to Integer full_key: trainer.max_iter"),
 ])
 def test_user_error_one_line_hint_status_2_no_run(tmp_path, pipeline_subprocess_env, args, problem):
@@ -57,7 +57,7 @@ def test_help_lists_stages_groups_and_examples(tmp_path, pipeline_subprocess_env
                           env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "convert -> add_loss -> train -> evaluate -> export" in proc.stdout
-    assert "data: breast_cancer, classification, diabetes, file, regression" in proc.stdout
+    assert "data: breast_cancer, classification, diabetes, digits, file, iris, regression" in proc.stdout
     assert "trainer: full, fwbw" in proc.stdout
     assert "python -m pipelines.main data=file data.path=houses.csv data.target=price" in proc.stdout
 
