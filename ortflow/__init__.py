@@ -1,4 +1,6 @@
-"""ortflow: train ONNX graphs with onnxruntime-training."""
+"""ortflow: train ONNX graphs with onnxruntime (the plain build, or onnxruntime-training)."""
+
+from ._ort import backend
 
 from .autodiff import onnx_derivative
 from .base import BaseTrainer
@@ -65,6 +67,7 @@ __all__ = [
     "UnsafePathError",
     "UnsupportedModelError",
     "add_loss_output",
+    "backend",
     "get_initializers",
     "load_model",
     "onnx_derivative",
