@@ -14,7 +14,12 @@ from . import graph as g
 from ._ort import TRAINING, OrtValueVector, api, artifacts, backend, captured_native_stderr, require_training
 from .add_loss import LOSS_METADATA
 from .base import BaseTrainer, GraphSpec, TrainData
-from .exceptions import NotDifferentiableError, UnsupportedModelError, explain_gradient_failure
+from .exceptions import (
+    NotDifferentiableError,
+    UnsupportedModelError,
+    explain_gradient_failure,
+    with_training_build_hint,
+)
 from .full_step import STATE_FILE, StepGraphRuntime
 from .learning_rates import BaseLearningRate
 from .parameters import FULL, MODEL, SHARED, WEIGHTS, init_from
@@ -100,9 +105,7 @@ class OrtGradientOptimizer(BaseTrainer):
                 return
             except NotDifferentiableError as exc:
                 if self.gradients == "ortflow" or not TRAINING:
-                    raise NotDifferentiableError(
-                        f"{exc}; onnxruntime-training differentiates more ops: install it (pip install "
-                        "'ortflow[cpu]', Python <= 3.12) and use gradients='onnxruntime' or 'auto'") from exc
+                    raise with_training_build_hint(exc) from exc
         self.gradients_ = "onnxruntime"
         optimizer = rate.ort_optimizer()  # before any work: Nesterov is refused here
         frozen = [n for n in g.trainable_initializers(loss_graph) if n not in self.weights_to_train_]

@@ -268,7 +268,7 @@ def validate(cfg: DictConfig) -> None:
                           + " or ".join(f"loss={n}" for n in fitting))
     if _value(cfg.trainer.name) == "full":
         try:
-            learning_rate(cfg).ort_optimizer()
+            learning_rate(cfg).step_options()
         except ValueError as exc:
             raise ConfigError(f"trainer.optimizer={_value(cfg.trainer.optimizer)} needs trainer=fwbw: {exc}") from exc
     if _value(cfg.data.name) == DataKind.file.value and (not cfg.data.path or not cfg.data.target):

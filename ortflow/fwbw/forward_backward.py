@@ -30,7 +30,12 @@ from .._ort import (
     captured_native_stderr,
     require_training,
 )
-from ..exceptions import UnsupportedModelError, explain_gradient_failure
+from ..exceptions import (
+    NotDifferentiableError,
+    UnsupportedModelError,
+    explain_gradient_failure,
+    with_training_build_hint,
+)
 from ..runtime import _C, DeviceBuffer, _c_value, make_session_options, ort_device, to_ortvalue
 from ..validation import check_choice, check_device, check_weights_to_train, resolve_device
 from .own_graphs import ForwardState, build_own_graphs, free_inputs
@@ -88,19 +93,19 @@ class OrtGradientForwardBackward:
     def _weights_as_inputs(self, model: onnx.ModelProto) -> onnx.ModelProto:
         if check_device(self.device)[0] == "cpu" and self.gradients_ == "onnxruntime":
             model = g.relu_as_mask(model)
-        new = g.initializers_as_inputs(model, self.weights_to_train_)
-        for i, node in enumerate(new.graph.node):  # named nodes, so a missing gradient names its node
-            if not node.name:
-                node.name = f"{node.op_type}_{i}"
-        return new
+        return _named_nodes(g.initializers_as_inputs(model, self.weights_to_train_))
 
     def _build(self, session_options: SessionOptions | None) -> None:
         self._session_options = session_options or make_session_options()
         self._sessions: list[InferenceSession] = []  # the agents hold the C sessions only
         self._static: dict[tuple, tuple] = {}
         if self.gradients_ == "ortflow":
-            own = build_own_graphs(g.keep_outputs(self.model_, self.output_names_), self.weights_to_train_,
-                                   self.input_names_to_train_, self.device, self._session_options)
+            try:
+                own = build_own_graphs(_named_nodes(g.keep_outputs(self.model_, self.output_names_)),
+                                       self.weights_to_train_,
+                                       self.input_names_to_train_, self.device, self._session_options)
+            except NotDifferentiableError as exc:
+                raise (exc if TRAINING else with_training_build_hint(exc)) from exc
             self.agent_, self.cache_, self.gradient_model_ = own.agent, None, own.training
             self.forward_model_, self._backward_model, self.graph_info_ = own.forward, own.backward, None
             self.feed_names_, self.grad_names_, self.non_differentiable_ = own.feed_names, own.grad_names, []
@@ -279,6 +284,14 @@ class OrtGradientForwardBackward:
             onnx.save(model, str(path))
             paths[name] = str(path)
         return paths
+
+
+def _named_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (edited in place) with every unnamed node called ``<op>_<index>``, so a missing gradient names it."""
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{i}"
+    return model
 
 
 def _backward_part(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -18,6 +18,7 @@ import onnx.shape_inference
 from onnx import helper
 
 from ..autodiff import onnx_derivative
+from ..autodiff.builder import refuse_unreached, unreached
 from ..exceptions import UnsupportedModelError
 from ..runtime import _C, InferenceSession, SessionOptions, ort_device
 from ..validation import check_device
@@ -54,6 +55,7 @@ def build_own_graphs(model: onnx.ModelProto, weights: Sequence[str], inputs: Seq
             f"ortflow's own gradient graphs differentiate one output; the graph has {outputs}: keep the trained "
             "one (ortflow.graph.keep_outputs), or use onnxruntime-training (gradients='onnxruntime')")
     output = outputs[0]
+    refuse_unreached(model, unreached(model, list(weights), output), output)
     derivative = onnx_derivative(model, list(weights), list(inputs), output, fill_grad=False, keep_outputs=True)
     seed = f"{output}_grad"
     grad_names = [o.name for o in derivative.graph.output[1:]]
