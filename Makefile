@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
 EXTRAS ?= cpu,pipelines,test
 
-.PHONY: install run test bench ui clean
+.PHONY: install run test test-ort bench ui clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,28 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+## The core tests and one pipeline chain on the plain onnxruntime (newest release) under Python 3.13, in .venv313.
+PYTHON313 ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13) python3.13)
+VENV_ORT := .venv313
+PY_ORT := $(VENV_ORT)/bin/python
+STAMP_ORT := $(VENV_ORT)/.install-stamp
+CORE_TESTS := tests --ignore=tests/test_pipeline_chain.py --ignore=tests/test_pipeline_cli.py \
+	--ignore=tests/test_pipeline_config.py --ignore=tests/test_reliability_tracking.py \
+	--ignore=tests/test_reliability_promotion.py --ignore=tests/test_reliability_resume.py \
+	--ignore=tests/test_reliability_files.py --ignore=tests/test_bench_smoke.py
+ORT_CHAIN := "tests/test_pipeline_chain.py::test_default_chain_on_sqlite[full]"
+
+$(STAMP_ORT): pyproject.toml
+	test -x $(PY_ORT) || $(PYTHON313) -m venv $(VENV_ORT)
+	$(PY_ORT) -m pip install --quiet --upgrade pip
+	$(PY_ORT) -m pip install --quiet -e ".[ort,pipelines,test]"
+	touch $(STAMP_ORT)
+
+test-ort: $(STAMP_ORT)
+	$(PY_ORT) -c "import ortflow; assert ortflow.backend() == 'plain', ortflow.backend()"
+	$(PY_ORT) -m pytest -m "not slow" $(CORE_TESTS) $(PYTEST_ARGS)
+	$(PY_ORT) -m pytest $(ORT_CHAIN) $(PYTEST_ARGS)
+
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS),bench]"
 	$(PY) -m bench.run $(ARGS)
@@ -31,4 +53,4 @@ ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5000
 
 clean:
-	rm -rf $(VENV) mlruns mlartifacts mlflow.db outputs multirun .ortflow
+	rm -rf $(VENV) $(VENV_ORT) mlruns mlartifacts mlflow.db outputs multirun .ortflow
