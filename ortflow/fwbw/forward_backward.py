@@ -168,8 +168,8 @@ class OrtGradientForwardBackward:
         key = tuple(tuple(int(d) for d in shape) for shape in input_shapes)
         if len(key) != len(self.input_names_):
             raise ValueError(f"static_agent expects {len(self.input_names_)} shapes {self.input_names_}, got {key}")
-        if self.gradients_ == "ortflow":  # ortflow's graphs take any batch size without run-time bookkeeping
-            return self.agent_, self.cache_
+        if self.gradients_ == "ortflow":  # one graph for any batch size; the cache keeps this shape's bindings
+            return self._static.setdefault(key, (self.agent_, {}, None))[:2]
         if key not in self._static:
             try:
                 agent, cache, model, _ = self._build_agent([list(shape) for shape in key],

@@ -27,11 +27,12 @@ from ..validation import check_device
 class ForwardState:
     """What a forward pass leaves for the backward pass: its feeds and outputs (C OrtValues)."""
 
-    __slots__ = ("feeds", "outputs")
+    __slots__ = ("feeds", "outputs", "cache")
 
     def __init__(self):
         self.feeds = None
         self.outputs = None
+        self.cache = None
 
 
 @dataclass
@@ -125,7 +126,12 @@ class GraphAgent:
     ``run_forward(feeds, fetches, state, cache)``: ``feeds`` in feed order (model inputs, then weights); when
     ``fetches`` already holds a value, the model output is written into it, else it is appended. ``run_backward(
     feeds, fetches, state)``: ``feeds`` holds the output's gradient; gradients go into the values of ``fetches``
-    (same shapes) or are appended when it is empty."""
+    (same shapes) or are appended when it is empty.
+
+    With a ``cache`` (a dict, one per batch shape: what :meth:`OrtGradientForwardBackward.static_agent` returns)
+    the IO bindings are built once per feeds vector and reused, so a batch of the trainer binds nothing: the saved
+    values stay in the buffers onnxruntime allocated at the first run (checked by address at every backward pass,
+    rebound if onnxruntime moved them)."""
 
     def __init__(self, forward: InferenceSession, backward: InferenceSession, sources: list, device: str):
         self._fw, self._bw = forward._sess, backward._sess
@@ -135,9 +141,10 @@ class GraphAgent:
         self._bw_in = [i.name for i in backward.get_inputs()]
         self._bw_out = [o.name for o in backward.get_outputs()]
         self._sources = sources  # per backward input, in order: (kind, index)
+        self._saved = [index for kind, index in sources if kind == "output"]
         self._device = ort_device(device)
 
-    def run_forward(self, feeds, fetches, state: ForwardState, cache=None) -> None:
+    def _forward_binding(self, feeds, fetches):
         binding = _C.SessionIOBinding(self._fw)
         for i, name in enumerate(self._fw_in):
             binding.bind_ortvalue_input(name, feeds[i])
@@ -147,25 +154,47 @@ class GraphAgent:
                 binding.bind_ortvalue_output(name, fetches[0])
             else:
                 binding.bind_output(name, self._device)
+        return binding, preset
+
+    def run_forward(self, feeds, fetches, state: ForwardState, cache: dict | None = None) -> None:
+        entry = None if cache is None else cache.get(("fw", id(feeds), id(fetches)))
+        if entry is None:
+            entry = (feeds, fetches, *self._forward_binding(feeds, fetches))  # keeps the vectors alive
+            if cache is not None:
+                cache["fw", id(feeds), id(fetches)] = entry
+        _, _, binding, preset = entry
         self._fw.run_with_iobinding(binding, None)
         outputs = binding.get_outputs()
         if not preset:
             fetches.push_back(outputs[0])
-        state.feeds, state.outputs = feeds, outputs
+        state.feeds, state.outputs, state.cache = feeds, outputs, cache
+
+    def _backward_inputs(self, feeds, state: ForwardState) -> list:
+        return [feeds[0] if kind == "seed" else (state.feeds if kind == "feed" else state.outputs)[index]
+                for kind, index in self._sources]
 
     def run_backward(self, feeds, fetches, state: ForwardState) -> None:
-        binding = _C.SessionIOBinding(self._bw)
-        for name, (kind, index) in zip(self._bw_in, self._sources):
-            value = feeds[0] if kind == "seed" else (state.feeds if kind == "feed" else state.outputs)[index]
-            binding.bind_ortvalue_input(name, value)
-        preset = len(fetches) == len(self._bw_out)
-        for i, name in enumerate(self._bw_out):
-            if preset:
-                binding.bind_ortvalue_output(name, fetches[i])
-            else:
-                binding.bind_output(name, self._device)
+        cache, key = state.cache, ("bw", id(state.feeds), id(feeds), id(fetches))
+        entry = None if cache is None else cache.get(key)
+        outputs = state.outputs
+        addresses = [outputs[i].data_ptr() for i in self._saved]
+        if entry is None or entry[3] != addresses:
+            inputs = self._backward_inputs(feeds, state)
+            binding = _C.SessionIOBinding(self._bw)
+            for name, value in zip(self._bw_in, inputs):
+                binding.bind_ortvalue_input(name, value)
+            preset = len(fetches) == len(self._bw_out)
+            for i, name in enumerate(self._bw_out):
+                if preset:
+                    binding.bind_ortvalue_output(name, fetches[i])
+                else:
+                    binding.bind_output(name, self._device)
+            entry = (feeds, fetches, binding, addresses, preset, inputs)  # inputs: kept alive with the binding
+            if cache is not None:
+                cache[key] = entry
+        binding, preset = entry[2], entry[4]
         self._bw.run_with_iobinding(binding, None)
         if not preset:
             for value in binding.get_outputs():
                 fetches.push_back(value)
-        state.feeds = state.outputs = None
+        state.feeds = state.outputs = state.cache = None
