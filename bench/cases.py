@@ -26,6 +26,7 @@ ENGINES = {
     "sklearn": "scikit-learn MLPRegressor/MLPClassifier, solver='sgd', one partial_fit per epoch",
     "sklearn-sgd": "scikit-learn SGDRegressor (per-row SGD: batch size 1, a different algorithm; time only)",
     "torch": "PyTorch CPU, nn.Sequential + torch.optim.SGD, same thread count",
+    "ortflow-torch": "the ONNX graph as one ortflow.torch.OnnxModule layer in the torch loop (torch.optim.SGD)",
 }
 
 
@@ -76,7 +77,8 @@ def default_cases(quick: bool = False, tiny: bool = False) -> list[Case]:
     """The suite. ``quick`` shortens the big sizes, ``tiny`` shrinks everything (smoke test)."""
     epochs = 100
     cases = [
-        Case("A", "MLP (50,10) regression, SGD", epochs=epochs),
+        Case("A", "MLP (50,10) regression, SGD", epochs=epochs,
+             engines=("raw", "ortflow-full", "ortflow-fwbw", "sklearn", "torch", "ortflow-torch")),
         Case(
             "B",
             "Linear regression, SGD",
@@ -128,6 +130,7 @@ def default_cases(quick: bool = False, tiny: bool = False) -> list[Case]:
             epochs=3 if not quick else 2,
             learning_rate=0.01,
             memory=True,
+            engines=("raw", "ortflow-full", "ortflow-fwbw", "sklearn", "torch", "ortflow-torch"),
         )
     )
     if tiny:

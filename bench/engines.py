@@ -36,7 +36,7 @@ class Run:
 
 def available(name: str, case: Case) -> str | None:
     """None when the engine can run ``case``, else the reason it is skipped."""
-    if name == "torch":
+    if name in ("torch", "ortflow-torch"):
         try:
             importlib.import_module("torch")
         except ImportError:
@@ -45,6 +45,8 @@ def available(name: str, case: Case) -> str | None:
         return "the raw loop is onnxruntime-training's on-device training API (plain onnxruntime installed)"
     if name in ("raw", "ortflow-full") and case.momentum > 0:
         return "the on-device training API has no momentum SGD"
+    if name == "ortflow-torch" and case.task != "regression":
+        return "the torch-layer engine trains regression cases (MSELoss on the graph's single output)"
     if name == "sklearn-sgd" and (case.task != "regression" or case.hidden):
         return "SGDRegressor is a linear regressor"
     return None
@@ -82,6 +84,7 @@ def train(name: str, case: Case, data: CaseData, epochs: int, threads: int, **op
         "sklearn": train_sklearn,
         "sklearn-sgd": train_sklearn_sgd,
         "torch": train_torch,
+        "ortflow-torch": train_ortflow_torch,
     }[name]
     with quiet_ort_info():
         return func(case, data, epochs, threads, **options)
@@ -249,7 +252,8 @@ def _from_history(trainer, total: float, clock) -> Run:
     times = [float(t) for t in clock.epoch_times]
     losses = [float(v) for v in trainer.train_losses_]
     own = [float(r["time"]) for r in trainer.history_]
-    return Run(total - sum(times), times, losses, {"history_time_share": sum(own) / max(sum(times), 1e-12)})
+    return Run(total - sum(times), times, losses, {"history_time_share": sum(own) / max(sum(times), 1e-12),
+                                                   "n_threads": trainer.n_threads_})
 
 
 # --- scikit-learn --------------------------------------------------------------------------------------------------
@@ -295,6 +299,7 @@ def train_sklearn_sgd(case: Case, data: CaseData, epochs: int, threads: int) -> 
 
 # --- PyTorch -------------------------------------------------------------------------------------------------------
 def train_torch(case: Case, data: CaseData, epochs: int, threads: int) -> Run:
+    """The model as ``nn.Sequential`` (Linear + ReLU), trained by :func:`torch_loop`."""
     try:
         import torch
     except ImportError as exc:
@@ -302,6 +307,13 @@ def train_torch(case: Case, data: CaseData, epochs: int, threads: int) -> Run:
 
     begin = time.perf_counter()
     torch.set_num_threads(threads)
+    return torch_loop(torch_sequential(case, data), case, data, epochs, begin)
+
+
+def torch_sequential(case: Case, data: CaseData):
+    """The case's model as ``nn.Sequential`` (Linear + ReLU) with the initial weights."""
+    import torch
+
     layers = []
     for i, (coef, intercept) in enumerate(initial_layers(data)):
         lin = torch.nn.Linear(coef.shape[0], coef.shape[1])
@@ -311,7 +323,29 @@ def train_torch(case: Case, data: CaseData, epochs: int, threads: int) -> Run:
         layers.append(lin)
         if i < len(case.hidden):
             layers.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*layers)
+    return torch.nn.Sequential(*layers)
+
+
+def train_ortflow_torch(case: Case, data: CaseData, epochs: int, threads: int) -> Run:
+    """The model's ONNX graph as one :class:`ortflow.torch.OnnxModule` layer, trained by :func:`torch_loop`
+    (onnxruntime runs the forward and backward passes at ``threads`` intra-op threads, torch the loss and SGD)."""
+    try:
+        import torch
+
+        from ortflow.torch import OnnxModule
+    except ImportError as exc:
+        raise Skip("torch is not installed") from exc
+
+    begin = time.perf_counter()
+    torch.set_num_threads(threads)
+    return torch_loop(OnnxModule(prediction_graph(data), n_threads=threads), case, data, epochs, begin)
+
+
+def torch_loop(model, case: Case, data: CaseData, epochs: int, begin: float) -> Run:
+    """Per batch: ``zero_grad``, loss, ``backward``, ``torch.optim.SGD.step``; the set-up time runs from
+    ``begin`` to the first epoch."""
+    import torch
+
     loss_fn = torch.nn.MSELoss() if case.task == "regression" else torch.nn.BCEWithLogitsLoss()
     opt = torch.optim.SGD(model.parameters(), lr=case.learning_rate, momentum=case.momentum,
                           nesterov=case.momentum > 0)

@@ -50,7 +50,7 @@ def _preload(engine: str) -> None:
     if engine in ("raw", "ortflow-full", "ortflow-fwbw"):
         import ortflow  # noqa: F401
         from ortflow._ort import api  # noqa: F401
-    if engine == "torch":
+    if engine in ("torch", "ortflow-torch"):
         import torch  # noqa: F401
     if engine.startswith("sklearn"):
         import threadpoolctl  # noqa: F401

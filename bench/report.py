@@ -9,8 +9,8 @@ import numpy as np
 
 BEGIN = "<!-- BENCH:RESULTS:BEGIN (written by python -m bench.run; edit outside these markers) -->"
 END = "<!-- BENCH:RESULTS:END -->"
-ORDER = ["raw", "ortflow-full", "ortflow-fwbw", "sklearn", "sklearn-sgd", "torch"]
-COLORS = dict(zip(ORDER, ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:gray", "tab:purple"]))
+ORDER = ["raw", "ortflow-full", "ortflow-fwbw", "sklearn", "sklearn-sgd", "torch", "ortflow-torch"]
+COLORS = dict(zip(ORDER, ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:gray", "tab:purple", "tab:brown"]))
 
 
 def _per_repeat(times):
@@ -68,6 +68,11 @@ def check_targets(results: dict) -> list[dict]:
         if key in cases:
             c = cases[key]
             add("ortflow fwbw / ortflow full", key, ratio(c, "ortflow-fwbw", "ortflow-full"), "<=", 1.3, c)
+    for key, limit in (("A", 1.0), ("D-wide", 1.2)):
+        if key in cases:
+            c = cases[key]
+            add("ONNX layer in torch / all torch (same threads)", key, ratio(c, "ortflow-torch", "torch"), "<=",
+                limit, c)
     for key in d_keys:
         c = cases[key]
         add("PyTorch / ortflow full (same threads)", key, ratio(c, "torch", "ortflow-full"), ">=", 1.0, c)

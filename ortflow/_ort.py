@@ -24,8 +24,27 @@ import sys
 import tempfile
 import types
 
+
+@contextlib.contextmanager
+def _torch_hidden():
+    """onnxruntime imports torch only for helpers ortflow never uses: the build check of its ``__init__``
+    (capi/onnxruntime_validation.py probes ``onnxruntime.training.ortmodule``) and the PyTorch export helpers of
+    ``onnxruntime.tools`` (imported by ``training.artifacts``); with torch installed that costs a second or more per
+    process. While ortflow imports onnxruntime's modules, torch is marked absent (None in sys.modules: its import
+    fails at once with ImportError, as if not installed) unless already imported; the mark is removed after."""
+    hide = "torch" not in sys.modules
+    if hide:
+        sys.modules["torch"] = None
+    try:
+        yield
+    finally:
+        if hide and "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
+
+
 try:
-    import onnxruntime as ort
+    with _torch_hidden():
+        import onnxruntime as ort
 except ImportError as exc:  # pragma: no cover - depends on the installation
     raise ImportError(
         "ortflow needs onnxruntime: pip install 'ortflow[ort]' (plain onnxruntime >= 1.20, any Python >= 3.9) or "
@@ -71,9 +90,10 @@ def _load_training_package() -> types.ModuleType:
 
 if TRAINING:
     _load_training_package()
-    api = importlib.import_module("onnxruntime.training.api")
-    artifacts = importlib.import_module("onnxruntime.training.artifacts")
-    onnxblock = importlib.import_module("onnxruntime.training.onnxblock")
+    with _torch_hidden():
+        api = importlib.import_module("onnxruntime.training.api")
+        artifacts = importlib.import_module("onnxruntime.training.artifacts")
+        onnxblock = importlib.import_module("onnxruntime.training.onnxblock")
     OrtModuleGraphBuilder = _C.OrtModuleGraphBuilder
     OrtModuleGraphBuilderConfiguration = _C.OrtModuleGraphBuilderConfiguration
     OrtValueCache = _C.OrtValueCache

@@ -21,13 +21,11 @@ Parameters are declared once in :mod:`ortflow.parameters` (``parameters`` of eac
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -42,7 +40,7 @@ from .exceptions import ConvergenceError
 from .learning_rates import BaseLearningRate, LearningRateSGD
 from .parameters import check_parameters
 from .registry import select
-from .runtime import OnnxFunction, make_session_options
+from .runtime import OnnxFunction, make_session_options, threads_for_work
 from .convert import graph_classes
 from .validation import (
     check_device,
@@ -121,6 +119,7 @@ class BaseTrainer(BaseEstimator):
             self._spec = spec
             self._model = model
             self._fit_settings = self._settings()
+            self.n_threads_ = self._threads(model)
             self._build_runtime(model, spec, self._learning_rate())
             self.history_ = []
             self._append(None)
@@ -444,7 +443,16 @@ class BaseTrainer(BaseEstimator):
         return check_device(self.device)[1]
 
     def _session_options(self) -> SessionOptions:
-        return make_session_options(self.n_threads)
+        return make_session_options(getattr(self, "n_threads_", self.n_threads))
+
+    def _threads(self, model: onnx.ModelProto) -> int:
+        """``n_threads`` when set, else the count :func:`ortflow.runtime.threads_for_work` picks for a batch of
+        ``batch_size`` rows through ``model``'s float weights."""
+        if self.n_threads is not None:
+            return int(self.n_threads)
+        n_weights = sum(int(np.prod(init.dims)) for init in model.graph.initializer
+                        if init.data_type in g.FLOAT_TYPES)
+        return threads_for_work(self.batch_size, n_weights, self.device)
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "history_"):

@@ -13,6 +13,7 @@ import onnx
 from . import graph as g
 from ._ort import TRAINING, OrtValueVector, api, artifacts, backend, captured_native_stderr, require_training
 from .add_loss import LOSS_METADATA
+from .artifact_cache import TRAINING_ARTIFACTS
 from .base import BaseTrainer, GraphSpec, TrainData
 from .exceptions import (
     NotDifferentiableError,
@@ -31,6 +32,8 @@ ORT_CHECKPOINT = "ort_checkpoint"
 #: cases, docs/PERFORMANCE.md) with onnxruntime's artifacts for graphs holding an op outside ortflow's rules.
 AUTO_ON_TRAINING_BUILD = "ortflow"
 ARTIFACTS = ("training_model", "eval_model", "optimizer_model")
+#: learning-rate parameters that set the rate's value only (``set_learning_rate`` every epoch), never the graphs
+RATE_VALUE_PARAMS = ("eta0", "learning_rate", "power_t", "alpha")
 
 
 class OrtGradientOptimizer(BaseTrainer):
@@ -111,22 +114,35 @@ class OrtGradientOptimizer(BaseTrainer):
         frozen = [n for n in g.trainable_initializers(loss_graph) if n not in self.weights_to_train_]
         if resolve_device(self.device) == "cpu":
             loss_graph = g.relu_as_mask(loss_graph)
+        # The same graph fitted again (a GridSearchCV's clones) reuses the artifacts generated the first time.
+        # The key leaves out the parameters that only give the rate's value (set every epoch, not in the graphs).
+        baked = sorted((k, v) for k, v in rate.get_params().items() if k not in RATE_VALUE_PARAMS)
+        key = TRAINING_ARTIFACTS.key(loss_graph.SerializeToString(), self.weights_to_train_, frozen,
+                                     type(rate).__name__, baked, resolve_device(self.device))
+        generated = TRAINING_ARTIFACTS.get(key)
         # The artifacts are read into memory and their folder removed at once: nothing is left in the temporary
         # directory, even when the process is killed later.
         with tempfile.TemporaryDirectory(prefix="ortflow-full-") as folder:
-            try:
-                with captured_native_stderr():
-                    artifacts.generate_artifacts(
-                        loss_graph,
-                        requires_grad=self.weights_to_train_,
-                        frozen_params=frozen,
-                        loss=None,
-                        optimizer=optimizer,
-                        artifact_directory=folder,
-                    )
-            except Exception as exc:  # the gradient builder reports ops without gradient as RuntimeError
-                raise explain_gradient_failure(exc) from exc
-            self._rt_graphs = {name: Path(folder, f"{name}.onnx").read_bytes() for name in ARTIFACTS}
+            if generated is None:
+                try:
+                    with captured_native_stderr():
+                        artifacts.generate_artifacts(
+                            loss_graph,
+                            requires_grad=self.weights_to_train_,
+                            frozen_params=frozen,
+                            loss=None,
+                            optimizer=optimizer,
+                            artifact_directory=folder,
+                        )
+                except Exception as exc:  # the gradient builder reports ops without gradient as RuntimeError
+                    raise explain_gradient_failure(exc) from exc
+                generated = {f"{name}.onnx": Path(folder, f"{name}.onnx").read_bytes() for name in ARTIFACTS}
+                generated["checkpoint"] = Path(folder, "checkpoint").read_bytes()
+                TRAINING_ARTIFACTS.put(key, generated)
+            else:
+                for file, data in generated.items():
+                    Path(folder, file).write_bytes(data)
+            self._rt_graphs = {name: generated[f"{name}.onnx"] for name in ARTIFACTS}
             self._start_module(api.CheckpointState.load_checkpoint(os.path.join(folder, "checkpoint")), folder)
 
     def _start_module(self, state, folder: str | None = None) -> None:

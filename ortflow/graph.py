@@ -28,33 +28,110 @@ def load_model(model: ModelLike) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
     if isinstance(model, (bytes, bytearray)):
-        return onnx.load_from_string(bytes(model))
+        return _parsed(bytes(model), "the bytes given")
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():
             raise FileNotFoundError(f"model_onnx: no ONNX file at {str(path)!r}")
-        proto = onnx.load(str(path), load_external_data=False)
+        proto = _parsed(path.read_bytes(), str(path))
         _check_external_data(proto, path.parent)
         onnx.load_external_data_for_model(proto, str(path.parent))
         return proto
     raise TypeError(f"model_onnx must be an onnx.ModelProto, bytes or a path, not {type(model).__name__}")
 
 
+def _parsed(data: bytes, what: str) -> onnx.ModelProto:
+    """``data`` parsed as a ModelProto that has a graph; :class:`UnsupportedModelError` for anything else."""
+    if not data:
+        raise UnsupportedModelError(f"model_onnx: {what} is empty, not an ONNX model")
+    try:
+        proto = onnx.load_from_string(data)
+    except Exception as exc:  # DecodeError, UnicodeDecodeError...: the protobuf parser's many ways to say it
+        raise UnsupportedModelError(
+            f"model_onnx: {what} is not a readable ONNX model, truncated or corrupted ({type(exc).__name__}: "
+            f"{str(exc)[:200]})") from exc
+    if not proto.HasField("graph"):
+        raise UnsupportedModelError(f"model_onnx: {what} holds no graph (truncated or corrupted, or not ONNX)")
+    return proto
+
+
 def _check_external_data(proto: onnx.ModelProto, folder: Path) -> None:
+    """External data must stay inside ``folder`` and hold the bytes each initializer declares."""
     root = folder.resolve()
     for tensor in proto.graph.initializer:
         if tensor.data_location != TensorProto.EXTERNAL:
             continue
-        location = {e.key: e.value for e in tensor.external_data}.get("location", "")
+        info = {e.key: e.value for e in tensor.external_data}
+        location = info.get("location", "")
         target = (root / location).resolve()
         if os.path.isabs(location) or not target.is_relative_to(root):
             raise UnsafePathError(
                 f"initializer {tensor.name!r} stores its data at {location!r}, outside the model's folder {str(root)!r}"
             )
+        needed = int(info.get("offset", 0) or 0) + _declared_bytes(tensor)
+        available = target.stat().st_size if target.is_file() else -1
+        if available < needed:
+            raise UnsupportedModelError(
+                f"initializer {tensor.name!r} declares {_declared_bytes(tensor)} bytes at {location!r} (offset "
+                f"{info.get('offset', 0)}), but that file " + ("does not exist" if available < 0 else
+                                                                 f"holds {available} bytes"))
+
+
+#: the highest opset of each domain onnxruntime-training 1.19.2 loads (ai.onnx.ml 6 is refused, seen)
+MAX_DOMAIN_OPSET = {"": MAX_OPSET, "ai.onnx": MAX_OPSET, "ai.onnx.ml": 5, "ai.onnx.training": 1,
+                    "ai.onnx.preview.training": 1, "com.microsoft": 1}
+#: the TensorProto field holding each type's values when raw_data is not used, and values per element
+_TYPED_FIELDS = {TensorProto.FLOAT: ("float_data", 1), TensorProto.DOUBLE: ("double_data", 1),
+                 TensorProto.INT64: ("int64_data", 1), TensorProto.UINT64: ("uint64_data", 1),
+                 TensorProto.UINT32: ("uint64_data", 1), TensorProto.COMPLEX64: ("float_data", 2),
+                 TensorProto.COMPLEX128: ("double_data", 2), TensorProto.STRING: ("string_data", 1)}
+_TYPED_FIELDS.update({t: ("int32_data", 1) for t in (TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
+                                                     TensorProto.UINT16, TensorProto.UINT8, TensorProto.BOOL,
+                                                     TensorProto.FLOAT16, TensorProto.BFLOAT16)})
+
+
+def _declared_bytes(tensor: onnx.TensorProto) -> int:
+    """Bytes the tensor's dims and type declare (0 for types of no fixed width)."""
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except (KeyError, ValueError, TypeError):
+        return 0
+    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize if tensor.data_type != TensorProto.STRING else 0
+
+
+def _check_initializer(tensor: onnx.TensorProto, what: str) -> None:
+    """The data an initializer holds must match the shape and type it declares (before anything allocates it)."""
+    if any(d < 0 for d in tensor.dims):
+        raise UnsupportedModelError(f"{what}: initializer {tensor.name!r} has negative dims {list(tensor.dims)}")
+    if tensor.data_type not in _TYPED_FIELDS:
+        return  # 4-bit and float8 types are packed: left to onnxruntime
+    if tensor.data_location == TensorProto.EXTERNAL:
+        return  # checked against its file by load_model
+    count = int(np.prod(tensor.dims, dtype=np.int64))
+    if tensor.HasField("raw_data"):
+        held, declared = len(tensor.raw_data), _declared_bytes(tensor)
+        unit = "bytes"
+    else:
+        field, per = _TYPED_FIELDS[tensor.data_type]
+        held, declared = len(getattr(tensor, field)), count * per
+        unit = "values"
+    if held != declared:
+        shape = "x".join(map(str, tensor.dims)) or "scalar"
+        raise UnsupportedModelError(
+            f"{what}: initializer {tensor.name!r} declares shape {shape} of "
+            f"{TensorProto.DataType.Name(tensor.data_type)} ({declared} {unit}) but holds {held} {unit}: "
+            "the file is corrupted or was edited by hand")
 
 
 def check_loadable(model: onnx.ModelProto, what: str = "model_onnx") -> None:
-    """Raise :class:`UnsupportedModelError` if the installed onnxruntime cannot load ``model``."""
+    """Raise :class:`UnsupportedModelError` if the installed onnxruntime cannot load ``model``.
+
+    Checked before anything is built: a graph with outputs, the IR version, an opset for every domain the nodes
+    use and within what onnxruntime supports, every node input defined, and initializers holding exactly the
+    data their shape and type declare.
+    """
+    if not model.HasField("graph") or not model.graph.output:
+        raise UnsupportedModelError(f"{what} has no graph outputs (an empty or truncated model?)")
     limit = max_ir_version()
     if model.ir_version > limit:
         raise UnsupportedModelError(
@@ -69,6 +146,28 @@ def check_loadable(model: onnx.ModelProto, what: str = "model_onnx") -> None:
                 f"most {MAX_OPSET}. Convert it with target_opset={MAX_OPSET} (skl2onnx) or "
                 f"onnx.version_converter.convert_version(model, {MAX_OPSET})."
             )
+    opsets = {o.domain if o.domain != "ai.onnx" else "": o.version for o in model.opset_import}
+    for domain, version in opsets.items():
+        if domain in MAX_DOMAIN_OPSET and version > MAX_DOMAIN_OPSET[domain]:
+            raise UnsupportedModelError(
+                f"{what} imports opset {version} of domain {domain!r}; onnxruntime-training 1.19.2 supports at "
+                f"most {MAX_DOMAIN_OPSET[domain]}")
+    used = {n.domain if n.domain != "ai.onnx" else "" for n in model.graph.node}
+    missing = sorted(used - set(opsets))
+    if missing:
+        raise UnsupportedModelError(
+            f"{what} has nodes of domains {missing} but no opset_import for them: add "
+            f"onnx.helper.make_opsetid(domain, version) to model.opset_import")
+    defined = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer} | {""}
+    defined |= {o for n in model.graph.node for o in n.output}
+    for node in model.graph.node:
+        unknown = [i for i in node.input if i not in defined]
+        if unknown:
+            raise UnsupportedModelError(
+                f"{what}: node {node.name or node.op_type!r} (op {node.op_type}) reads {unknown}, which no graph "
+                "input, initializer or node defines")
+    for tensor in model.graph.initializer:
+        _check_initializer(tensor, what)
 
 
 def get_initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -238,6 +337,37 @@ def relu_as_mask(model: onnx.ModelProto) -> onnx.ModelProto:
             onnx.helper.make_node("Cast", [positive], [mask], to=dtype, name=fresh(f"{base}_cast")),
             onnx.helper.make_node("Mul", [x, mask], [y], name=fresh(f"{base}_mask")),
         ]
+    del new.graph.node[:]
+    new.graph.node.extend(nodes)
+    return new
+
+
+def fused_matmul_for_double(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself, or, when a graph input is double, a copy whose ``com.microsoft`` ``FusedMatMul`` nodes
+    compute ``Einsum``.
+
+    onnxruntime 1.19's gradient builder writes the gradient of ``MatMul`` as ``FusedMatMul`` (transposed operands),
+    whose CPU kernel exists for float only: a float64 training graph could not be loaded. Einsum has a double kernel.
+    """
+    if not any(i.type.tensor_type.elem_type == TensorProto.DOUBLE for i in model.graph.input):
+        return model
+    if not any(n.op_type == "FusedMatMul" and n.domain == "com.microsoft" for n in model.graph.node):
+        return model
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    nodes = []
+    for node in new.graph.node:
+        if node.op_type != "FusedMatMul" or node.domain != "com.microsoft":
+            nodes.append(node)
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("transBatchA") or attrs.get("transBatchB") or float(attrs.get("alpha", 1.0)) != 1.0:
+            raise UnsupportedModelError(f"node {node.name!r}: FusedMatMul {attrs} has no double kernel in "
+                                        "onnxruntime 1.19 and no Einsum rewrite in ortflow")
+        left = "...ji" if attrs.get("transA") else "...ij"
+        right = "...kj" if attrs.get("transB") else "...jk"
+        nodes.append(onnx.helper.make_node("Einsum", list(node.input), list(node.output), name=node.name + "_einsum",
+                                           equation=f"{left},{right}->...ik"))
     del new.graph.node[:]
     new.graph.node.extend(nodes)
     return new

@@ -144,7 +144,8 @@ SHARED = (
     Param("callbacks", None, _optional(_callbacks), "ortflow.Callback objects called after every epoch"),
     Param("exc", True, check_bool,
           "True: a non-finite loss raises ConvergenceError; False: warn and keep the last finite weights"),
-    Param("n_threads", None, _optional(check_positive_int), "intra-op threads of onnxruntime (None: all cores)"),
+    Param("n_threads", None, _optional(check_positive_int), "intra-op threads of onnxruntime; None: chosen from a batch's work (one "
+          "thread for small batches through small graphs, all cores otherwise), the choice in ``n_threads_``"),
     Param("enable_logging", False, check_bool,
           "log every epoch (INFO) and every batch loss (DEBUG) to the 'ortflow' logger"),
 )

@@ -6,6 +6,7 @@ a user subclass declaring ``names`` joins it the same way.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, ClassVar
 
 
@@ -23,8 +24,15 @@ class Registered:
             family[name] = cls
 
 
+#: the modules defining ortflow's own members of each family, imported on the first look-up (``import ortflow``
+#: loads nothing until a name is used)
+FAMILY_MODULES = {"loss": "ortflow.losses", "penalty": "ortflow.penalties", "learning_rate": "ortflow.learning_rates"}
+
+
 def family(kind: str) -> dict[Any, type]:
     """Name -> class of the family ``kind`` (``'loss'``, ``'penalty'``, ``'learning_rate'``)."""
+    if kind in FAMILY_MODULES:
+        importlib.import_module(FAMILY_MODULES[kind])
     if kind not in Registered._registry:
         raise ValueError(f"kind={kind!r} is not a family; families: {sorted(Registered._registry)}")
     return dict(Registered._registry[kind])

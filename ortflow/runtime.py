@@ -3,6 +3,7 @@ IOBinding (``OnnxFunction``)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -152,6 +153,32 @@ def _c_value(value):
     if isinstance(value, DeviceBuffer):
         return value.c
     return value._ortvalue if isinstance(value, OrtValue) else value
+
+
+#: Multiply-adds per batch (batch rows x float weights of the graph) under which one intra-op thread beats all
+#: cores: waking and joining the pool around every node costs more than the split saves. Calibrated by
+#: ``python -m bench.threads`` (docs/PERFORMANCE.md, round 2): the geometric mean of the largest work one thread
+#: wins (83,565: case A, batch 15) and the smallest work all cores win (23.5M: case D-wide, batch 256).
+THREADS_WORK_THRESHOLD = 1_400_000
+
+
+def all_cores() -> int:
+    """The CPUs this process may run on (its affinity mask, else ``os.cpu_count()``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - platforms without affinity masks
+        return os.cpu_count() or 1
+
+
+def threads_for_work(batch_size: int, n_weights: int, device: str = "cpu") -> int:
+    """Intra-op threads for batches of ``batch_size`` rows through a graph of ``n_weights`` float weights: one
+    thread when ``batch_size * n_weights`` is under :data:`THREADS_WORK_THRESHOLD` (a batch too small to split:
+    waking a second thread costs more than it saves), all cores above it and on CUDA. The rule depends on the work
+    only, so a fit picks the same count, and gives the same numbers, whatever else the machine runs."""
+    cores = all_cores()
+    if resolve_device(device) != "cpu":
+        return cores
+    return 1 if int(batch_size) * int(n_weights) < THREADS_WORK_THRESHOLD else cores
 
 
 def make_session_options(n_threads: int | None = None) -> SessionOptions:

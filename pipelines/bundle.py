@@ -2,11 +2,17 @@
 
 Every stage run logs ``manifest.json`` (all entries known so far, as ``runs:/<run_id>/<path>`` URIs), so a stage
 run alone can start from any earlier run (``source.run_id=...``) or from a folder of files (``source.path=...``).
+
+A manifest read from a tracking store is data, not trusted code: only the entries below are read, each must be a
+``runs:/<run id>/<path>`` URI naming the file its stage writes (no ``file://``, ``http://``, ``models:/`` or other
+scheme, no ``..``), and every entry is data (NumPy arrays without pickles, JSON, ONNX through ortflow's loader):
+nothing downloaded is unpickled.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -19,7 +25,7 @@ MANIFEST = "manifest.json"
 #: entry name -> the file name stages write it under (also what source.path folders are searched for)
 FILES = {
     "split": "split.npz",
-    "sklearn_model": "sklearn_model.joblib",
+    "sklearn_reference": "sklearn_reference.npz",
     "model": "model.onnx",
     "model_with_loss": "model_with_loss.onnx",
     "trained_model": "trained_model.onnx",
@@ -29,13 +35,32 @@ FILES = {
 }
 #: which stage produces each entry (for error messages)
 PRODUCER = {
-    "split": "convert", "sklearn_model": "convert", "model": "convert", "model_with_loss": "add_loss",
+    "split": "convert", "sklearn_reference": "convert", "model": "convert", "model_with_loss": "add_loss",
     "trained_model": "train", "train_summary": "train", "deploy_model": "evaluate", "evaluation": "evaluate",
 }
 
 
 class MissingInputError(LookupError):
     """A stage needs an entry no earlier stage (or source) provided."""
+
+
+class UntrustedManifestError(ValueError):
+    """A manifest entry points outside the runs' artifacts (another scheme, ``..``, another file name)."""
+
+
+_ENTRY_URI = re.compile(r"^runs:/([0-9a-f]{32})/([A-Za-z0-9_./-]+)$")
+
+
+def checked_uri(name: str, uri: object, origin: str) -> str:
+    """``uri`` when it is ``runs:/<run id>/<folder>/<the file entry name's stage writes>``; else raise
+    :class:`UntrustedManifestError` naming the entry."""
+    match = _ENTRY_URI.match(uri) if isinstance(uri, str) else None
+    parts = match.group(2).split("/") if match else []
+    if not match or any(p in ("", ".", "..") for p in parts) or parts[-1] != FILES[name]:
+        raise UntrustedManifestError(
+            f"{origin}: manifest entry {name!r} points at {str(uri)[:200]!r}; an entry must be an artifact of a "
+            f"run in the same tracking store, runs:/<run id>/<folder>/{FILES[name]}: nothing was downloaded")
+    return uri
 
 
 class Bundle:
@@ -107,9 +132,12 @@ class Bundle:
                 f"source.run_id={run_id}: the run has no {MANIFEST} artifact (is it a run of an ortflow stage?): {exc}"
             ) from exc
         entries = json.loads(Path(local).read_text())
-        # only the entries the stages know; a name from a manifest also becomes a folder name (see path)
-        return cls({k: {"uri": v["uri"]} for k, v in entries.items() if k in FILES and "uri" in v},
-                   origin=f"run {run_id}")
+        origin = f"run {run_id}"
+        # only the entries the stages know (a name from a manifest also becomes a folder name, see path), each
+        # checked before anything is downloaded; local paths of another machine are ignored
+        return cls({k: {"uri": checked_uri(k, v.get("uri") if isinstance(v, dict) else v, origin)}
+                    for k, v in entries.items() if k in FILES and not (isinstance(v, dict) and "uri" not in v)},
+                   origin=origin)
 
     @classmethod
     def from_path(cls, path: str | Path) -> Bundle:
@@ -118,15 +146,14 @@ class Bundle:
             raise FileNotFoundError(f"source.path={str(path)!r} does not exist")
         if path.is_file():
             if path.name == MANIFEST:
-                entries = json.loads(path.read_text())
-                return cls({k: v for k, v in entries.items()}, origin=str(path))
+                return cls(_checked_entries(json.loads(path.read_text()), str(path)), origin=str(path))
             if path.suffix == ".onnx":
                 name = next((k for k, f in FILES.items() if f == path.name), "model")
                 return cls({name: {"local": str(path)}}, origin=str(path))
             raise ValueError(f"source.path={str(path)!r}: give a folder, a {MANIFEST} or an .onnx file")
         entries = {name: {"local": str(path / f)} for name, f in FILES.items() if (path / f).exists()}
         if (path / MANIFEST).exists():
-            saved = json.loads((path / MANIFEST).read_text())
+            saved = _checked_entries(json.loads((path / MANIFEST).read_text()), str(path / MANIFEST))
             entries = {**saved, **entries}
         if not entries:
             raise MissingInputError(f"source.path={str(path)!r} holds none of {sorted(FILES.values())}")
@@ -141,3 +168,15 @@ class Bundle:
         if source.path:
             return cls.from_path(str(source.path))
         return cls(origin="no source (source.run_id and source.path are unset)")
+
+
+def _checked_entries(entries: dict, origin: str) -> dict[str, dict]:
+    """The known entries of a local manifest: local paths as they are (the user picked the folder), URIs checked."""
+    checked = {}
+    for name, entry in entries.items():
+        if name not in FILES or not isinstance(entry, dict):
+            continue
+        checked[name] = {k: v for k, v in entry.items() if k == "local"}
+        if "uri" in entry:
+            checked[name]["uri"] = checked_uri(name, entry["uri"], origin)
+    return checked

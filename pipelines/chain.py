@@ -18,6 +18,7 @@ from . import tracking as tr
 from .bundle import Bundle
 from .stages import stage_function
 from .config import task_of
+from .precheck import check_training_settings
 from .runner import (
     execute_stage,
     job_dir,
@@ -25,6 +26,7 @@ from .runner import (
     prepare,
     remember_job_run,
     sweep_parent_run_id,
+    trial_run_name,
 )
 
 
@@ -41,12 +43,13 @@ class ChainResult:
 def run_chain(cfg: DictConfig, work_dir: Path | None = None) -> ChainResult:
     """Run ``cfg.stages`` in order; each stage's outputs feed the next through the bundle."""
     tracking = prepare(cfg)
+    check_training_settings(cfg)
     bundle = Bundle.from_source(cfg.source)
     env_run = os.environ.get("MLFLOW_RUN_ID") or None
     sweep_parent = None if env_run else sweep_parent_run_id()
     base = Path(work_dir) if work_dir else job_dir()
     stages = [str(s) for s in cfg.stages]
-    name = cfg.mlflow.run_name or f"{cfg.data.name}-{cfg.model.name}-{cfg.trainer.name}"
+    name = cfg.mlflow.run_name or trial_run_name() or f"{cfg.data.name}-{cfg.model.name}-{cfg.trainer.name}"
     tags = {"ortflow.pipeline": "main", "ortflow.stages": ",".join(stages), "ortflow.task": task_of(cfg),
             "ortflow.trainer": str(cfg.trainer.name), **dict(cfg.mlflow.tags)}
     stage_runs: dict[str, str] = {}

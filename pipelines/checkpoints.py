@@ -8,16 +8,16 @@ leaves a copy torn; with two copies written one after the other, at most one is,
 
 **Resuming.** ``trainer.resume_from`` takes a local checkpoint folder, an artifact URI
 (``runs:/<train run id>/checkpoint``), or a bare run id (that run's ``checkpoint/``). :func:`resume_point`
-downloads it, takes ``checkpoint/`` when its files match its manifest and ``checkpoint_backup/`` otherwise, and
+downloads it, takes ``checkpoint/`` when its files match its manifest and ``checkpoint_backup/`` otherwise (a
+logged copy without a manifest is not trusted; a local folder is the user's own and needs none), and
 tags the new run ``ortflow.resumed_from``, ``ortflow.resumed_from_run`` and ``ortflow.resumed_from_epoch``.
 Once the checkpoint is restored, :class:`MarkResumed` ends the source run as ``KILLED`` with the tag
-``ortflow.resumed_by`` when it is still ``RUNNING`` (its process was killed and could not end it), and so the
-parent run of the chain it ran in.
+``ortflow.resumed_by`` when it is still ``RUNNING`` and its process is gone (:func:`pipelines.tracking.is_alive`:
+its pid on this host, its heartbeat elsewhere), and so the parent run of the chain it ran in.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -34,6 +34,7 @@ from omegaconf import DictConfig
 
 import ortflow
 from ortflow.callbacks import Callback
+from ortflow.checkpoint import sha256
 
 from . import tracking as tr
 from .config import to_container
@@ -62,14 +63,6 @@ class CheckpointError(RuntimeError):
 # ------------------------------------------------------------------------------------------------ manifest
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _files(folder: Path) -> list[Path]:
     """The checkpoint's files in the order they are logged: state first, ortflow's metadata, the manifest last."""
     files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST, META))
@@ -78,7 +71,7 @@ def _files(folder: Path) -> list[Path]:
 
 def write_manifest(folder: str | Path, epoch: int) -> Path:
     folder = Path(folder)
-    files = {p.relative_to(folder).as_posix(): _sha256(p) for p in _files(folder) if p.name != MANIFEST}
+    files = {p.relative_to(folder).as_posix(): sha256(p) for p in _files(folder) if p.name != MANIFEST}
     path = folder / MANIFEST
     path.write_text(json.dumps({"epoch": epoch, "files": files}, indent=1))
     return path
@@ -93,7 +86,7 @@ def check_folder(folder: str | Path) -> str:
         return "unverified" if (folder / META).is_file() else "missing"
     try:
         files = json.loads(manifest.read_text())["files"]
-        ok = all((folder / name).is_file() and _sha256(folder / name) == digest for name, digest in files.items())
+        ok = all((folder / name).is_file() and sha256(folder / name) == digest for name, digest in files.items())
     except (ValueError, KeyError, TypeError):
         return "torn"
     return "ok" if ok else "torn"
@@ -302,7 +295,7 @@ def resolve(tracking: tr.Tracking, resume_from: str | None, dest: Path) -> Resum
                                   f"store {tracking.uri} ({str(exc).splitlines()[0][:200]})") from exc
     primary = _download(uri, dest / "primary", tracking.uri)
     state = check_folder(primary) if primary else "missing"
-    if state in ("ok", "unverified"):
+    if state == "ok":  # a logged copy without its manifest ("unverified") is not trusted
         return ResumePoint(str(primary), uri, run_id, checkpoint_epoch(primary))
     backup_uri = uri + BACKUP_SUFFIX
     backup = _download(backup_uri, dest / "backup", tracking.uri)
@@ -312,6 +305,8 @@ def resolve(tracking: tr.Tracking, resume_from: str | None, dest: Path) -> Resum
         return ResumePoint(str(backup), backup_uri, run_id, checkpoint_epoch(backup))
     hint = (f" Run {run_id} logged no checkpoint: it was stopped before its first one, or ran without "
             "trainer.checkpoint_every" if state == "missing" and run_id else "")
+    if state == "unverified":
+        hint = f" A logged checkpoint without its {MANIFEST} (sha256 of its files) is not trusted."
     raise CheckpointError(f"trainer.resume_from={str(resume_from)!r}: no complete checkpoint at {uri} "
                           f"({state}) nor at {backup_uri}.{hint}")
 
@@ -353,6 +348,11 @@ def mark_resumed(tracking: tr.Tracking, source_run_id: str, run_id: str) -> list
     """
     source = tracking.client.get_run(source_run_id)
     if source.info.status != "RUNNING" or source_run_id == run_id:
+        return []
+    if tr.is_alive(source):  # RUNNING because it runs: two trainings now go on from the same checkpoint
+        tags = source.data.tags
+        _log.warning("run %s is still alive (pid %s on %s): not marked KILLED", source_run_id, tags.get(tr.PID_TAG),
+                     tags.get(tr.HOST_TAG))
         return []
     marked = [source_run_id]
     parent_id = source.data.tags.get(MLFLOW_PARENT_RUN_ID)

@@ -2,12 +2,37 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Callable
 
 from omegaconf import DictConfig
 
-from .config import validate
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a scheduler's time limit, ``docker stop``) received: handled like Ctrl-C, so the runs
+    end KILLED with the reason instead of staying RUNNING."""
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """While the body runs, SIGTERM raises :class:`Terminated` (a KeyboardInterrupt) in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Terminated(f"signal {signal.Signals(signum).name} received")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_stage(name: str, cfg: DictConfig) -> float | None:
@@ -46,7 +71,8 @@ def _guarded(cfg: DictConfig, body: Callable[[], float | None], what: str) -> fl
 
     in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     try:
-        return body()
+        with terminate_as_interrupt():
+            return body()
     except Exception as exc:
         print(f"ortflow {what} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         if not in_sweep:

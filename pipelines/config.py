@@ -74,9 +74,10 @@ PenaltyKind = _registry_choice("PenaltyKind", names("penalty"))
 OptimizerKind = _registry_choice("OptimizerKind", names("learning_rate"))
 Schedule = _registry_choice("Schedule", list(SCHEDULES))
 
-#: trainer=<name> -> the estimator class
+#: trainer=<name> -> the estimator class; ``torch`` trains the graph as a layer of a torch model
+#: (pipelines/stages/train_torch.py)
 TRAINERS = {"full": ortflow.OrtGradientOptimizer, "fwbw": ortflow.OrtGradientForwardBackwardOptimizer}
-TrainerKind = _registry_choice("TrainerKind", list(TRAINERS))
+TrainerKind = _registry_choice("TrainerKind", [*TRAINERS, "torch"])
 
 
 class Direction(_Choice):

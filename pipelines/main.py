@@ -16,10 +16,12 @@ from omegaconf import DictConfig
 
 from .cli import run_main
 from .config import CONFIG_DIR, register_configs
+from .overrides import guarded
 
 register_configs()
 
 
+@guarded
 @hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float | None:
     return run_main(cfg)

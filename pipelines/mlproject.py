@@ -2,7 +2,8 @@
 
 MLflow quotes each ``-P`` value as one shell word, so ``-P overrides="trainer=fwbw trainer.max_iter=5"`` reaches
 the command as a single argument; this splits such arguments back into Hydra overrides and runs the stage's
-Hydra app (which finds MLFLOW_RUN_ID and logs into mlflow run's run).
+Hydra app (which finds MLFLOW_RUN_ID and logs into mlflow run's run). The app checks the overrides first
+(:mod:`pipelines.overrides`): a caller of ``mlflow run`` picks values, never code (``_target_``, callbacks).
 """
 
 from __future__ import annotations

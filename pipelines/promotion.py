@@ -8,17 +8,15 @@ on the new version and on the run, so the registry tells why each version does o
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
-from .tracking import Tracking, is_finite, set_tags
+from .tracking import Tracking, file_lock, is_finite, lock_path, log_metrics, set_tags, sqlite_path
 
 MAXIMIZED = ("r2", "accuracy", "roc_auc", "auc", "f1", "precision", "recall")
 TAG = "ortflow.promotion."
@@ -40,6 +38,67 @@ class Decision:
 
     def tags(self) -> dict[str, str]:
         return {f"{TAG}{k}": ("" if v is None else str(v)) for k, v in asdict(self).items()}
+
+
+CANDIDATE_TAG = "ortflow.candidate."
+
+
+@dataclass
+class Candidate:
+    """A logged model that may become a registry version: what :func:`register` needs, kept as tags on its run
+    (``ortflow.candidate.*``) so that a sweep can register its best trial after every trial has ended."""
+
+    name: str  # the registered model
+    model_uri: str
+    run_id: str
+    metric: str
+    direction: str
+    value: float | None
+    alias: str
+    fingerprint: str | None = None
+    require_same_data: bool = True
+    promote: bool = True
+
+    def tags(self) -> dict[str, str]:
+        return {f"{CANDIDATE_TAG}{k}": str(v) for k, v in asdict(self).items()
+                if k not in ("run_id", "value") and v is not None}
+
+    @classmethod
+    def from_run(cls, run) -> "Candidate | None":
+        """The candidate a run's tags describe, its value from the run's metrics; None when it describes none."""
+        tags = {k[len(CANDIDATE_TAG):]: v for k, v in run.data.tags.items() if k.startswith(CANDIDATE_TAG)}
+        if "model_uri" not in tags:
+            return None
+        return cls(tags["name"], tags["model_uri"], run.info.run_id, tags["metric"], tags["direction"],
+                   run.data.metrics.get(tags["metric"]), tags["alias"], tags.get("fingerprint"),
+                   tags.get("require_same_data", "True") == "True", tags.get("promote", "True") == "True")
+
+
+def register(tracking: Tracking, candidate: Candidate) -> tuple[str | None, Decision | None]:
+    """Register the candidate's model as a new version and (when ``candidate.promote``) pass it through the gate.
+
+    A non-finite metric registers nothing (the decision says why). Returns ``(version, decision)``; the run gets
+    ``ortflow.registered_model``/``ortflow.registered_version``, the decision tags and the metric ``promoted``.
+    """
+    import mlflow
+
+    c = candidate
+    if not is_finite(c.value):
+        decision = promote(tracking, c.name, None, c.run_id, c.value, c.metric, c.direction, c.alias)
+        set_tags(tracking, c.run_id, {"ortflow.registered": "false (non-finite metric)"})
+        log_metrics(tracking, c.run_id, {"promoted": 0.0})
+        return None, decision
+    version = str(tracking.call(mlflow.register_model, c.model_uri, c.name,
+                                tags={"ortflow.run_id": c.run_id, f"ortflow.metric.{c.metric}": str(c.value),
+                                      **({FINGERPRINT_TAG: c.fingerprint} if c.fingerprint else {})}).version)
+    set_tags(tracking, c.run_id, {"ortflow.registered_model": c.name, "ortflow.registered_version": version,
+                                  "ortflow.registered": "true"})
+    if not c.promote:
+        return version, None
+    decision = promote(tracking, c.name, version, c.run_id, c.value, c.metric, c.direction, c.alias,
+                       fingerprint=c.fingerprint, require_same_data=c.require_same_data)
+    log_metrics(tracking, c.run_id, {"promoted": float(decision.promoted)})
+    return version, decision
 
 
 def default_metric(task: str) -> str:
@@ -197,17 +256,9 @@ def _set_alias(tracking: Tracking, name: str, alias: str, version: str, attempts
 @contextlib.contextmanager
 def _registry_lock(tracking: Tracking) -> Iterator[None]:
     """With a local sqlite store, parallel jobs promote one at a time (a file lock next to the database)."""
-    if not tracking.is_local_sqlite or os.name != "posix":
+    db = sqlite_path(tracking.uri)
+    if db is None:
         yield
         return
-    import fcntl
-
-    db = Path(tracking.uri.split("sqlite:///", 1)[-1].split("?", 1)[0])
-    lock = db.parent / ".ortflow" / "promotion.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with file_lock(lock_path(db, "promotion")):
+        yield

@@ -2,20 +2,25 @@
 
 The train stage writes ``unsent_metrics.json`` next to its outputs when the store stops answering for good
 (see :class:`pipelines.tracking.TrackingUnavailableError`); this sends them to the same run once it is back.
+A server still down is reported within the stages' 5 s connect timeout; store calls retry as the stages' do.
 """
 
 from __future__ import annotations
 
 import sys
 
-from .tracking import resend
+from .tracking import TrackingUnavailableError, resend
 
 
 def main(argv: list[str]) -> int:
     if len(argv) not in (1, 2):
         print(__doc__.splitlines()[0], file=sys.stderr)
         return 2
-    count = resend(argv[0], argv[1] if len(argv) == 2 else None)
+    try:
+        count = resend(argv[0], argv[1] if len(argv) == 2 else None)
+    except TrackingUnavailableError as exc:
+        print(f"ortflow: nothing sent: {exc}", file=sys.stderr)
+        return 1
     print(f"ortflow: {count} metric points sent from {argv[0]}")
     return 0
 

@@ -98,14 +98,31 @@ def work_dir_for(name: str) -> Path:
 def sweep_parent_run_id() -> str | None:
     """The sweep's parent run when this process runs a job of a Hydra multirun (see pipelines.callbacks)."""
     from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
-    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+    if not in_multirun():
         return None
     path = Path(HydraConfig.get().sweep.dir) / SWEEP_RUN_FILE
     if path.exists():
         return path.read_text().strip() or None
     return os.environ.get(SWEEP_RUN_ENV) or None
+
+
+def in_multirun() -> bool:
+    """True in a job of a Hydra ``-m`` sweep."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def trial_run_name() -> str | None:
+    """In a sweep, the job's overrides (``trainer.learning_rate=0.01 model.hidden_layer_sizes=[16]``): what tells
+    its run from the other trials'."""
+    if not in_multirun():
+        return None
+    from hydra.core.hydra_config import HydraConfig
+
+    return " ".join(HydraConfig.get().overrides.task)[:250] or None
 
 
 def remember_job_run(run_id: str) -> None:

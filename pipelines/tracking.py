@@ -33,6 +33,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig, OmegaConf
 
 from ortflow.callbacks import Callback
+from ortflow.graph import safe_join
 
 from .config import to_container
 
@@ -153,45 +154,108 @@ def _artifact_location(cfg: DictConfig, uri: str, experiment_name: str) -> str |
         base = resolve_root(cfg) / "mlartifacts"
     else:
         return None
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in experiment_name) or "experiment"
-    return (base / safe).resolve().as_uri()
+    return safe_join(base, artifact_folder_name(experiment_name)).as_uri()
 
 
-# MLflow's own HTTP retries (7, doubling from 2 s) would hold a call for minutes while a server is down: keep them
-# short and let `call` wait, within mlflow.retry_seconds. Variables the user set win.
+def artifact_folder_name(experiment_name: str) -> str:
+    """The folder an experiment's artifacts go to: ``[A-Za-z0-9._-]`` only, never ``.``, ``..`` or hidden
+    (``..`` and ``../x`` became folders outside the artifact root)."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in experiment_name).lstrip(".")
+    return safe or "experiment"
+
+
+# MLflow's own HTTP retries (7, doubling from 2 s) would hold a call for minutes while a server is down, and its
+# 120 s read timeout a call to a server that accepts connections but never answers: keep both short (one call
+# gives up after 3 tries of at most 10 s) and let `call` wait, within mlflow.retry_seconds. Variables the user
+# set win.
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# a cheap call of the REST API itself: a server may answer /health while its store hangs
+_API_PROBE = "/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
 
 
 def check_reachable(uri: str, timeout: float) -> None:
-    """Raise :class:`TrackingUnavailableError` unless the tracking server at ``uri`` answers ``/health``."""
+    """Raise :class:`TrackingUnavailableError` unless the tracking server at ``uri`` answers ``/health`` and a
+    call of its REST API (any HTTP answer, a 404 included), each within ``timeout`` seconds. Sets MLflow's HTTP
+    timeouts and retries (:data:`HTTP_DEFAULTS`) unless the environment sets them."""
+    for name, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     if not uri.startswith(("http://", "https://")):
         return
     import urllib.error
     import urllib.request
 
-    try:
-        with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=timeout) as response:
-            if response.status == 200:
-                return
-            problem = f"HTTP {response.status}"
-    except urllib.error.HTTPError as exc:
-        problem = f"HTTP {exc.code}"
-    except (OSError, ValueError) as exc:
-        problem = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
-    raise TrackingUnavailableError(
-        f"the MLflow tracking server {uri} is unreachable ({problem}; timeout {timeout:g} s): nothing was run. "
-        "Start the server, fix MLFLOW_TRACKING_URI / mlflow.tracking_uri, or unset both to use the embedded "
-        "sqlite store")
+    for path, what in (("/health", "unreachable"), (_API_PROBE, "not answering its REST API")):
+        try:
+            with urllib.request.urlopen(f"{uri.rstrip('/')}{path}", timeout=timeout) as response:
+                if response.status == 200:
+                    continue
+                problem = f"HTTP {response.status}"
+        except urllib.error.HTTPError as exc:
+            if path == _API_PROBE and exc.code < 500:  # an answer (404: no experiment 'Default')
+                continue
+            problem = f"HTTP {exc.code}"
+        except (OSError, ValueError) as exc:
+            problem = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+        raise TrackingUnavailableError(
+            f"the MLflow tracking server {uri} is {what} ({path.split('?')[0]}: {problem}; timeout {timeout:g} s): "
+            "nothing was run. Start the server, fix MLFLOW_TRACKING_URI / mlflow.tracking_uri, or unset both to "
+            "use the embedded sqlite store")
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a local ``sqlite:///`` URI (None for any other store)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri[len("sqlite:///"):].split("?", 1)[0])
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created with its folder) against every process of this machine."""
+    if os.name != "posix":  # pragma: no cover - the pipelines run on Linux and macOS
+        yield
+        return
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def lock_path(db: Path, name: str) -> Path:
+    """Where the lock ``name`` of the sqlite database ``db`` lives: ``<db folder>/.ortflow/<name>.lock``."""
+    return db.parent / ".ortflow" / f"{name}.lock"
+
+
+def create_store_once(uri: str) -> None:
+    """Create MLflow's tables of a local sqlite store before any run, one process at a time.
+
+    Seen: two chains started together on a new ``mlflow.db`` both found no tables and both ran the schema
+    migrations ("table ... already exists", "No such constraint", CircularDependencyError). Under a file lock next
+    to the database, the first process creates the tracking and registry tables; the others then find them.
+    Other stores (a server, PostgreSQL behind it) create their schema once when they start.
+    """
+    db = sqlite_path(uri)
+    if db is None:
+        return
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(lock_path(db, "schema")):
+        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client.search_experiments(max_results=1)  # the tracking and the registry stores create missing tables
+        client.search_registered_models(max_results=1)
 
 
 def setup(cfg: DictConfig) -> Tracking:
     """Point MLflow at the store (after checking a server answers) and make sure the experiment exists."""
     uri = resolve_tracking_uri(cfg)
     retries, retry_seconds = int(cfg.mlflow.retries), float(cfg.mlflow.retry_seconds)
-    for name, value in HTTP_DEFAULTS.items():
-        os.environ.setdefault(name, value)
     check_reachable(uri, float(cfg.mlflow.connect_timeout))
+    create_store_once(uri)
     mlflow.set_tracking_uri(uri)
     client = RetryingClient(MlflowClient(tracking_uri=uri), retries=retries, retry_seconds=retry_seconds)
     experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
@@ -218,13 +282,88 @@ def failure_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:4900]
 
 
+HOST_TAG, PID_TAG, PID_START_TAG = "ortflow.host", "ortflow.pid", "ortflow.pid_start"
+HEARTBEAT_TAG = "ortflow.heartbeat"
+#: a stage run's ``ortflow.heartbeat`` tag is refreshed this often; three missed beats mean its process is gone
+HEARTBEAT_SECONDS = 30.0
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (Linux ``/proc``), None when unknown; a
+    zombie counts as gone ("Z")."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return "Z" if fields[0] in ("Z", "X") else fields[19]
+
+
+def process_tags() -> dict[str, str]:
+    """Where this run's process lives (host, pid, pid start time) and a first heartbeat: what :func:`is_alive`
+    reads."""
+    import socket
+
+    tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), HEARTBEAT_TAG: f"{time.time():.0f}"}
+    start = _process_start(os.getpid())
+    if start:
+        tags[PID_START_TAG] = start
+    return tags
+
+
+def is_alive(run: Any, now: float | None = None) -> bool:
+    """Whether the process that ran ``run`` (an MLflow Run) still lives: on this host, its pid (with the same
+    start time); elsewhere, a heartbeat younger than three beats. Runs without these tags count as gone."""
+    import socket
+
+    tags = run.data.tags
+    if HOST_TAG not in tags or PID_TAG not in tags:
+        return False
+    if tags[HOST_TAG] == socket.gethostname():
+        pid = int(tags[PID_TAG])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        start = _process_start(pid)
+        return start != "Z" and (start is None or tags.get(PID_START_TAG) in (None, start))
+    try:
+        beat = float(tags.get(HEARTBEAT_TAG, "0"))
+    except ValueError:
+        return False
+    return (now if now is not None else time.time()) - beat < 3 * HEARTBEAT_SECONDS
+
+
+@contextlib.contextmanager
+def heartbeat(tracking: Tracking, run_id: str, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
+    """Refresh the run's ``ortflow.heartbeat`` tag every ``every`` seconds from a thread while the body runs
+    (one attempt each, no retries: a missed beat only makes the run look older)."""
+    import threading
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            with contextlib.suppress(Exception):
+                tracking.client._client.set_tag(run_id, HEARTBEAT_TAG, f"{time.time():.0f}")
+
+    thread = threading.Thread(target=beat, name="ortflow-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
 def _open_run(tracking: Tracking, run_name: str, run_id: str | None, parent_run_id: str | None,
               tags: Mapping[str, str] | None) -> str:
-    """A new run (nested under ``parent_run_id``), or the existing ``run_id`` with ``tags`` added."""
+    """A new run (nested under ``parent_run_id``), or the existing ``run_id`` with ``tags`` added; both tagged
+    with this process (:func:`process_tags`)."""
     if run_id is not None:
-        set_tags(tracking, run_id, tags or {})
+        set_tags(tracking, run_id, {**(tags or {}), **process_tags()})
         return run_id
-    all_tags = dict(tags or {})
+    all_tags = {**(tags or {}), **process_tags()}
     if parent_run_id:
         all_tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
     return tracking.client.create_run(tracking.experiment_id, run_name=run_name, tags=all_tags).info.run_id
@@ -272,7 +411,8 @@ def stage_run(tracking: Tracking, run_name: str, parent_run_id: str | None = Non
     run_id = _open_run(tracking, run_name, run_id, parent_run_id, tags)
     tracking.call(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None)
     try:
-        yield run_id
+        with heartbeat(tracking, run_id):
+            yield run_id
     except BaseException as exc:
         _mark_failed(tracking, run_id, exc, fluent=True)
         raise
@@ -364,7 +504,8 @@ class MlflowMetricsCallback(Callback):
     :meth:`wait` blocks until everything is stored (a batch that failed is written again synchronously, with
     retries): call it after other work so the last write overlaps that work.
     ``overhead_seconds`` is the time spent in this callback plus in :meth:`wait`. The learning rate is logged
-    at the first epoch and whenever it changes.
+    at the first epoch and whenever it changes. A training resumed from a checkpoint logs the epochs the
+    checkpoint holds first (its ``history_`` when training begins), so the run holds the whole curve.
     """
 
     KEYS = {"train_loss": "train_loss", "validation_loss": "validation_loss", "time": "epoch_time_seconds"}
@@ -385,6 +526,9 @@ class MlflowMetricsCallback(Callback):
         self._last_lr: float | None = None
 
     def on_train_begin(self, trainer: Any) -> None:
+        # resumed from a checkpoint: its epochs go to this run too, so the whole curve is in one run (steps 1..N)
+        now = int(time.time() * 1000)
+        self._records.extend((now, record) for record in getattr(trainer, "history_", None) or ())
         self._last_flush = time.perf_counter()
 
     def on_epoch_end(self, trainer: Any, record: dict) -> None:
@@ -463,11 +607,17 @@ class MlflowMetricsCallback(Callback):
         return len(metrics)
 
 
-def resend(path: str | Path, tracking_uri: str | None = None) -> int:
+def resend(path: str | Path, tracking_uri: str | None = None, connect_timeout: float = 5.0, retries: int = 8,
+           retry_seconds: float = 60.0) -> int:
     """Send the metrics spooled by :meth:`MlflowMetricsCallback.spool` to their run, and end that run FAILED with
-    the spooled reason if it is still RUNNING (its stage did not finish logging); returns the metric count."""
+    the spooled reason if it is still RUNNING (its stage did not finish logging); returns the metric count.
+
+    The stages' policy: the server must answer within ``connect_timeout`` (else :class:`TrackingUnavailableError`
+    at once), and each call retries transient errors ``retries`` times within ``retry_seconds``."""
     spooled = json.loads(Path(path).read_text())
-    client = RetryingClient(MlflowClient(tracking_uri=tracking_uri or spooled["tracking_uri"]))
+    uri = tracking_uri or spooled["tracking_uri"]
+    check_reachable(uri, connect_timeout)
+    client = RetryingClient(MlflowClient(tracking_uri=uri), retries=retries, retry_seconds=retry_seconds)
     run_id = spooled["run_id"]
     metrics = [Metric(key, float(value), int(timestamp), int(step)) for key, value, timestamp, step in
                spooled["metrics"]]

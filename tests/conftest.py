@@ -57,76 +57,25 @@ def model_with_outside_data(tmp_path, regression_data):
 # --- pipelines (tests/test_pipeline*.py): a real MLflow server, sqlite stores, Hydra composition -------------
 
 import os as _os
-import signal as _signal
-import socket as _socket
-import subprocess as _subprocess
 import sys as _sys
-import time as _time
-import urllib.request as _urlrequest
 from pathlib import Path as _Path
+
+from pipelines.server import MlflowServer as _ServerProcess
 
 REPO_ROOT = _Path(__file__).resolve().parent.parent
 _MLFLOW_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID",
                "ORTFLOW_SWEEP_RUN_ID")
 
 
-def _free_port() -> int:
-    with _socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class MlflowServer:
+class MlflowServer(_ServerProcess):
     """A real ``mlflow server`` process (sqlite backend, served artifacts) on 127.0.0.1 that a test can stop and
     start again on the same port and store."""
 
     def __init__(self, folder: _Path, port: int | None = None):
-        self.folder = folder
-        self.port = port or _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = None
-        self._log = None
-
-    def start(self, timeout: float = 90) -> None:
-        env = {k: v for k, v in _os.environ.items() if k not in _MLFLOW_ENV}
-        cmd = [_sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-               f"sqlite:///{self.folder / 'server.db'}", "--artifacts-destination", str(self.folder / "artifacts"),
-               "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
-        self._log = open(self.folder / "server.log", "a")
-        self.proc = _subprocess.Popen(cmd, cwd=self.folder, env=env, stdout=self._log, stderr=_subprocess.STDOUT,
-                                      start_new_session=True)
-        deadline = _time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited ({self.proc.returncode}): {self.log_text()}")
-            try:
-                with _urlrequest.urlopen(f"{self.url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            if _time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"mlflow server not ready after {timeout} s: {self.log_text()}")
-            _time.sleep(0.3)
-
-    def stop(self) -> None:
-        """Stop the whole process group (the server forks uvicorn workers)."""
-        if self.proc is None:
-            return
-        try:
-            _os.killpg(self.proc.pid, _signal.SIGTERM)
-            self.proc.wait(timeout=3)
-        except ProcessLookupError:
-            pass
-        except _subprocess.TimeoutExpired:  # uvicorn may wait for idle keep-alive connections
-            _os.killpg(self.proc.pid, _signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        self.proc = None
-        self._log.close()
+        super().__init__(folder, f"sqlite:///{folder / 'server.db'}", port, workers=1)
 
     def log_text(self) -> str:
-        return (self.folder / "server.log").read_text()
+        return self.log.read_text()
 
 
 @pytest.fixture(scope="session")
@@ -193,3 +142,57 @@ def pipeline_subprocess_env():
     # `mlflow run` starts `python -m ...`: the interpreter running the tests (the venv's) must come first
     env["PATH"] = str(_Path(_sys.executable).parent) + _os.pathsep + env.get("PATH", "")
     return env
+
+
+# --- scale-out (tests/test_scale_*.py): a throwaway PostgreSQL cluster with an mlflow server on it -------------
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A :class:`pipelines.server.TeamServer` started as users start it, ``python -m pipelines.server`` (what
+    ``make server`` runs): PostgreSQL in a temporary folder on a free port and ``mlflow server`` on it (proxied
+    artifacts); stopped with SIGTERM at the end of the session (both servers), the folder removed.
+
+    The folder is made with ``tempfile.mkdtemp`` under /tmp rather than pytest's tmp_path, whose root-only parent
+    the ``postgres`` user cannot enter."""
+    import shutil
+    import signal
+    import subprocess
+    import tempfile
+    import time
+    import urllib.request
+
+    from pipelines.server import TeamServer, free_port
+
+    folder = _Path(tempfile.mkdtemp(prefix="ortflow-pg-"))
+    server = TeamServer(folder, free_port(), free_port())  # the ports the command is given
+    log = open(folder.parent / f"{folder.name}.log", "w")
+    cmd = [_sys.executable, "-m", "pipelines.server", "--folder", str(folder), "--port", str(server.mlflow.port),
+           "--pg-port", str(server.postgres.port)]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"pipelines.server exited ({proc.returncode}): "
+                                   f"{(folder.parent / f'{folder.name}.log').read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{server.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("pipelines.server not ready after 240 s")
+            time.sleep(0.5)
+        yield server
+    finally:
+        proc.send_signal(signal.SIGTERM)  # the command stops mlflow server and PostgreSQL, then exits
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            server.postgres.stop()
+        log.close()
+        shutil.rmtree(folder, ignore_errors=True)
+        (folder.parent / f"{folder.name}.log").unlink(missing_ok=True)

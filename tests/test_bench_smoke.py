@@ -19,7 +19,7 @@ def test_bench_quick_tiny_writes_results(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [
         sys.executable, "-m", "bench.run", "--quick", "--tiny", "--no-docs", "--no-pipeline", "--no-mlflow",
-        "--out", str(out), "--cases", "A,C,D-200,D-400", "--engines", "raw,ortflow-full,ortflow-fwbw,sklearn",
+        "--out", str(out), "--cases", "A,C,D-200,D-400", "--engines", "raw,ortflow-full,ortflow-fwbw,sklearn,ortflow-torch",
         "--memory-engines", "ortflow-full", "--threads", "1", "--repeats", "2",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -35,7 +35,7 @@ def test_bench_quick_tiny_writes_results(tmp_path):
     cases = {c["case"]["key"]: c for c in results["cases"]}
     assert {"A", "C", "D-200", "D-400"} == set(cases)
     a = cases["A"]
-    assert {"ortflow-full", "sklearn"} <= set(a["engines"])
+    assert {"ortflow-full", "sklearn", "ortflow-torch"} <= set(a["engines"])  # torch is in the test extras
     assert ("raw" in a["engines"]) == (ortflow.backend() == "training")  # the training API's loop
     for name, engine in a["engines"].items():
         ms = engine["ms_per_epoch"]

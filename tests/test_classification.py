@@ -133,3 +133,23 @@ def test_a_label_outside_the_graphs_classes_is_named():
         OrtGradientForwardBackwardOptimizer(onx, learning_loss="log", max_iter=1).fit(X, y_bad)
     with pytest.raises(ValueError, match="one label per sample"):
         OrtGradientOptimizer(add_loss_output(onx, "log"), max_iter=1).fit(X, np.c_[y, y])
+
+
+@pytest.mark.parametrize("cls", [OrtGradientOptimizer, OrtGradientForwardBackwardOptimizer])
+def test_scikit_learn_classifier_checks_that_apply(cls):
+    """The checks that do not generate data of their own width (a graph has a fixed number of features)."""
+    from sklearn.utils.estimator_checks import (
+        check_estimators_unfitted,
+        check_get_params_invariance,
+        check_no_attributes_set_in_init,
+        check_parameters_default_constructible,
+        check_set_params,
+    )
+
+    X, y = make_classification(60, n_features=4, n_classes=3, n_informative=3, n_redundant=0, random_state=0)
+    onx = to_onnx(_one_epoch(LogisticRegression(max_iter=1), X.astype(np.float32), y))
+    est = cls(add_loss_output(onx, "log") if cls is OrtGradientOptimizer else onx)
+    assert is_classifier(est)
+    for check in (check_no_attributes_set_in_init, check_get_params_invariance, check_set_params,
+                  check_estimators_unfitted, check_parameters_default_constructible):
+        check(cls.__name__, est)

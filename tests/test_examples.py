@@ -35,3 +35,10 @@ def test_forward_backward_examples_run(name):
         pytest.fail(f"examples/{name}.py is missing")
     result = _main(name)
     assert result["last_loss"] < result["first_loss"]
+
+
+def test_torch_mixed_model_example_trains_end_to_end():
+    pytest.importorskip("torch")
+    result = _main("torch_mixed_model", epochs=6)
+    assert result["last_loss"] < result["first_loss"] / 3
+    assert result["exported_matches"] and result["first_layer_got_gradient"]

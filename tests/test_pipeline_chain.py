@@ -48,6 +48,7 @@ def _check_chain(client, result, trainer):
     assert tr.data.params["trainer.max_iter"] == "3"
     assert tr.data.params["model.hidden_layer_sizes"] == "[8]"
     assert tr.data.params["data.n_samples"] == "200"
+    assert tr.data.params["trainer.n_threads_"] == "1"  # chosen by the work: a batch of 8-unit MLP rows
     assert parent.data.params["trainer.name"] == trainer
     config = Path(mlflow.artifacts.download_artifacts(run_id=tr.info.run_id, artifact_path="config/config.yaml"))
     assert "max_iter: 3" in config.read_text()
@@ -286,5 +287,7 @@ def test_checkpoint_logged_and_training_resumed_from_it(compose_pipeline, clean_
     resumed = _chain(compose_pipeline, tmp_path, sqlite_uri, stages, "trainer.max_iter=4",
                      f"trainer.resume_from=runs:/{train_run}/checkpoint", name="resumed")
     history = client.get_metric_history(resumed.stage_run_ids["train"], "train_loss")
-    assert sorted(m.step for m in history) == [3, 4]  # epochs 1-2 were the first run's
+    assert sorted(m.step for m in history) == [1, 2, 3, 4]  # the whole curve: epochs 1-2 from the checkpoint
+    first_losses = {m.step: m.value for m in client.get_metric_history(train_run, "train_loss")}
+    assert {m.step: m.value for m in history if m.step <= 2} == first_losses
     assert client.get_run(resumed.stage_run_ids["train"]).data.tags["ortflow.resumed_from"].endswith("/checkpoint")

@@ -55,11 +55,16 @@ def test_multirun_four_jobs_two_in_parallel_on_sqlite(tmp_path, pipeline_subproc
     assert len(runs) == 1 + 4 + 4 * 5  # no run lost, none duplicated
     assert sweep.data.metrics["jobs_finished"] == 4
     assert sweep.data.metrics["best_objective"] == min(r.data.metrics["objective"] for r in jobs)
+    # trials register nothing; the sweep registers its best job by the optimized (validation) metric, once
+    best = min(jobs, key=lambda r: r.data.metrics["objective"])
     versions = client.search_model_versions(f"name='{MODEL}'")
-    assert len(versions) == 4
+    assert len(versions) == 1 and versions[0].run_id == best.data.tags["ortflow.run.export"]
     champion = client.get_model_version_by_alias(MODEL, "champion")
-    best = min(float(v.tags["ortflow.promotion.candidate_value"]) for v in versions)
-    assert float(champion.tags["ortflow.promotion.candidate_value"]) == pytest.approx(best)
+    assert champion.version == versions[0].version
+    assert sweep.data.tags["ortflow.best_run_id"] == best.info.run_id
+    assert sweep.data.params["best.trainer.learning_rate"] == best.data.params["trainer.learning_rate"]
+    assert sorted(r.info.run_name for r in jobs) == [f"experiment=smoke trainer.learning_rate={lr}"
+                                                     for lr in ("0.002", "0.005", "0.01", "0.02")]
     assert "database is locked" not in out.lower() or "retry" in out.lower()
 
 
@@ -84,6 +89,16 @@ def test_optuna_sweep_minimizes_the_returned_validation_loss(tmp_path, pipeline_
     for job in jobs:
         if job.data.params["trainer.learning_rate"] == "1000.0":
             assert job.info.status == "FAILED" and "ConvergenceError" in job.data.tags["ortflow.failure_reason"]
+    # the sweep run: search space, best parameters, Optuna's results; no export stage ran, so nothing registered
+    sweep = client.get_run(sweep.info.run_id)
+    assert "trainer.learning_rate: CategoricalDistribution(choices=(0.01, 0.02, 1000.0))" in sweep.data.tags[
+        "ortflow.search_space"]
+    best = min(finished, key=lambda r: r.data.metrics["objective"])
+    assert sweep.data.params["best.trainer.learning_rate"] == best.data.params["trainer.learning_rate"]
+    assert {f.path for f in client.list_artifacts(sweep.info.run_id, "sweep")} == {
+        "sweep/search_space.yaml", "sweep/optimization_results.yaml"}
+    assert sweep.data.tags["ortflow.registered"] == "false (the best trial exported no model)"
+    assert client.search_registered_models() == []
 
 
 @pytest.mark.slow

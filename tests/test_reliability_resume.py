@@ -143,9 +143,9 @@ def test_killed_train_run_resumes_from_its_logged_checkpoint(trainer, prepared, 
     assert tags[RESUMED_FROM_TAG] in (f"runs:/{killed}/checkpoint", f"runs:/{killed}/checkpoint{BACKUP_SUFFIX}")
     start = int(tags[RESUMED_FROM_EPOCH_TAG])
     assert 1 <= start < EPOCHS
-    # the killed run logged epoch metrics up to (at least) its checkpoint; the new run continues after it
+    # the new run holds the whole curve: the checkpoint's epochs (logged when training begins), then its own
     resumed_losses = _losses(client, resumed)
-    assert sorted(resumed_losses) == list(range(start + 1, EPOCHS + 1))
+    assert sorted(resumed_losses) == list(range(1, EPOCHS + 1))
     assert resumed_run.data.metrics["n_epochs"] == EPOCHS
     assert resumed_run.data.metrics["checkpoints_logged"] >= 1
     history = json.loads(Path(mlflow.artifacts.download_artifacts(
@@ -247,3 +247,76 @@ def test_checkpoints_logged_in_the_background_and_a_torn_copy_falls_back_to_the_
         resolve(tracking, run_id, tmp_path / "both")
     with pytest.raises(CheckpointError, match="no run 0123456789abcdef0123456789abcdef"):
         resolve(tracking, "0123456789abcdef0123456789abcdef", tmp_path / "unknown")
+
+
+def test_a_logged_checkpoint_without_its_manifest_is_not_trusted(prepared, compose_pipeline, clean_mlflow_env,
+                                                                 tmp_path, regression_data):
+    from sklearn.linear_model import LinearRegression
+
+    import ortflow
+    from ortflow import OrtGradientOptimizer, add_loss_output, to_onnx
+    from pipelines.checkpoints import CheckpointError, resolve
+
+    folder, uri, _ = prepared
+    tracking = prepare(compose_pipeline(f"mlflow.tracking_uri={uri}", f"mlflow.root={folder}",
+                                        "mlflow.experiment_name=resume-no-manifest"))
+    run_id = tracking.client.create_run(tracking.experiment_id).info.run_id
+    X, y = regression_data
+    OrtGradientOptimizer(add_loss_output(to_onnx(LinearRegression().fit(X, y))), max_iter=2,
+                         callbacks=[ortflow.Checkpoint(tmp_path / "ckpt", every=1)]).fit(X, y)
+    for slot in ("checkpoint", f"checkpoint{BACKUP_SUFFIX}"):  # complete files, no checkpoint_manifest.json
+        tracking.client.log_artifacts(run_id, str(tmp_path / "ckpt"), slot)
+    assert resolve(tracking, str(tmp_path / "ckpt"), tmp_path / "local").epoch == 2  # a local folder: the user's
+    with pytest.raises(CheckpointError, match="without its checkpoint_manifest.json .* is not trusted"):
+        resolve(tracking, run_id, tmp_path / "logged")
+
+
+@pytest.mark.slow
+def test_resuming_a_live_run_leaves_it_alone_and_sigterm_ends_it_killed(prepared, compose_pipeline, clean_mlflow_env,
+                                                                         tmp_path, pipeline_subprocess_env):
+    """A chain whose train run is resumed while its process still trains: the run is not marked KILLED (its
+    pid lives). Then SIGTERM (what ``kill``, Slurm and ``docker stop`` send): the train run and the chain's
+    parent end KILLED with the signal as the reason, not RUNNING."""
+    folder, uri, _ = prepared
+    client = MlflowClient(uri)
+    experiment_name = "resume-live"
+    overrides = ["experiment=smoke", f"mlflow.root={folder}", f"mlflow.experiment_name={experiment_name}",
+                 *TRAINERS["full"], "trainer.max_iter=1000000"]
+    env = dict(pipeline_subprocess_env, MLFLOW_TRACKING_URI=uri)
+    cmd = [sys.executable, "-m", "pipelines.main", *overrides, "stages=[convert,add_loss,train]",
+           "trainer.checkpoint_every=100", f"hydra.run.dir={tmp_path / 'live'}"]
+    log = tmp_path / "live.log"
+
+    def checkpoint_epoch(run_id):
+        try:
+            return json.loads(Path(mlflow.artifacts.download_artifacts(
+                run_id=run_id, artifact_path=f"checkpoint/{MANIFEST}", tracking_uri=uri)).read_text())["epoch"]
+        except Exception:  # noqa: BLE001 - not logged yet, or being rewritten
+            return None
+
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=folder, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        live = _wait_for("a train run", lambda: _train_runs(client, experiment_name), proc, log)
+        epoch = _wait_for("a logged checkpoint", lambda: checkpoint_epoch(live), proc, log)
+        parent = client.get_run(live).data.tags["mlflow.parentRunId"]
+        add_loss_run = client.get_run(parent).data.tags["ortflow.run.add_loss"]
+        resumed = _train_in_process(compose_pipeline, tmp_path / "resumed", f"mlflow.tracking_uri={uri}",
+                                    *overrides, f"source.run_id={add_loss_run}", f"trainer.max_iter={epoch + 50}",
+                                    f"trainer.resume_from={live}")
+        assert client.get_run(resumed).info.status == "FINISHED"
+        assert proc.poll() is None
+        for run_id in (live, parent):  # alive: left alone
+            run = client.get_run(run_id)
+            assert run.info.status == "RUNNING" and RESUMED_BY_TAG not in run.data.tags, run_id
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode == 1, log.read_text()[-3000:]
+    for run_id in (live, parent):
+        run = client.get_run(run_id)
+        assert run.info.status == "KILLED", run_id
+        assert run.data.tags["ortflow.failure_reason"] == "Terminated: signal SIGTERM received"

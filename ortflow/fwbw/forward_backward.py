@@ -144,7 +144,7 @@ class OrtGradientForwardBackward:
                     builder.build(_C.TrainingGraphTransformerConfiguration(), input_shapes)
         except RuntimeError as exc:
             raise explain_gradient_failure(exc) from exc
-        model = onnx.load_from_string(builder.get_gradient_model())
+        model = g.fused_matmul_for_double(onnx.load_from_string(builder.get_gradient_model()))
         _, providers = check_device(self.device)
         sess = InferenceSession(model.SerializeToString(), options, providers=providers)
         self._sessions.append(sess)

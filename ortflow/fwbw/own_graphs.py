@@ -161,7 +161,7 @@ class GraphAgent:
         if entry is None:
             entry = (feeds, fetches, *self._forward_binding(feeds, fetches))  # keeps the vectors alive
             if cache is not None:
-                cache["fw", id(feeds), id(fetches)] = entry
+                _bounded(cache)["fw", id(feeds), id(fetches)] = entry
         _, _, binding, preset = entry
         self._fw.run_with_iobinding(binding, None)
         outputs = binding.get_outputs()
@@ -191,10 +191,21 @@ class GraphAgent:
                     binding.bind_output(name, self._device)
             entry = (feeds, fetches, binding, addresses, preset, inputs)  # inputs: kept alive with the binding
             if cache is not None:
-                cache[key] = entry
+                _bounded(cache)[key] = entry
         binding, preset = entry[2], entry[4]
         self._bw.run_with_iobinding(binding, None)
         if not preset:
             for value in binding.get_outputs():
                 fetches.push_back(value)
         state.feeds = state.outputs = state.cache = None
+
+
+#: bindings a cache holds: the trainer needs four per batch shape (forward and backward, two weight parities); a
+#: caller building new vectors at every call (ortflow.torch) must not make it grow
+CACHE_ENTRIES = 8
+
+
+def _bounded(cache: dict) -> dict:
+    if len(cache) >= CACHE_ENTRIES:
+        cache.clear()
+    return cache

@@ -26,13 +26,17 @@ def penalty_spec(cfg: DictConfig, onx: onnx.ModelProto) -> dict | None:
     return {name: {"l1": float(cfg.penalty.l1), "l2": float(cfg.penalty.l2)} for name in weights}
 
 
+def with_loss(cfg: DictConfig, onx: onnx.ModelProto) -> onnx.ModelProto:
+    """``onx`` with the configured loss (and penalty) as its first output ``loss``: what ``trainer=full`` trains."""
+    return ortflow.add_loss_output(onx, score_name=loss(cfg), loss_name="loss", label_name="label",
+                                   penalty=penalty_spec(cfg, onx))
+
+
 def add_loss(ctx: StageContext) -> dict:
     cfg = ctx.cfg
-    onx = ctx.bundle.load_onnx("model", ctx.name)
-    with_loss = ortflow.add_loss_output(onx, score_name=loss(cfg), loss_name="loss", label_name="label",
-                                        penalty=penalty_spec(cfg, onx))
+    with_loss_graph = with_loss(cfg, ctx.bundle.load_onnx("model", ctx.name))
     path = ctx.work_dir / "model_with_loss.onnx"
-    onnx.save(with_loss, path)
+    onnx.save(with_loss_graph, path)
     ctx.log_file(path, "graphs", entry="model_with_loss")
     ctx.set_tags({"ortflow.loss": str(cfg.loss.name), "ortflow.penalty": str(cfg.penalty.name),
                   "ortflow.loss_graph_used_for_training": str(str(cfg.trainer.name) == "full").lower()})

@@ -1,7 +1,8 @@
 """Stage ``convert``: load the data, split it (seeded), fit the scikit-learn model, convert it with ortflow.
 
-Outputs: ``split.npz`` (standardized train/validation/test arrays and the statistics), ``sklearn_model.joblib``
-and ``model.onnx`` (the prediction graph training starts from).
+Outputs: ``split.npz`` (standardized train/validation/test arrays and the statistics), ``sklearn_reference.npz``
+(the scikit-learn model's test predictions, what ``evaluate`` compares with: data, never a pickle) and
+``model.onnx`` (the prediction graph training starts from).
 
     python -m pipelines.convert data=diabetes model=linear
 """
@@ -10,14 +11,28 @@ from __future__ import annotations
 
 import time
 
-import joblib
+import numpy as np
 import onnx
+from omegaconf import DictConfig
 
 import ortflow
 
-from ..data import make_split
-from ..models import build_estimator, fit_estimator
+from ..data import Split, make_split
+from ..models import build_estimator, fit_estimator, sklearn_predict
 from ..runner import StageContext
+
+
+def fitted_estimator(cfg: DictConfig, split: Split, max_iter: int | None = None):
+    """The configured scikit-learn model fitted on the training rows (``max_iter`` caps its iterations)."""
+    estimator = build_estimator(cfg.model, int(cfg.seed))
+    if max_iter is not None and "max_iter" in estimator.get_params():
+        estimator.set_params(max_iter=max_iter)
+    return fit_estimator(estimator, split.X_train, split.y_train, str(cfg.data.task))
+
+
+def prediction_graph(cfg: DictConfig, estimator, split: Split) -> onnx.ModelProto:
+    """The fitted model as the ONNX graph training starts from."""
+    return ortflow.to_onnx(estimator, split.X_train[:1], target_opset=int(cfg.model.target_opset))
 
 
 def convert(ctx: StageContext) -> dict:
@@ -31,13 +46,16 @@ def convert(ctx: StageContext) -> dict:
         ctx.bundle.add("split", split.save(ctx.work_dir / "split.npz"))
 
     begin = time.perf_counter()
-    estimator = fit_estimator(build_estimator(cfg.model, int(cfg.seed)), split.X_train, split.y_train, ctx.task)
+    estimator = fitted_estimator(cfg, split)
     ctx.log_metrics({"time_sklearn_fit_seconds": time.perf_counter() - begin})
-    joblib.dump(estimator, ctx.work_dir / "sklearn_model.joblib")
-    ctx.log_file(ctx.work_dir / "sklearn_model.joblib", "sklearn", entry="sklearn_model")
+    reference = sklearn_predict(estimator, split.X_test, ctx.task)
+    reference = split.raw_y(reference) if ctx.task == "regression" else reference
+    np.savez(ctx.work_dir / "sklearn_reference.npz", test_predictions=reference.astype(np.float64),
+             split_fingerprint=np.array(split.fingerprint()))
+    ctx.log_file(ctx.work_dir / "sklearn_reference.npz", "sklearn", entry="sklearn_reference")
 
     begin = time.perf_counter()
-    onx = ortflow.to_onnx(estimator, split.X_train[:1], target_opset=int(cfg.model.target_opset))
+    onx = prediction_graph(cfg, estimator, split)
     onnx.save(onx, ctx.work_dir / "model.onnx")
     ctx.log_metrics({"time_to_onnx_seconds": time.perf_counter() - begin})
     ctx.log_file(ctx.work_dir / "model.onnx", "graphs", entry="model")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 
-import joblib
 import numpy as np
 import onnx
 import onnxruntime
@@ -20,7 +19,7 @@ import onnxruntime
 from .. import plots
 from ..data import Split
 from ..metrics import classification_metrics, regression_metrics
-from ..models import sklearn_predict, with_scaling
+from ..models import with_scaling
 from ..runner import StageContext
 
 
@@ -42,6 +41,43 @@ def onnx_predict(session: onnxruntime.InferenceSession, X: np.ndarray, task: str
     return out.reshape(len(X), -1)[:, 0]
 
 
+class NonFinitePredictionError(ValueError):
+    """The deployable model predicts NaN or infinity on test rows: it must not be registered."""
+
+
+def check_finite_predictions(predictions: np.ndarray, split: Split) -> None:
+    """Raise :class:`NonFinitePredictionError` naming the rows (and features whose float32 statistics overflow)."""
+    bad = np.flatnonzero(~np.isfinite(predictions))
+    if not len(bad):
+        return
+    stats = ~(np.isfinite(split.x_mean) & np.isfinite(split.x_scale))
+    names = [str(n) for n in split.feature_names[stats]]
+    cause = (f"; the float32 standardization of features {names} overflows (a value beyond float32's range, "
+             "±3.4e38, in the data)" if names else "")
+    raise NonFinitePredictionError(
+        f"the deployable model predicts non-finite values on {len(bad)} of {len(predictions)} test rows (first at "
+        f"row {bad[0]}: {predictions[bad[0]]}){cause}: it is not registered")
+
+
+def sklearn_reference(ctx: StageContext, split: Split) -> np.ndarray | None:
+    """The scikit-learn model's test predictions written by ``convert`` (an array, loaded without pickle), or
+    None (tagged ``ortflow.sklearn_baseline``) when the source has none or they were made on other rows."""
+    if "sklearn_reference" not in ctx.bundle:
+        ctx.set_tags({"ortflow.sklearn_baseline": "missing (no sklearn_reference in the source)"})
+        return None
+    path = ctx.bundle.path("sklearn_reference", ctx.name)
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            predictions, fingerprint = data["test_predictions"], str(data["split_fingerprint"])
+    except (ValueError, OSError, KeyError) as exc:
+        raise ValueError(f"sklearn_reference ({ctx.bundle.origin}): {path.name} is not an .npz of plain arrays "
+                         f"(never unpickled): {exc}") from exc
+    if fingerprint != split.fingerprint() or predictions.shape != (len(split.y_test),):
+        ctx.set_tags({"ortflow.sklearn_baseline": "missing (the reference predictions are for other test rows)"})
+        return None
+    return predictions
+
+
 def evaluate(ctx: StageContext) -> dict:
     split = Split.load(ctx.bundle.path("split", ctx.name))
     trained = ctx.bundle.load_onnx("trained_model", ctx.name)
@@ -53,12 +89,10 @@ def evaluate(ctx: StageContext) -> dict:
     session = onnxruntime.InferenceSession(deploy.SerializeToString(), providers=["CPUExecutionProvider"])
     X_raw = split.raw_X(split.X_test)
     predictions = {"onnx": onnx_predict(session, X_raw, split.task)}
-    if "sklearn_model" in ctx.bundle:
-        estimator = joblib.load(ctx.bundle.path("sklearn_model", ctx.name))
-        baseline = sklearn_predict(estimator, split.X_test, split.task)
-        predictions["sklearn"] = split.raw_y(baseline) if split.task == "regression" else baseline
-    else:
-        ctx.set_tags({"ortflow.sklearn_baseline": "missing (no sklearn_model in the source)"})
+    check_finite_predictions(predictions["onnx"], split)
+    baseline = sklearn_reference(ctx, split)
+    if baseline is not None:
+        predictions["sklearn"] = baseline
 
     metrics: dict[str, float] = {}
     if split.task == "regression":

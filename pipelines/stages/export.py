@@ -20,8 +20,8 @@ from mlflow.models import infer_signature
 
 from .. import promotion
 from ..data import Split
-from ..runner import StageContext
-from ..tracking import is_finite
+from ..runner import StageContext, in_multirun
+from .evaluate import check_finite_predictions, onnx_predict
 
 
 def pip_requirements() -> list[str]:
@@ -52,8 +52,10 @@ def export(ctx: StageContext) -> dict:
     direction = str(cfg.promotion.direction) if cfg.promotion.direction else promotion.default_direction(metric)
     value = evaluation[metric]
 
-    example = split.raw_X(split.X_test[:5])
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    # the graph about to be registered, run on the whole test split: a NaN model never reaches the registry
+    check_finite_predictions(onnx_predict(session, split.raw_X(split.X_test), split.task), split)
+    example = split.raw_X(split.X_test[:5])
     outputs = dict(zip([o.name for o in session.get_outputs()],
                        session.run(None, {session.get_inputs()[0].name: example})))
     signature = infer_signature(example, outputs)
@@ -63,27 +65,21 @@ def export(ctx: StageContext) -> dict:
     )
     ctx.set_tags({"ortflow.model_uri": info.model_uri, "ortflow.promotion.metric": metric})
 
-    name = str(cfg.mlflow.registered_model_name)
-    if not is_finite(value):
-        decision = promotion.promote(ctx.tracking, name, None, ctx.run_id, value, metric, direction,
-                                     str(cfg.promotion.alias))
-        ctx.set_tags({"ortflow.registered": "false (non-finite metric)"})
-        ctx.log_metrics({"promoted": 0.0})
+    candidate = promotion.Candidate(
+        str(cfg.mlflow.registered_model_name), info.model_uri, ctx.run_id, metric, direction, value,
+        str(cfg.promotion.alias), split.fingerprint(), bool(cfg.promotion.require_same_data),
+        bool(cfg.promotion.enabled))
+    ctx.set_tags({promotion.FINGERPRINT_TAG: candidate.fingerprint, **candidate.tags()})
+    if in_multirun():  # a sweep registers only its best trial, by the optimized metric, once every trial ended
+        ctx.set_tags({"ortflow.registered": "deferred: the sweep registers its best trial"})
+        return ctx.metrics
+    version, decision = promotion.register(ctx.tracking, candidate)
+    if decision is not None:
+        ctx.metrics.update(promoted=float(decision.promoted), promotion_decision=decision.decision,
+                           promotion_reason=decision.reason)
+    if version is None:
         print(f"ortflow: not registered: {decision.reason}")
         return ctx.metrics
-    fingerprint = split.fingerprint()
-    ctx.set_tags({promotion.FINGERPRINT_TAG: fingerprint})
-    version = ctx.tracking.call(mlflow.register_model, info.model_uri, name,
-                                tags={"ortflow.run_id": ctx.run_id, f"ortflow.metric.{metric}": str(value),
-                                      promotion.FINGERPRINT_TAG: fingerprint})
-    ctx.set_tags({"ortflow.registered_model": name, "ortflow.registered_version": str(version.version)})
-    if cfg.promotion.enabled:
-        decision = promotion.promote(ctx.tracking, name, str(version.version), ctx.run_id, value, metric, direction,
-                                     str(cfg.promotion.alias), fingerprint=fingerprint,
-                                     require_same_data=bool(cfg.promotion.require_same_data))
-        ctx.log_metrics({"promoted": float(decision.promoted)})
-        ctx.metrics["promotion_decision"] = decision.decision
-        ctx.metrics["promotion_reason"] = decision.reason
-    ctx.metrics["registered_model"] = name
-    ctx.metrics["registered_version"] = str(version.version)
+    ctx.metrics["registered_model"] = candidate.name
+    ctx.metrics["registered_version"] = version
     return ctx.metrics

@@ -35,6 +35,10 @@ def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
     """The estimator of ``trainer.name``: shared parameters from ``trainer``, loss and penalty from the registry
     (forward-backward training takes them as objects; full training has them in its graph already)."""
     t = cfg.trainer
+    if str(t.name) == "torch":
+        from .train_torch import build_torch
+
+        return build_torch(cfg, graph, callbacks)
     params = dict(
         weights_to_train=list(t.weights_to_train) if t.weights_to_train else None, learning_rate=learning_rate(cfg),
         max_iter=int(t.max_iter), batch_size=int(t.batch_size), device=str(t.device), verbose=int(t.verbose),
@@ -84,6 +88,7 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
                                            title="loss (diverged)"), "plots")
         raise
     fit_seconds = time.perf_counter() - begin
+    ctx.tracking.client.log_param(ctx.run_id, "trainer.n_threads_", estimator.n_threads_)  # the threads fit chose
     in_loop_seconds = logger.loop_seconds
 
     # Everything is saved locally first, so a tracking store lost now loses nothing; then logged while the

@@ -1,0 +1,393 @@
+"""An ONNX graph as a PyTorch layer: :class:`OnnxModule`.
+
+The forward and backward passes run in onnxruntime (``TrainingAgent``, through
+:class:`ortflow.fwbw.OrtGradientForwardBackward`, whose training graph takes the trained weights as inputs); torch
+owns the weights as ``nn.Parameter`` objects, so its optimizers, LR schedulers, ``state_dict`` and pickling apply.
+
+Tensors cross between torch and onnxruntime through DLPack without copies. Per batch, nothing is copied on the hot
+path when the inputs and the output gradients are contiguous tensors of the graph's dtype on the module's device:
+the inputs and the parameters are viewed as OrtValues, onnxruntime allocates the outputs and the gradients and
+torch views them. A non-contiguous tensor (a strided slice, an expanded gradient such as the one of ``y.sum()``) is
+copied once by ``.contiguous()``, since onnxruntime reads dense row-major buffers only.
+
+This module needs torch (``pip install 'ortflow[torch]'``); ``import ortflow`` does not import it.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+
+try:
+    import torch
+except ImportError as exc:  # pragma: no cover - depends on the installation
+    raise ImportError("ortflow.torch needs PyTorch: pip install 'ortflow[torch]' (torch==2.13.0, CPU build)") from exc
+from torch import nn
+from torch.utils.dlpack import to_dlpack
+
+# What torch.utils.dlpack.from_dlpack calls for a capsule, without its Python checks (onnxruntime's ORTModule
+# passes the same function to OrtValueVector.to_dlpacks).
+_from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
+
+from . import graph as g
+from ._ort import OrtValueVector, ort
+from .exceptions import UnsupportedModelError
+from .fwbw.forward_backward import OnnxFunction, OrtGradientForwardBackward, quiet_options
+from .validation import check_weights_to_train
+
+_C = ort.capi._pybind_state
+
+__all__ = ["OnnxModule", "parameter_name"]
+
+_TORCH_DTYPES = {
+    onnx.TensorProto.FLOAT: torch.float32,
+    onnx.TensorProto.DOUBLE: torch.float64,
+    onnx.TensorProto.FLOAT16: torch.float16,
+    onnx.TensorProto.BFLOAT16: torch.bfloat16,
+    onnx.TensorProto.INT64: torch.int64,
+    onnx.TensorProto.INT32: torch.int32,
+    onnx.TensorProto.INT8: torch.int8,
+    onnx.TensorProto.UINT8: torch.uint8,
+    onnx.TensorProto.BOOL: torch.bool,
+}
+
+
+def parameter_name(initializer: str, taken: set[str] | frozenset = frozenset()) -> str:
+    """A valid ``nn.Module`` attribute name for ``initializer``, not in ``taken``: characters other than letters,
+    digits and ``_`` become ``_``, a leading digit or a keyword gets a ``p_`` prefix, a clash a ``_N`` suffix."""
+    name = re.sub(r"\W", "_", initializer, flags=re.ASCII) or "p"
+    if name[0].isdigit() or keyword.iskeyword(name) or hasattr(nn.Module, name):
+        name = "p_" + name
+    base, i = name, 0
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def _capsule(tensor: torch.Tensor):
+    """A DLPack capsule viewing ``tensor`` (made contiguous first when it is not: onnxruntime reads dense buffers)."""
+    tensor = tensor.detach()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return to_dlpack(tensor)
+
+
+def _to_ort(tensor: torch.Tensor):
+    """A C OrtValue viewing ``tensor``."""
+    return _C.OrtValue.from_dlpack(_capsule(tensor), tensor.dtype == torch.bool)
+
+
+def _vector(tensors: Sequence[torch.Tensor], values: Sequence = ()) -> OrtValueVector:
+    """An OrtValueVector viewing ``tensors`` then holding the C OrtValues ``values``."""
+    vector = OrtValueVector()
+    vector.reserve(len(tensors) + len(values))
+    for tensor in tensors:
+        vector.push_back(_capsule(tensor), tensor.dtype == torch.bool)
+    for value in values:
+        vector.push_back(value)
+    return vector
+
+
+def _to_torch(vector: OrtValueVector) -> list[torch.Tensor]:
+    """Torch tensors viewing every OrtValue of ``vector`` (one C++ call; the tensors own the values)."""
+    tensors = vector.to_dlpacks(_from_dlpack)
+    for i in vector.bool_tensor_indices():  # DLPack carries booleans as uint8
+        tensors[i] = tensors[i].to(torch.bool)
+    return tensors
+
+
+def _synchronize(device: torch.device) -> None:
+    """On CUDA, wait for the device: torch and onnxruntime work on different streams, so the tensors one writes
+    must be complete before the other reads them (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _device_string(device: torch.device) -> str:
+    if device.type == "cpu":
+        return "cpu"
+    if device.type == "cuda":
+        return f"cuda:{device.index or 0}"
+    raise ValueError(f"OnnxModule runs on cpu or cuda tensors, not {device}")
+
+
+class _Runtime:
+    """The onnxruntime side of an :class:`OnnxModule` on one device: one forward-backward object per set of
+    inputs needing a gradient (built on first use), their static-shape agents, and an inference function."""
+
+    def __init__(self, module: OnnxModule, device: str):
+        self.module = module
+        self.device = device
+        threads = module.n_threads or torch.get_num_threads()
+        self.options = quiet_options(threads)
+        # torch's and onnxruntime's thread pools take turns on the same cores: a pool spinning while it waits
+        # for work steals them from the other (4x slower batches on case A of the bench with 2 threads each).
+        self.options.add_session_config_entry("session.intra_op.allow_spinning", "1" if module.spinning else "0")
+        self._param_views: list[tuple[int, Any] | None] = [None] * len(module.weights_to_train_)
+        self._plans: dict[tuple[str, ...], _Plan] = {}
+        self._agents: dict[tuple[str, ...], dict[tuple, tuple]] = {}
+        self._inference: OnnxFunction | None = None
+
+    def plan(self, inputs_with_grad: tuple[str, ...]) -> _Plan:
+        """The plan of the forward-backward object computing the gradients of ``inputs_with_grad`` and of the
+        parameters (built on first use)."""
+        plan = self._plans.get(inputs_with_grad)
+        if plan is None:
+            fb = OrtGradientForwardBackward(
+                self.module.onnx_model_, weights_to_train=self.module.weights_to_train_,
+                input_names_to_train=list(inputs_with_grad), device=self.device, session_options=self.options)
+            plan = self._plans[inputs_with_grad] = _Plan(self.module, fb, inputs_with_grad)
+            self._agents[inputs_with_grad] = {}
+        return plan
+
+    def agent(self, plan: _Plan, key: tuple[str, ...], inputs: Sequence[torch.Tensor]) -> tuple:
+        """(agent, cache): the static-shape agent for these input shapes while fewer than ``static_shapes``
+        exist, else the agent for any shape."""
+        agents = self._agents[key]
+        shapes = tuple(tuple(t.shape) for t in inputs)
+        found = agents.get(shapes)
+        if found is None:
+            fb = plan.fb
+            if len(agents) < self.module.static_shapes:
+                found = agents[shapes] = fb.static_agent(shapes)
+            else:
+                found = (fb.agent_, fb.cache_)
+        return found
+
+    def param_views(self, params: Sequence[torch.Tensor]) -> list:
+        """C OrtValues viewing the parameters, kept while a parameter's storage stays where it is (optimizers and
+        ``load_state_dict`` write in place): a DLPack export costs a few microseconds per tensor and batch."""
+        views = []
+        for i, param in enumerate(params):
+            cached = self._param_views[i]
+            if cached is None or cached[0] != param.data_ptr():
+                cached = self._param_views[i] = (param.data_ptr(), _to_ort(param))
+            views.append(cached[1])
+        return views
+
+    def infer(self, feeds: dict[str, Any], device: torch.device) -> list:
+        if self._inference is None:
+            plan = next(iter(self._plans.values()), None) or self.plan(())
+            model = plan.fb.training_input_model_
+            self._inference = OnnxFunction(model, self.device, self.options)
+        fn = self._inference
+        binding = fn.bind([feeds[name] for name in fn.input_names])
+        _synchronize(device)
+        fn.run_bound(binding)
+        _synchronize(device)
+        return binding.get_outputs()
+
+
+class _Plan:
+    """Where the module's tensors sit in the feeds and fetches of one forward-backward object."""
+
+    def __init__(self, module: OnnxModule, fb: OrtGradientForwardBackward, input_grads: tuple[str, ...]):
+        if fb.feed_names_ != module.feed_names_:  # OrtGradientForwardBackward puts the weights after the inputs
+            raise UnsupportedModelError(f"the training graph's inputs {fb.feed_names_} are not the graph inputs "
+                                        f"then the trained weights {module.feed_names_}")
+        position = {name: i for i, name in enumerate(fb.grad_names_)}
+        self.fb = fb
+        self.n_outputs = len(module.output_names_)
+        self.non_differentiable = set(fb.non_differentiable_)
+        self.input_grads = [position[name + "_grad"] if name in input_grads else None
+                            for name in module.input_names_]
+        self.weight_grads = [position[name + "_grad"] for name in module.weights_to_train_]
+
+
+def _run_forward(plan: _Plan, agent_cache, inputs: Sequence[torch.Tensor], param_views: Sequence,
+                 device: torch.device):
+    """(output tensors, execution state) of the training graph's forward pass."""
+    agent, cache = agent_cache
+    fetches = OrtValueVector()
+    state = plan.fb.new_state()  # onnxruntime's PartialGraphExecutionState, or ortflow's own graphs' state
+    feeds = _vector(inputs, param_views)
+    _synchronize(device)
+    agent.run_forward(feeds, fetches, state, cache)
+    _synchronize(device)
+    return _to_torch(fetches)[: plan.n_outputs], state
+
+
+class _OnnxFunction(torch.autograd.Function):
+    """Forward through ``TrainingAgent.run_forward``, backward through ``run_backward`` with the state kept in
+    ``ctx`` (so several forward passes may precede their backward passes). onnxruntime's state serves one backward
+    pass: a second one (``retain_graph=True``, ``gradcheck``) runs the forward pass again on the saved tensors."""
+
+    @staticmethod
+    def forward(ctx, plan: _Plan, agent_cache, param_views: list, n_inputs: int, *tensors):
+        device = tensors[-1].device
+        outputs, ctx.state = _run_forward(plan, agent_cache, tensors[:n_inputs], param_views, device)
+        ctx.plan, ctx.agent_cache, ctx.n_inputs, ctx.device = plan, agent_cache, n_inputs, device
+        ctx.dtypes = [o.dtype for o in outputs]
+        ctx.save_for_backward(*tensors)
+        if plan.non_differentiable:
+            ctx.mark_non_differentiable(*(outputs[i] for i in plan.non_differentiable))
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        plan = ctx.plan
+        state, ctx.state = ctx.state, None
+        if state is None:
+            saved = ctx.saved_tensors
+            views = [_to_ort(t) for t in saved[ctx.n_inputs:]]
+            _, state = _run_forward(plan, ctx.agent_cache, saved[: ctx.n_inputs], views, ctx.device)
+        grads = [grad if grad.dtype == dtype else grad.to(dtype)
+                 for i, (grad, dtype) in enumerate(zip(grad_outputs, ctx.dtypes)) if i not in plan.non_differentiable]
+        fetches = OrtValueVector()
+        feeds = _vector(grads)
+        _synchronize(ctx.device)
+        ctx.agent_cache[0].run_backward(feeds, fetches, state)
+        _synchronize(ctx.device)
+        tensors = _to_torch(fetches)
+        return (None, None, None, None, *(None if i is None else tensors[i] for i in plan.input_grads),
+                *(tensors[i] for i in plan.weight_grads))
+
+
+class OnnxModule(nn.Module):
+    """An ONNX graph as a ``torch.nn.Module``, trained by torch and computed by onnxruntime.
+
+    ``onx``: the graph (ModelProto, bytes or path). ``weights_to_train``: the float initializers that become
+    ``nn.Parameter`` objects (default: all of them); the others stay constant inside the graph. Each parameter is
+    named after its initializer (:func:`parameter_name` when the initializer's name is not a valid attribute name,
+    see :attr:`parameter_names_`). ``forward(*inputs)`` takes one tensor per graph input, in the graph's order
+    (:attr:`input_names_`), and returns one tensor, or a tuple when the graph has several outputs. Gradients reach
+    the parameters and every float input that requires one.
+
+    ``n_threads``: onnxruntime intra-op threads (default: ``torch.get_num_threads()`` when the sessions are built).
+    ``static_shapes``: how many distinct input shapes get their own shape-specialized training graph (faster
+    backward bookkeeping, built on first use of a shape); other shapes share one graph for any shape.
+    ``spinning``: let onnxruntime's idle threads spin (off by default: they would take the cores from torch's).
+
+    Without gradient (``torch.no_grad()``, or nothing requiring one) the graph runs in a plain inference session.
+    The graph has no training mode of its own: ``train()`` and ``eval()`` give the same values.
+    """
+
+    def __init__(self, onx, weights_to_train: Sequence[str] | None = None, n_threads: int | None = None,
+                 static_shapes: int = 4, spinning: bool = False):
+        super().__init__()
+        model = g.load_model(onx)
+        g.check_loadable(model)
+        self.weights_to_train_ = check_weights_to_train(model, weights_to_train)
+        self.input_names_ = g.input_names(model)
+        self.output_names_ = g.output_names(model)
+        self.feed_names_ = self.input_names_ + self.weights_to_train_
+        self.n_threads = n_threads
+        self.static_shapes = int(static_shapes)
+        self.spinning = bool(spinning)
+        inputs = {i.name: i for i in model.graph.input}
+        self._input_specs = [self._spec(inputs[name]) for name in self.input_names_]
+        inits = g.get_initializers(model)
+        self.parameter_names_: dict[str, str] = {}
+        taken: set[str] = set()
+        for name in self.weights_to_train_:
+            attr = parameter_name(name, taken)
+            taken.add(attr)
+            self.parameter_names_[name] = attr
+            self.register_parameter(attr, nn.Parameter(torch.from_numpy(np.array(inits[name]))))
+        self._param_dtypes = [p.dtype for p in self._parameters.values()]
+        # The graph without the trained values (torch owns them); get_trained_onnx puts them back.
+        self.onnx_model_ = model
+        self._runtimes: dict[str, _Runtime] = {}
+
+    @staticmethod
+    def _spec(value: onnx.ValueInfoProto) -> tuple:
+        tensor = value.type.tensor_type
+        dtype = _TORCH_DTYPES.get(tensor.elem_type)
+        if dtype is None:
+            raise UnsupportedModelError(f"input {value.name!r} has the ONNX type "
+                                        f"{onnx.TensorProto.DataType.Name(tensor.elem_type)}, which torch cannot feed")
+        dims = None
+        if tensor.HasField("shape"):
+            dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+        return value.name, dtype, dims
+
+    # --- torch ---
+    def parameters_by_initializer(self) -> dict[str, nn.Parameter]:
+        """The trained parameters by initializer name."""
+        return {name: getattr(self, attr) for name, attr in self.parameter_names_.items()}
+
+    def forward(self, *inputs: torch.Tensor):
+        params = list(self._parameters.values())
+        device = self._check_inputs(inputs, params)
+        runtime = self._runtime(device)
+        grad = torch.is_grad_enabled()
+        input_grads = tuple(name for name, t in zip(self.input_names_, inputs)
+                            if grad and t.requires_grad and t.is_floating_point())
+        views = runtime.param_views(params)
+        if not grad or not (input_grads or any(p.requires_grad for p in params)):
+            feeds = dict(zip(self.feed_names_, [_to_ort(t) for t in inputs] + views))
+            outputs = _to_torch(runtime.infer(feeds, device))
+        else:
+            plan = runtime.plan(input_grads)
+            agent = runtime.agent(plan, input_grads, inputs)
+            outputs = _OnnxFunction.apply(plan, agent, views, len(inputs), *inputs, *params)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _check_inputs(self, inputs: Sequence[torch.Tensor], params: list[nn.Parameter]) -> torch.device:
+        if len(inputs) != len(self.input_names_):
+            raise TypeError(f"OnnxModule.forward takes {len(self.input_names_)} tensors {self.input_names_}, "
+                            f"got {len(inputs)}")
+        device = params[0].device
+        for (name, dtype, dims), tensor in zip(self._input_specs, inputs):
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"input {name!r} must be a torch.Tensor, got {type(tensor).__name__}")
+            if tensor.dtype != dtype:
+                raise TypeError(f"input {name!r} has dtype {tensor.dtype}, the graph expects {dtype}")
+            if dims is not None and (tensor.dim() != len(dims) or any(
+                    d is not None and d != s for d, s in zip(dims, tensor.shape))):
+                shown = ", ".join("?" if d is None else str(d) for d in dims)
+                expected = f"({shown},)" if len(dims) == 1 else f"({shown})"
+                raise ValueError(f"input {name!r} has shape {tuple(tensor.shape)}, the graph expects {expected} "
+                                 f"(rank {len(dims)})")
+            if tensor.device != device:
+                raise ValueError(f"input {name!r} is on {tensor.device}, the module's parameters on {device}; "
+                                 "move them to the same device")
+        for name, param, expected in zip(self.weights_to_train_, params, self._param_dtypes):
+            if param.device != device:
+                raise ValueError(f"parameter {name!r} is on {param.device}, the others on {device}")
+            if param.dtype != expected:
+                raise TypeError(f"parameter {name!r} has dtype {param.dtype}, the graph expects {expected}: the "
+                                "graph's dtypes are fixed (convert the ONNX graph instead of calling .double())")
+        return device
+
+    def _runtime(self, device: torch.device) -> _Runtime:
+        key = _device_string(device)
+        if key not in self._runtimes:
+            self._runtimes[key] = _Runtime(self, key)
+        return self._runtimes[key]
+
+    # --- export ---
+    def get_trained_onnx(self) -> onnx.ModelProto:
+        """The graph with the current parameter values as initializers (loadable by a plain InferenceSession)."""
+        values = {name: p.detach().cpu().numpy() for name, p in self.parameters_by_initializer().items()}
+        return g.replace_initializers(self.onnx_model_, values)
+
+    def training_graphs(self) -> dict[str, onnx.ModelProto]:
+        """The forward-backward graphs onnxruntime built so far on the first device used: ``training`` (and
+        ``training_grad_<inputs>`` when gradients of some inputs were asked for), for reading or logging."""
+        graphs = {}
+        for runtime in list(self._runtimes.values())[:1]:
+            for key, plan in runtime._plans.items():
+                graphs["_".join(["training", *(["grad"] if key else []), *key])] = plan.fb.gradient_model_
+        return graphs
+
+    def extra_repr(self) -> str:
+        return f"inputs={self.input_names_}, outputs={self.output_names_}, trained={self.weights_to_train_}"
+
+    # --- pickling: sessions are rebuilt on first use ---
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_runtimes"] = {}
+        state["onnx_model_"] = self.onnx_model_.SerializeToString()
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        state["onnx_model_"] = onnx.load_from_string(state["onnx_model_"])
+        super().__setstate__(state)

@@ -1,0 +1,45 @@
+"""Checks of the training settings against the data and the graph, before the chain's first stage runs.
+
+``trainer.batch_size`` larger than the training rows, or a ``trainer.weights_to_train`` naming no initializer,
+used to fail in ``train``, after ``convert`` and ``add_loss`` had run and logged. :func:`check_training_settings`
+builds what those stages would (the split, and the graph from a scikit-learn fit of one iteration when
+``weights_to_train`` is set) and applies ortflow's own checks (``ortflow.validation``) to them.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from ortflow.validation import check_positive_int, check_weights_to_train
+
+from .config import ConfigError
+
+
+def check_training_settings(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` naming the key when the chain's train stage would refuse its settings.
+
+    Only for a chain that runs ``convert`` and ``train`` (a stage run alone checks its own inputs at once).
+    """
+    stages = [str(s) for s in cfg.stages]
+    if "convert" not in stages or "train" not in stages:
+        return
+    from .data import make_split
+
+    split = make_split(cfg.data)
+    try:
+        check_positive_int("trainer.batch_size", int(cfg.trainer.batch_size), len(split.y_train),
+                           f"the number of training rows of data={cfg.data.name}")
+    except ValueError as exc:
+        raise ConfigError(f"{exc}: lower trainer.batch_size (nothing was run)") from None
+    if not cfg.trainer.weights_to_train:
+        return
+    from .stages.add_loss import with_loss
+    from .stages.convert import fitted_estimator, prediction_graph
+
+    graph = prediction_graph(cfg, fitted_estimator(cfg, split, max_iter=1), split)
+    if str(cfg.trainer.name) == "full":
+        graph = with_loss(cfg, graph)
+    try:
+        check_weights_to_train(graph, list(cfg.trainer.weights_to_train))
+    except ValueError as exc:
+        raise ConfigError(f"trainer.{exc} (nothing was run)") from None

@@ -1,0 +1,231 @@
+"""A team tracking server on one machine: a PostgreSQL 15 cluster holding MLflow's store, and ``mlflow server``
+in front of it with proxied artifacts (clients upload and download them through the server).
+
+    python -m pipelines.server --folder .ortflow/server --port 5000      # or: make server
+    export MLFLOW_TRACKING_URI=http://127.0.0.1:5000
+
+Everything lives under ``--folder``: ``pgdata/`` (the cluster), ``pgsock/`` (its Unix socket), ``artifacts/``
+and the two logs. The cluster listens on 127.0.0.1 only and trusts local connections (a throwaway or
+single-user set-up; a shared deployment uses its managed PostgreSQL and passes ``--backend-store-uri``).
+``initdb`` refuses to run as root, so as root the PostgreSQL commands run as the ``postgres`` user
+(``runuser -u postgres --``), which must be able to reach ``--folder``. Binaries are looked up on PATH, then
+under /usr/lib/postgresql/*/bin; where they are missing, ``make postgres`` installs the Debian package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+PG_USER = "postgres"
+DATABASE = "mlflow"
+#: a second database for Optuna studies (hydra.sweeper.storage): Optuna's tables stay apart from MLflow's
+OPTUNA_DATABASE = "optuna"
+# variables of the caller's shell that would redirect the server's own client code
+_MLFLOW_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID")
+
+
+class ServerError(RuntimeError):
+    """PostgreSQL or the mlflow server could not be started; the message names the step and its log."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def pg_binary(name: str) -> str:
+    """The path of a PostgreSQL program (``initdb``, ``pg_ctl``, ``createdb``)."""
+    found = shutil.which(name) or next(iter(sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"), reverse=True)),
+                                       None)
+    if not found:
+        raise ServerError(f"PostgreSQL's {name!r} is not installed: run `make postgres` "
+                          "(apt-get install postgresql-15) or put its bin folder on PATH")
+    return found
+
+
+def _as_pg_user(cmd: list[str]) -> list[str]:
+    return ["runuser", "-u", PG_USER, "--", *cmd] if os.geteuid() == 0 else cmd
+
+
+class Postgres:
+    """A PostgreSQL cluster in ``folder`` on 127.0.0.1:``port`` with the databases :data:`DATABASE` (MLflow's
+    store) and :data:`OPTUNA_DATABASE` (shared Optuna studies)."""
+
+    def __init__(self, folder: str | Path, port: int | None = None):
+        self.folder = Path(folder).resolve()
+        self.port = port or free_port()
+        self.data = self.folder / "pgdata"
+        self.socket_dir = self.folder / "pgsock"
+        self.log = self.folder / "postgres.log"
+
+    def uri_of(self, database: str) -> str:
+        """SQLAlchemy URI of a database of the cluster (``postgresql://`` uses psycopg 3)."""
+        return f"postgresql://{PG_USER}@127.0.0.1:{self.port}/{database}"
+
+    @property
+    def uri(self) -> str:
+        """MLflow's backend store."""
+        return self.uri_of(DATABASE)
+
+    @property
+    def optuna_uri(self) -> str:
+        """Optuna's storage (``hydra.sweeper.storage``)."""
+        return self.uri_of(OPTUNA_DATABASE)
+
+    def _run(self, cmd: list[str], what: str) -> None:
+        proc = subprocess.run(_as_pg_user(cmd), capture_output=True, text=True)
+        if proc.returncode != 0:
+            log = self.log.read_text()[-2000:] if self.log.exists() else ""
+            raise ServerError(f"{what} failed ({proc.returncode}): {proc.stdout}{proc.stderr}{log}")
+
+    def start(self) -> None:
+        """initdb (first time only), start the server, create the database (first time only)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.socket_dir.mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.folder, PG_USER)
+            shutil.chown(self.socket_dir, PG_USER)
+        fresh = not (self.data / "PG_VERSION").exists()
+        if fresh:
+            self._run([pg_binary("initdb"), "-D", str(self.data), "-U", PG_USER, "--auth=trust", "-E", "UTF8"],
+                      f"initdb in {self.data}")
+        options = f"-k {self.socket_dir} -c listen_addresses=127.0.0.1 -p {self.port} -c max_connections=200"
+        self._run([pg_binary("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "-t", "60",
+                   "start"], f"pg_ctl start on port {self.port} (log {self.log})")
+        if fresh:
+            for database in (DATABASE, OPTUNA_DATABASE):
+                self._run([pg_binary("createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", PG_USER, database],
+                          f"createdb {database}")
+
+    def stop(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            subprocess.run(_as_pg_user([pg_binary("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"]),
+                           capture_output=True)
+
+
+class MlflowServer:
+    """``mlflow server`` on 127.0.0.1:``port`` over ``backend_store_uri``, serving artifacts from
+    ``folder/artifacts``; stopped as a whole process group (it forks uvicorn workers)."""
+
+    def __init__(self, folder: str | Path, backend_store_uri: str, port: int | None = None, workers: int = 2):
+        self.folder = Path(folder).resolve()
+        self.backend_store_uri = backend_store_uri
+        self.port = port or free_port()
+        self.workers = workers
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = self.folder / "mlflow-server.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 120) -> None:
+        """Start the server and wait until ``/health`` answers."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k not in _MLFLOW_ENV}
+        cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend_store_uri,
+               "--serve-artifacts", "--artifacts-destination", str(self.folder / "artifacts"),
+               "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)]
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(cmd, cwd=self.folder, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise ServerError(f"mlflow server exited ({self.proc.returncode}): {self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise ServerError(f"mlflow server not ready after {timeout:g} s: {self.log.read_text()[-3000:]}")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=5)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:  # uvicorn may wait for idle keep-alive connections
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+
+class TeamServer:
+    """PostgreSQL plus ``mlflow server`` on it, started and stopped together (a context manager)."""
+
+    def __init__(self, folder: str | Path, port: int | None = None, pg_port: int | None = None, workers: int = 2):
+        self.postgres = Postgres(folder, pg_port)
+        self.mlflow = MlflowServer(folder, self.postgres.uri, port, workers)
+
+    @property
+    def url(self) -> str:
+        return self.mlflow.url
+
+    def start(self) -> "TeamServer":
+        self.postgres.start()
+        try:
+            self.mlflow.start()
+        except BaseException:
+            self.postgres.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        try:
+            self.mlflow.stop()
+        finally:
+            self.postgres.stop()
+
+    def __enter__(self) -> "TeamServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.server", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--folder", default=".ortflow/server", help="cluster, artifacts and logs (kept)")
+    parser.add_argument("--port", type=int, default=5000, help="mlflow server port (0: a free one)")
+    parser.add_argument("--pg-port", type=int, default=0, help="PostgreSQL port (0: a free one)")
+    parser.add_argument("--workers", type=int, default=2, help="mlflow server (uvicorn) workers")
+    args = parser.parse_args(argv)
+    server = TeamServer(args.folder, args.port or None, args.pg_port or None, args.workers)
+    stop = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    with server:
+        print(f"ortflow: PostgreSQL {server.postgres.uri} (data {server.postgres.data})")
+        print(f"ortflow: mlflow server {server.url} (artifacts {server.mlflow.folder / 'artifacts'})")
+        print(f"ortflow: Optuna storage for shared sweeps: hydra.sweeper.storage={server.postgres.optuna_uri}")
+        print(f"  export MLFLOW_TRACKING_URI={server.url}    # Ctrl-C stops both", flush=True)
+        try:
+            while not stop and server.mlflow.proc is not None and server.mlflow.proc.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()
