@@ -37,7 +37,8 @@ _from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
 from . import graph as g
 from ._ort import OrtValueVector, ort
 from .exceptions import UnsupportedModelError
-from .fwbw.forward_backward import OnnxFunction, OrtGradientForwardBackward, quiet_options
+from .fwbw.forward_backward import OrtGradientForwardBackward
+from .runtime import OnnxFunction, make_session_options
 from .validation import check_weights_to_train
 
 _C = ort.capi._pybind_state
@@ -78,9 +79,23 @@ def _capsule(tensor: torch.Tensor):
     return to_dlpack(tensor)
 
 
+# onnxruntime-training 1.19's from_dlpack takes an is_bool flag (its DLPack marks booleans as uint8); the plain
+# onnxruntime's reads the type from the capsule and takes the capsule alone.
+_DLPACK_BOOL_FLAG = "is_bool" in (_C.OrtValue.from_dlpack.__doc__ or "")
+
+
 def _to_ort(tensor: torch.Tensor):
     """A C OrtValue viewing ``tensor``."""
-    return _C.OrtValue.from_dlpack(_capsule(tensor), tensor.dtype == torch.bool)
+    if _DLPACK_BOOL_FLAG:
+        return _C.OrtValue.from_dlpack(_capsule(tensor), tensor.dtype == torch.bool)
+    return _C.OrtValue.from_dlpack(_capsule(tensor))
+
+
+def _bool_indices(vector: OrtValueVector) -> list[int]:
+    """Positions of the boolean tensors of ``vector``."""
+    if hasattr(vector, "bool_tensor_indices"):  # onnxruntime-training 1.19
+        return vector.bool_tensor_indices()
+    return [i for i in range(len(vector)) if vector.element_type_at(i) == onnx.TensorProto.BOOL]
 
 
 def _vector(tensors: Sequence[torch.Tensor], values: Sequence = ()) -> OrtValueVector:
@@ -88,7 +103,10 @@ def _vector(tensors: Sequence[torch.Tensor], values: Sequence = ()) -> OrtValueV
     vector = OrtValueVector()
     vector.reserve(len(tensors) + len(values))
     for tensor in tensors:
-        vector.push_back(_capsule(tensor), tensor.dtype == torch.bool)
+        if _DLPACK_BOOL_FLAG:
+            vector.push_back(_capsule(tensor), tensor.dtype == torch.bool)
+        else:
+            vector.push_back(_capsule(tensor))
     for value in values:
         vector.push_back(value)
     return vector
@@ -97,7 +115,7 @@ def _vector(tensors: Sequence[torch.Tensor], values: Sequence = ()) -> OrtValueV
 def _to_torch(vector: OrtValueVector) -> list[torch.Tensor]:
     """Torch tensors viewing every OrtValue of ``vector`` (one C++ call; the tensors own the values)."""
     tensors = vector.to_dlpacks(_from_dlpack)
-    for i in vector.bool_tensor_indices():  # DLPack carries booleans as uint8
+    for i in _bool_indices(vector):  # DLPack may carry booleans as uint8
         tensors[i] = tensors[i].to(torch.bool)
     return tensors
 
@@ -125,7 +143,7 @@ class _Runtime:
         self.module = module
         self.device = device
         threads = module.n_threads or torch.get_num_threads()
-        self.options = quiet_options(threads)
+        self.options = make_session_options(threads)
         # torch's and onnxruntime's thread pools take turns on the same cores: a pool spinning while it waits
         # for work steals them from the other (4x slower batches on case A of the bench with 2 threads each).
         self.options.add_session_config_entry("session.intra_op.allow_spinning", "1" if module.spinning else "0")
