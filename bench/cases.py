@@ -5,7 +5,8 @@ same batch size, learning rate and loss, starting from the same weights: a sciki
 (on at most 1,000 rows) gives them; ``ortflow.to_onnx`` turns it into the ONNX graph, PyTorch copies the arrays.
 
 Losses are reported on one scale: MSE = mean over rows of (prediction - y)**2 for regression (ortflow's
-``squared_error``, torch's ``MSELoss``), mean binary log loss on the raw score for classification. scikit-learn's
+``squared_error``, torch's ``MSELoss``), mean log loss on the raw score for classification (binary: sigmoid;
+k classes: softmax cross-entropy, torch's ``CrossEntropyLoss``). scikit-learn's
 MLP minimizes *half* the squared error, so its learning rate is doubled (same updates) and its reported loss is
 doubled (same scale).
 """
@@ -37,6 +38,7 @@ class Case:
     key: str
     title: str
     task: str = "regression"  # or "classification"
+    dataset: str = "generated"  # make_regression / make_classification, or "digits" (sklearn's bundled 8x8 digits)
     n_rows: int = 1000  # rows generated; with ``split`` a quarter goes to the (unused) test set
     split: bool = True
     n_features: int = 100
@@ -99,6 +101,19 @@ def default_cases(quick: bool = False, tiny: bool = False) -> list[Case]:
             notes="The on-device training API has no momentum SGD (only SGD and AdamW), so neither the raw loop nor "
             "ortflow's full training can run this case: fwbw, scikit-learn and PyTorch are compared.",
         ),
+        Case(
+            "E",
+            "MLP (64,) 10-class classification (digits), softmax log loss, SGD",
+            task="classification",
+            dataset="digits",
+            n_rows=1797,
+            n_features=64,
+            hidden=(64,),
+            epochs=epochs,
+            notes="scikit-learn's bundled 8x8 digits (pixels / 16), 25% held out; the model ends in 10 raw scores and "
+            "every engine minimizes the mean softmax cross-entropy (the raw loop feeds the one-hot rows the loss "
+            "graph takes, PyTorch's CrossEntropyLoss the labels).",
+        ),
     ]
     # D: per-epoch time against rows (batch 15, the model of A); fewer epochs at big sizes.
     rows_epochs = [(1_000, 20), (10_000, 5), (100_000, 2), (1_000_000, 1)]
@@ -145,7 +160,8 @@ def default_cases(quick: bool = False, tiny: bool = False) -> list[Case]:
                 c = replace(c, n_rows=300, hidden=(16, 16), batch_size=32, memory=False, title="Wide MLP (tiny)")
             else:
                 c = replace(c, n_rows=200)
-            small.append(replace(c, epochs=min(c.epochs, 3), n_features=10))
+            features = 10 if c.dataset == "generated" else c.n_features  # digits have their 64 pixels
+            small.append(replace(c, epochs=min(c.epochs, 3), n_features=features))
         cases = small
     return cases
 
@@ -162,8 +178,16 @@ class CaseData:
     """Training rows (float32, C-contiguous) and the initial scikit-learn model."""
 
     X: np.ndarray
-    y: np.ndarray  # (N, 1) float32
+    y: np.ndarray  # (N, 1) float32: targets, or class labels
     init_model: object  # fitted scikit-learn MLP, one epoch
+
+    @property
+    def loss_targets(self) -> np.ndarray:
+        """What the loss graph's label input takes: ``y``, or one-hot rows (float32) for more than two classes."""
+        classes = getattr(self.init_model, "classes_", None)
+        if classes is None or len(classes) <= 2:
+            return self.y
+        return np.ascontiguousarray(self.y.ravel()[:, None] == classes[None, :], dtype=np.float32)
 
     @property
     def nbytes(self) -> int:
@@ -175,7 +199,12 @@ def make_data(case: Case) -> CaseData:
     from sklearn.datasets import make_classification, make_regression
     from sklearn.model_selection import train_test_split
 
-    if case.task == "regression":
+    if case.dataset == "digits":
+        from sklearn.datasets import load_digits
+
+        X, y = load_digits(return_X_y=True)
+        X, y = X[: case.n_rows] / 16.0, y[: case.n_rows]  # pixels 0..16 brought to 0..1
+    elif case.task == "regression":
         X, y = make_regression(case.n_rows, n_features=case.n_features, bias=2.0, random_state=case.seed)
     else:
         X, y = make_classification(

@@ -155,7 +155,7 @@ def train_raw(case: Case, data: CaseData, epochs: int, threads: int, settings: d
         optimizer = api.Optimizer(os.path.join(folder, "optimizer_model.onnx"), module)
     optimizer.set_learning_rate(case.learning_rate)
     module.train()
-    X, y, bs = data.X, data.y, case.batch_size
+    X, y, bs = data.X, data.loss_targets, case.batch_size
     n = len(X)
     setup = time.perf_counter() - begin
     times, losses = [], []
@@ -346,10 +346,16 @@ def torch_loop(model, case: Case, data: CaseData, epochs: int, begin: float) -> 
     ``begin`` to the first epoch."""
     import torch
 
-    loss_fn = torch.nn.MSELoss() if case.task == "regression" else torch.nn.BCEWithLogitsLoss()
+    X, y = torch.from_numpy(data.X), torch.from_numpy(data.y)
+    if case.task == "regression":
+        loss_fn = torch.nn.MSELoss()
+    elif data.loss_targets is data.y:
+        loss_fn = torch.nn.BCEWithLogitsLoss()
+    else:  # k classes: softmax cross-entropy on the k raw scores, labels as class indices
+        loss_fn = torch.nn.CrossEntropyLoss()
+        y = torch.from_numpy(np.searchsorted(data.init_model.classes_, data.y.ravel()).astype(np.int64))
     opt = torch.optim.SGD(model.parameters(), lr=case.learning_rate, momentum=case.momentum,
                           nesterov=case.momentum > 0)
-    X, y = torch.from_numpy(data.X), torch.from_numpy(data.y)
     n, bs = len(data.X), case.batch_size
     setup = time.perf_counter() - begin
     times, losses = [], []

@@ -32,6 +32,7 @@ class MlflowSweepCallback(Callback):
         from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
         from . import tracking as tr
+        from .lineage import source_tags
 
         tracking = tr.setup(config)
         sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -47,7 +48,8 @@ class MlflowSweepCallback(Callback):
         name = f"sweep-{config.hydra.job.name}-{sweep_dir.name}"
 
         def create() -> str:
-            return tracking.client.create_run(tracking.experiment_id, run_name=name, tags=tags).info.run_id
+            return tracking.client.create_run(tracking.experiment_id, run_name=name,
+                                              tags={**source_tags(), **tags}).info.run_id
 
         self.study = _shared_study(config)
         if self.study is None:

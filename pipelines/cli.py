@@ -1,4 +1,8 @@
-"""What the Hydra entry points run once the config is composed (heavy imports happen here, not before)."""
+"""What the Hydra entry points run once the config is composed (heavy imports happen here, not before).
+
+Before any heavy import and before any MLflow run, :func:`check_inputs` validates the config and reads the data
+a run would load (a missing file, a wrong target column, unusable labels fail here, within a second or two).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,8 @@ from collections.abc import Iterator
 from typing import Callable
 
 from omegaconf import DictConfig
+
+from .errors import exit_if_expected
 
 
 
@@ -39,6 +45,7 @@ def run_stage(name: str, cfg: DictConfig) -> float | None:
     """``python -m pipelines.<name>``: one stage in its own run, inputs from ``source.run_id``/``source.path``."""
 
     def stage() -> float | None:
+        check_inputs(cfg, [name])
         from .runner import run_standalone
         from .stages import stage_function
 
@@ -51,6 +58,7 @@ def run_main(cfg: DictConfig) -> float | None:
     """``python -m pipelines.main``: the chain; prints where the runs are and returns the objective."""
 
     def chain() -> float | None:
+        check_inputs(cfg, [str(s) for s in cfg.stages])
         from .chain import report, run_chain
 
         result = run_chain(cfg)
@@ -60,8 +68,22 @@ def run_main(cfg: DictConfig) -> float | None:
     return _guarded(cfg, chain, "pipeline")
 
 
+def check_inputs(cfg: DictConfig, stages: list[str]) -> None:
+    """The checks that need no MLflow and no training: the config's combinations, and the table that ``convert``
+    would read (raises :class:`~pipelines.config.ConfigError` or :class:`~pipelines.errors.DataError`)."""
+    from .config import DataKind, data_loader, validate, validate_data
+
+    validate_data(cfg.data)
+    if "convert" in stages and data_loader(cfg.data) == DataKind.file.value:
+        from .tables import read_table
+
+        read_table(cfg.data)  # first: listing the registry's names in validate() takes seconds
+    validate(cfg)
+
+
 def _guarded(cfg: DictConfig, body: Callable[[], float | None], what: str) -> float | None:
-    """Run (``body`` validates first, through ``runner.prepare``); in a sweep, a failure becomes a FAILED run plus the worst objective instead of an exception.
+    """Run ``body``; in a sweep, a failure becomes a FAILED run plus the worst objective instead of an exception,
+    elsewhere an expected error ends the command with one line, a hint and status 2 (:mod:`pipelines.errors`).
 
     Raising would stop Hydra's basic sweeper after the batch (leaving the sweep run open) and NaN crashes the
     Optuna sweeper; an infinite value keeps the sweep going and steers Optuna away.
@@ -74,9 +96,12 @@ def _guarded(cfg: DictConfig, body: Callable[[], float | None], what: str) -> fl
         with terminate_as_interrupt():
             return body()
     except Exception as exc:
-        print(f"ortflow {what} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         if not in_sweep:
+            # one line, a hint, status 2 for an expected error (raised as SystemExit, which Hydra lets through
+            # without its own report); a bug keeps its traceback
+            exit_if_expected(exc, sys.argv[1:], debug=bool(cfg.get("debug", False)))
             raise
+        print(f"ortflow {what} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         from .callbacks import record_failed_job
 
         try:

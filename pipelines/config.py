@@ -3,13 +3,16 @@
 The root schema ``ortflow_config`` is stored in Hydra's ConfigStore and listed first in ``conf/config.yaml``'s
 defaults, so a value of the wrong type, an unknown key or a choice outside an enum fails at composition with an
 error naming the key (``full_key: trainer.max_iter``). The choices of losses, penalties and optimizers are the
-names of ortflow's registry (:mod:`ortflow.registry`), so a loss added to the core is a valid ``loss.name``. Rules
+names of ortflow's registry (:mod:`ortflow.registry`), so a loss added to the core is a valid ``loss.name``;
+:func:`validate` checks them (listing the registry takes seconds of imports, composing does not wait). Rules
 that involve several groups (a classifier with a regression loss, Nesterov with the full trainer, ...) are checked
 by :func:`validate` once, when a launch starts.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -21,6 +24,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 import ortflow
 from ortflow.registry import names, select
 from ortflow.schedules import SCHEDULES
+
+from .errors import UserError
 
 
 #: conf/ at the repository root, as an absolute path: @hydra.main resolves it the same way whether a stage runs
@@ -43,10 +48,14 @@ class Task(_Choice):
 
 
 class DataKind(_Choice):
+    """The data loaders (``data.loader``; by default the one named like ``data.name``)."""
+
     regression = "regression"
     classification = "classification"
     diabetes = "diabetes"
     breast_cancer = "breast_cancer"
+    iris = "iris"
+    digits = "digits"
     file = "file"
 
 
@@ -68,15 +77,34 @@ def _registry_choice(name: str, values: list[str]) -> type[_Choice]:
     return _Choice(name, {v: v for v in values})  # type: ignore[return-value]
 
 
-# the core's registry names: a loss, penalty or learning rate registered in ortflow is a valid choice here
-LossKind = _registry_choice("LossKind", names("loss"))
-PenaltyKind = _registry_choice("PenaltyKind", names("penalty"))
-OptimizerKind = _registry_choice("OptimizerKind", names("learning_rate"))
+# loss.name, penalty.name and trainer.optimizer hold names of the core's registry: a loss, penalty or learning
+# rate registered in ortflow is a valid choice. They are plain strings in the schema, checked by validate():
+# listing the registry imports scikit-learn and onnxruntime (seconds), which composing the config must not wait
+# for (a data problem is reported before that).
+REGISTRY_KEYS = {"loss.name": "loss", "penalty.name": "penalty", "trainer.optimizer": "learning_rate"}
 Schedule = _registry_choice("Schedule", list(SCHEDULES))
+
+
+class _Classes(Mapping):
+    """A mapping of names to classes of ``ortflow``, each imported on first look-up (the entry points compose and
+    check the config before the estimators and scikit-learn are imported)."""
+
+    def __init__(self, names: dict[str, str]):
+        self._names = names
+
+    def __getitem__(self, key: str) -> type:
+        return getattr(ortflow, self._names[key])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
 
 #: trainer=<name> -> the estimator class; ``torch`` trains the graph as a layer of a torch model
 #: (pipelines/stages/train_torch.py)
-TRAINERS = {"full": ortflow.OrtGradientOptimizer, "fwbw": ortflow.OrtGradientForwardBackwardOptimizer}
+TRAINERS = _Classes({"full": "OrtGradientOptimizer", "fwbw": "OrtGradientForwardBackwardOptimizer"})
 TrainerKind = _registry_choice("TrainerKind", [*TRAINERS, "torch"])
 
 
@@ -104,9 +132,12 @@ MODEL_TASK = {
 
 @dataclass
 class DataConfig:
-    """A data set and how it is split. ``name`` picks the loader; the other keys apply where they make sense."""
+    """A data set and how it is split. ``name`` is free text naming the data (the runs and, by default, the
+    registered model); ``loader`` picks how they are loaded (None: the loader named like ``name``, so
+    ``data=diabetes`` needs no loader). The other keys apply where they make sense."""
 
-    name: DataKind = MISSING
+    name: str = MISSING
+    loader: Optional[DataKind] = None
     task: Task = MISSING
     # make_regression / make_classification
     n_samples: int = 1000
@@ -118,6 +149,8 @@ class DataConfig:
     path: Optional[str] = None
     target: Optional[str] = None
     features: Optional[List[str]] = None
+    # non-numeric columns and rows with missing/non-finite values: an error (false), or dropped with a warning
+    drop_invalid: bool = False
     # the split and the preprocessing (statistics from the training part only)
     test_size: float = 0.2
     validation_fraction: float = 0.2
@@ -143,14 +176,14 @@ class ModelConfig:
 
 @dataclass
 class LossConfig:
-    name: LossKind = MISSING  # type: ignore[valid-type]
+    name: str = MISSING  # a name of ortflow's registry (family "loss")
     l1_weight: float = 0.5
     l2_weight: float = 0.5
 
 
 @dataclass
 class PenaltyConfig:
-    name: PenaltyKind = PenaltyKind.none  # type: ignore[valid-type]
+    name: str = "none"  # a name of ortflow's registry (family "penalty")
     l1: float = 0.0
     l2: float = 0.0
     # initializers the penalty applies to; None means the weight matrices (coef, coef_<i>), not the intercepts
@@ -161,7 +194,7 @@ class PenaltyConfig:
 class TrainerConfig:
     name: TrainerKind = MISSING  # type: ignore[valid-type]
     # a learning-rate name of ortflow's registry, built with the settings below that its class takes
-    optimizer: OptimizerKind = OptimizerKind.sgd  # type: ignore[valid-type, attr-defined]
+    optimizer: str = "sgd"  # a name of ortflow's registry (family "learning_rate")
     learning_rate: float = 0.01
     lr_schedule: Schedule = Schedule.constant  # type: ignore[valid-type, attr-defined]
     power_t: float = 0.25
@@ -181,7 +214,8 @@ class TrainerConfig:
     # continue a training from a checkpoint folder, or from a logged one: runs:/<train run id>/checkpoint, or
     # just <train run id> (a run killed while RUNNING is then marked KILLED, tagged ortflow.resumed_by)
     resume_from: Optional[str] = None
-    verbose: int = 0
+    # a progress bar over epochs: None (default) when stdout is a terminal, 0 never, 1 or more always
+    verbose: Optional[int] = None
 
 
 @dataclass
@@ -205,6 +239,8 @@ class MlflowConfig:
     retry_seconds: float = 60.0
     # a tracking server must answer its /health within this many seconds at start, or nothing runs
     connect_timeout: float = 5.0
+    # MLflow's system metrics (CPU, memory, disk, network; GPU with pynvml) on every stage run
+    system_metrics: bool = False
 
 
 @dataclass
@@ -239,19 +275,52 @@ class Config:
     seed: int = 42
     # The value a stage (and pipelines.main) returns to Hydra: what an Optuna sweep optimizes.
     optimized_metric: str = "validation_loss"
+    # true: an expected error (config, data, tracking store) shows its traceback instead of one line and a hint
+    debug: bool = False
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A combination of values that cannot work; the message names the keys."""
 
 
+#: what ``data.name`` may hold: it names runs and the registered model (MLflow refuses '/' and ':')
+DATA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+def file_stem(path: str) -> str:
+    """``data.name`` of a table by default: its file name without suffix, reduced to the characters of
+    :data:`DATA_NAME` (the ``ortflow.stem`` resolver of conf/data/file.yaml)."""
+    stem = "".join(c if c.isalnum() or c in "_.-" else "_" for c in Path(str(path)).stem).lstrip("._-")
+    return stem[:100] or "table"
+
+
+def data_loader(data: DictConfig) -> str:
+    """The loader of ``data``: ``data.loader``, else the one named like ``data.name``; a ConfigError otherwise."""
+    loader = _value(data.loader) if data.loader is not None else str(data.name)
+    if loader not in {k.value for k in DataKind}:
+        raise ConfigError(f"data.name={data.name!r} is not a built-in data set ({[k.value for k in DataKind]}) and "
+                          "data.loader is not set: for your own table use data=file data.path=<file> "
+                          "data.target=<column> (data.name=<name> names it)")
+    return loader
+
+
 def register_configs() -> None:
-    """Store the schema under the name ``conf/config.yaml`` lists first in its defaults."""
+    """Store the schema under the name ``conf/config.yaml`` lists first in its defaults; register the resolvers
+    the YAML files use."""
     ConfigStore.instance().store(name="ortflow_config", node=Config)
+    if not OmegaConf.has_resolver("ortflow.stem"):
+        OmegaConf.register_new_resolver("ortflow.stem", file_stem)
+    if not OmegaConf.has_resolver("ortflow.stages"):  # the --help text (conf/hydra/help/ortflow.yaml)
+        OmegaConf.register_new_resolver("ortflow.stages", lambda: " -> ".join(STAGES))
 
 
 def validate(cfg: DictConfig) -> None:
-    """Cross-group checks that a per-key type cannot express."""
+    """Cross-group checks that a per-key type cannot express, and the registry names (:data:`REGISTRY_KEYS`)."""
+    validate_data(cfg.data)
+    for key, kind in REGISTRY_KEYS.items():
+        value = OmegaConf.select(cfg, key)
+        if value not in names(kind):
+            raise ConfigError(f"{key}={value!r} is not one of {names(kind)} (the names of ortflow's registry)")
     data_task = Task(_value(cfg.data.task))
     model = ModelKind(_value(cfg.model.name))
     chosen_loss = loss(cfg)
@@ -272,8 +341,6 @@ def validate(cfg: DictConfig) -> None:
             learning_rate(cfg).step_options()
         except ValueError as exc:
             raise ConfigError(f"trainer.optimizer={_value(cfg.trainer.optimizer)} needs trainer=fwbw: {exc}") from exc
-    if _value(cfg.data.name) == DataKind.file.value and (not cfg.data.path or not cfg.data.target):
-        raise ConfigError("data=file needs data.path (a .csv or .parquet file) and data.target (the label column)")
     for key in ("data.test_size", "data.validation_fraction"):
         value = OmegaConf.select(cfg, key)
         if not 0.0 <= value < 1.0:
@@ -291,10 +358,20 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"data.n_samples={cfg.data.n_samples} must be >= 10 and data.n_features >= 1")
     if cfg.trainer.learning_rate <= 0:
         raise ConfigError(f"trainer.learning_rate={cfg.trainer.learning_rate} must be > 0")
-    if _value(cfg.penalty.name) == PenaltyKind.elastic.value and cfg.penalty.l1 <= 0 and cfg.penalty.l2 <= 0:
+    if str(cfg.penalty.name) == "elastic" and cfg.penalty.l1 <= 0 and cfg.penalty.l2 <= 0:
         raise ConfigError("penalty=elastic needs penalty.l1 > 0 or penalty.l2 > 0")
     for stage in cfg.stages:
         Stage(_value(stage))
+
+
+def validate_data(data: DictConfig) -> None:
+    """The checks of the ``data`` group alone: a loader, a path and a target for a table, a usable name."""
+    loader = data_loader(data)
+    if loader == DataKind.file.value and any(OmegaConf.is_missing(data, k) or not data[k] for k in ("path", "target")):
+        raise ConfigError("data=file needs data.path (a .csv or .parquet file) and data.target (the label column)")
+    if not DATA_NAME.match(str(data.name)):
+        raise ConfigError(f"data.name={data.name!r} names the runs and the registered model: use letters, "
+                          "digits, '_', '.' and '-' (at most 100, starting with a letter or digit)")
 
 
 def learning_rate(cfg: DictConfig) -> ortflow.BaseLearningRate:
@@ -310,6 +387,15 @@ def loss(cfg: DictConfig) -> ortflow.BaseLearningLoss:
     """``loss.name`` from the registry, with the ``loss`` settings its class takes."""
     return select("loss", _value(cfg.loss.name), "loss", l1_weight=float(cfg.loss.l1_weight),
                   l2_weight=float(cfg.loss.l2_weight))
+
+
+def trainer_verbose(cfg: DictConfig) -> int:
+    """``trainer.verbose``, or when it is None 1 (ortflow's progress bar over epochs) if stdout is a terminal and
+    0 otherwise: a bar for a person at a terminal, clean logs for jobs, CI and pipes."""
+    import sys
+
+    verbose = cfg.trainer.verbose
+    return int(verbose) if verbose is not None else int(sys.stdout.isatty())
 
 
 def penalty_weights(cfg: DictConfig, names_in_graph: list[str]) -> list[str]:

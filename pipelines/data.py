@@ -1,7 +1,8 @@
 """Data sets, the train/validation/test split and its standardization.
 
-Synthetic sets come from ``make_regression``/``make_classification`` (seeded), ``diabetes`` and ``breast_cancer``
-are bundled with scikit-learn (no download), ``file`` reads a CSV or Parquet table. The split is saved as one
+Synthetic sets come from ``make_regression``/``make_classification`` (seeded), ``diabetes``, ``breast_cancer``,
+``iris`` and ``digits`` are bundled with scikit-learn (no download), ``file`` reads a CSV or Parquet table (checked
+by :mod:`pipelines.tables`). ``data.loader`` (or ``data.name``) picks the loader. The split is saved as one
 ``split.npz`` so a stage run alone works on exactly the rows the earlier stages used.
 """
 
@@ -13,7 +14,8 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
-from .tracking import original_cwd
+from .config import data_loader
+from .labels import class_labels
 
 
 @dataclass
@@ -32,7 +34,7 @@ class Split:
     y_mean: float
     y_scale: float
     feature_names: np.ndarray
-    classes: np.ndarray  # original labels of classes 0 and 1 (classification), empty otherwise
+    classes: np.ndarray  # the sorted class labels, as the data has them (classification); empty otherwise
 
     @property
     def n_features(self) -> int:
@@ -68,7 +70,8 @@ class Split:
 
         digest = hashlib.sha256()
         for array in (self.X_test, self.y_test, self.x_mean, self.x_scale):
-            digest.update(np.ascontiguousarray(array, dtype=np.float32).tobytes())
+            numeric = np.asarray(array).dtype.kind in "iufb"
+            digest.update(np.ascontiguousarray(array, dtype=np.float32 if numeric else str).tobytes())
         digest.update(np.array([self.y_mean, self.y_scale], dtype=np.float64).tobytes())
         return digest.hexdigest()[:16]
 
@@ -81,11 +84,12 @@ class Split:
         }
 
 
-def load_dataset(data: DictConfig) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(X, y, feature names) of the configured data set; y holds 0/1 for classification."""
+def load_dataset(data: DictConfig, notes: dict | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(X, y, feature names) of the configured data set; y holds the labels as they are for classification.
+    ``notes`` receives what loading a table dropped (see :meth:`pipelines.tables.Table.report`)."""
     from sklearn import datasets
 
-    name = str(data.name)
+    name = data_loader(data)
     seed = int(data.seed)
     if name == "regression":
         X, y = datasets.make_regression(
@@ -104,60 +108,32 @@ def load_dataset(data: DictConfig) -> tuple[np.ndarray, np.ndarray, list[str]]:
     elif name == "diabetes":
         bunch = datasets.load_diabetes()
         X, y, names = bunch.data, bunch.target, list(bunch.feature_names)
-    elif name == "breast_cancer":
-        bunch = datasets.load_breast_cancer()
+    elif name in ("breast_cancer", "iris", "digits"):
+        bunch = getattr(datasets, f"load_{name}")()
         X, y, names = bunch.data, bunch.target, [str(n) for n in bunch.feature_names]
     elif name == "file":
-        X, y, names = _load_table(data)
-    else:  # pragma: no cover - the schema's enum rejects it first
-        raise ValueError(f"data.name={name!r} is unknown")
+        from .tables import read_table
+
+        table = read_table(data)
+        X, y, names = table.X, table.y, table.features
+        if notes is not None:
+            notes.update(table.report())
+    else:  # pragma: no cover - data_loader rejects it first
+        raise ValueError(f"data.loader={name!r} is unknown")
     return np.asarray(X, dtype=np.float64), np.asarray(y), names
 
 
-def _load_table(data: DictConfig) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    import pandas as pd
-
-    path = Path(str(data.path)).expanduser()
-    if not path.is_absolute():
-        path = original_cwd() / path
-    if not path.exists():
-        raise FileNotFoundError(f"data.path={data.path!r}: {path} does not exist")
-    suffix = path.suffix.lower()
-    if suffix in (".parquet", ".pq"):
-        frame = pd.read_parquet(path)
-    elif suffix in (".csv", ".txt"):
-        frame = pd.read_csv(path)
-    else:
-        raise ValueError(f"data.path={data.path!r}: use a .csv or .parquet file")
-    if data.target not in frame.columns:
-        raise KeyError(f"data.target={data.target!r} is not a column of {path.name}; columns: {list(frame.columns)}")
-    if data.features:
-        missing = [c for c in data.features if c not in frame.columns]
-        if missing:
-            raise KeyError(f"data.features names columns {missing} missing from {path.name}")
-        columns = list(data.features)
-    else:
-        columns = [c for c in frame.select_dtypes("number").columns if c != data.target]
-    if not columns:
-        raise ValueError(f"{path.name} has no numeric feature column besides the target {data.target!r}")
-    frame = frame.dropna(subset=columns + [data.target])
-    return frame[columns].to_numpy(dtype=np.float64), frame[data.target].to_numpy(), [str(c) for c in columns]
-
-
-def make_split(data: DictConfig) -> Split:
-    """Load, split (stratified for classification) and standardize with training statistics."""
+def make_split(data: DictConfig, notes: dict | None = None) -> Split:
+    """Load, split (stratified for classification) and standardize with training statistics (``notes``: see
+    :func:`load_dataset`)."""
     from sklearn.model_selection import train_test_split
 
-    X, y, names = load_dataset(data)
+    X, y, names = load_dataset(data, notes)
     task = str(data.task)
     seed = int(data.seed)
     classes = np.array([], dtype=np.float64)
-    if task == "classification":
-        classes, y = np.unique(y, return_inverse=True)
-        if len(classes) != 2:
-            raise ValueError(f"data={data.name}: {len(classes)} classes found; the pipelines train binary classifiers")
-        classes = classes.astype(np.float64) if classes.dtype.kind in "iufb" else np.arange(2, dtype=np.float64)
-        y = y.astype(np.float64)
+    if task == "classification":  # the labels as they are (never re-encoded): the trainers map them to classes
+        classes, y = class_labels(y, str(data.name))
     else:
         y = np.asarray(y, dtype=np.float64)
     stratify = y if task == "classification" else None
@@ -182,6 +158,8 @@ def make_split(data: DictConfig) -> Split:
         return ((a - x_mean) / x_scale).astype(np.float32)
 
     def fy(a: np.ndarray) -> np.ndarray:
+        if task == "classification":
+            return a
         return ((a - y_mean) / y_scale).astype(np.float32)
 
     return Split(

@@ -4,22 +4,43 @@ MLflow quotes each ``-P`` value as one shell word, so ``-P overrides="trainer=fw
 the command as a single argument; this splits such arguments back into Hydra overrides and runs the stage's
 Hydra app (which finds MLFLOW_RUN_ID and logs into mlflow run's run). The app checks the overrides first
 (:mod:`pipelines.overrides`): a caller of ``mlflow run`` picks values, never code (``_target_``, callbacks).
+
+``mlflow run .`` given no ``--experiment-name``/``--experiment-id`` creates its run in MLflow's Default experiment
+(id 0) before the project starts. The pipelines then log where ``python -m pipelines.main`` logs
+(``mlflow.experiment_name``, ``ortflow`` by default), in runs of their own linked to mlflow run's run by tags
+(:func:`pipelines.tracking.link_mlflow_run`); with an experiment named, they log into mlflow run's run.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import shlex
 import sys
 
 STAGES = ("main", "convert", "add_loss", "train", "evaluate", "export")
+#: MLflow's Default experiment, where ``mlflow run`` puts its run when it was given no experiment
+DEFAULT_EXPERIMENT_ID = "0"
+#: mlflow run's run, when the pipelines log into an experiment of their own (see the module's docstring)
+OUTER_RUN_ENV = "ORTFLOW_MLFLOW_RUN_ID"
+
+
+def own_experiment(environ: dict = os.environ) -> None:  # noqa: B006 - the process environment, on purpose
+    """Under ``mlflow run`` given no experiment: hide its Default experiment and run from the pipelines (they log
+    into ``mlflow.experiment_name``) and keep the run's id in :data:`OUTER_RUN_ENV`, to be linked."""
+    if (environ.get("MLFLOW_RUN_ID") and environ.get("MLFLOW_EXPERIMENT_ID") == DEFAULT_EXPERIMENT_ID
+            and not environ.get("MLFLOW_EXPERIMENT_NAME")):
+        environ[OUTER_RUN_ENV] = environ.pop("MLFLOW_RUN_ID")
+        environ.pop("MLFLOW_EXPERIMENT_ID")
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in STAGES:
-        raise SystemExit(f"usage: python -m pipelines.mlproject {{{','.join(STAGES)}}} [overrides ...]")
+        print(f"usage: python -m pipelines.mlproject {{{','.join(STAGES)}}} [overrides ...]", file=sys.stderr)
+        raise SystemExit(2)
     stage, rest = argv[0], [word for arg in argv[1:] for word in shlex.split(arg)]
+    own_experiment()
     module = importlib.import_module(f"pipelines.{stage}")
     sys.argv = [f"pipelines.{stage}", *rest]
     module.main()

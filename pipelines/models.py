@@ -34,7 +34,7 @@ def fit_estimator(estimator, X: np.ndarray, y: np.ndarray, task: str):
     """Fit quietly: a few iterations are enough to give ONNX training a starting point."""
     from sklearn.exceptions import ConvergenceWarning
 
-    target = y.astype(np.int64) if task == "classification" else y.astype(np.float64)
+    target = y if task == "classification" else y.astype(np.float64)  # class labels as the data has them
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         estimator.fit(X, target)
@@ -42,9 +42,9 @@ def fit_estimator(estimator, X: np.ndarray, y: np.ndarray, task: str):
 
 
 def sklearn_predict(estimator, X: np.ndarray, task: str) -> np.ndarray:
-    """Regression predictions, or the probability of class 1."""
+    """Regression predictions (n,), or the class probabilities (n, k), columns in ``estimator.classes_`` order."""
     if task == "classification":
-        return estimator.predict_proba(X)[:, 1]
+        return np.asarray(estimator.predict_proba(X), dtype=np.float64)
     return np.asarray(estimator.predict(X), dtype=np.float64).reshape(len(X), -1)[:, 0]
 
 

@@ -21,6 +21,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import errors
+from .errors import UserError
+
 #: the ``_target_`` values an override may name (the project's own)
 ALLOWED_TARGETS = frozenset({"pipelines.callbacks.MlflowSweepCallback"})
 #: flags that only print information or choose between a run and a multirun, with the values they take
@@ -33,7 +36,7 @@ _PLAIN_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 _GROUPS = frozenset(p.name for p in (Path(__file__).resolve().parent.parent / "conf").iterdir() if p.is_dir())
 
 
-class UnsafeOverrideError(ValueError):
+class UnsafeOverrideError(UserError, ValueError):
     """A command-line override or flag that could run code outside the project; the message names it."""
 
 
@@ -108,15 +111,23 @@ def _check_target(text: str, target: Any) -> None:
 
 
 def guarded(main: Callable[[], Any]) -> Callable[[], Any]:
-    """Wrap a ``@hydra.main`` entry point: ``sys.argv`` is checked by :func:`check_overrides` first."""
+    """Wrap a ``@hydra.main`` entry point: ``sys.argv`` is checked by :func:`check_overrides` first, and an
+    expected error (:func:`pipelines.errors.hint_for`) ends the command with one line, a hint and status 2."""
 
     @functools.wraps(main)
     def entry(*args: Any, **kwargs: Any) -> Any:
-        if not args and not kwargs:  # the command line; a direct call with a config skips nothing else
-            try:
-                check_overrides(sys.argv[1:])
-            except UnsafeOverrideError as exc:
-                raise SystemExit(f"ortflow: refused: {exc}") from None
-        return main(*args, **kwargs)
+        if args or kwargs:  # a direct call with a config: nothing else to do
+            return main(*args, **kwargs)
+        argv = sys.argv[1:]
+        if errors.wants_traceback(argv):
+            check_overrides(argv)
+            return main()
+        try:
+            with errors.hydra_raises():  # instead of printing its own multi-line report: reported here
+                check_overrides(argv)
+                return main()
+        except Exception as exc:
+            errors.exit_if_expected(exc)
+            raise
 
     return entry

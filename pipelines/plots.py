@@ -47,19 +47,55 @@ def predicted_vs_actual(y_true: np.ndarray, predictions: Mapping[str, np.ndarray
     return _save(fig, path)
 
 
-def roc_curves(y_true: np.ndarray, probabilities: Mapping[str, np.ndarray], path: str | Path) -> Path:
-    """ROC curve of each model's probability of class 1."""
+def roc_curves(y_true: np.ndarray, probabilities: Mapping[str, np.ndarray], classes: np.ndarray,
+               path: str | Path) -> Path:
+    """ROC curves: for two classes, each model's curve of ``classes[1]``; for more, one-vs-rest curves of every
+    class for the first model (the others' macro AUC in the legend). ``probabilities``: (n, k) per model."""
     from sklearn.metrics import roc_auc_score, roc_curve
 
     fig, ax = plt.subplots(figsize=(5, 5))
-    for label, proba in probabilities.items():
-        fpr, tpr, _ = roc_curve(y_true, proba)
-        ax.plot(fpr, tpr, label=f"{label} (AUC {roc_auc_score(y_true, proba):.3f})")
+    if len(classes) == 2:
+        for label, proba in probabilities.items():
+            positive = np.asarray(y_true) == classes[1]
+            fpr, tpr, _ = roc_curve(positive, proba[:, 1])
+            ax.plot(fpr, tpr, label=f"{label} (AUC {roc_auc_score(positive, proba[:, 1]):.3f})")
+        title = "ROC (test)"
+    else:
+        (first, proba), *others = probabilities.items()
+        for column, cls in enumerate(classes):
+            positive = np.asarray(y_true) == cls
+            fpr, tpr, _ = roc_curve(positive, proba[:, column])
+            ax.plot(fpr, tpr, linewidth=1, label=f"{cls} (AUC {roc_auc_score(positive, proba[:, column]):.3f})")
+        for label, other in others:
+            auc = roc_auc_score(y_true, other, multi_class="ovr", labels=classes)
+            ax.plot([], [], " ", label=f"{label}: macro AUC {auc:.3f}")
+        title = f"ROC one-vs-rest, {first} (test)"
     ax.plot([0, 1], [0, 1], color="gray", linestyle="--", linewidth=1)
     ax.set_xlabel("false positive rate")
     ax.set_ylabel("true positive rate")
-    ax.set_title("ROC (test)")
-    ax.legend(loc="lower right")
+    ax.set_title(title)
+    ax.legend(loc="lower right", fontsize="small")
+    return _save(fig, path)
+
+
+def confusion_matrix(y_true: np.ndarray, y_pred: np.ndarray, classes: np.ndarray, path: str | Path) -> Path:
+    """Counts of (true class, predicted class) on the test rows, the count written in each cell."""
+    from sklearn.metrics import confusion_matrix as counts_of
+
+    counts = counts_of(y_true, y_pred, labels=classes)
+    size = max(4.0, 0.5 * len(classes) + 2)
+    fig, ax = plt.subplots(figsize=(size, size))
+    ax.imshow(counts, cmap="Blues")
+    ticks = np.arange(len(classes))
+    ax.set_xticks(ticks, [str(c) for c in classes], rotation=90 if len(classes) > 6 else 0)
+    ax.set_yticks(ticks, [str(c) for c in classes])
+    threshold = counts.max() / 2 if counts.size else 0
+    for (row, column), value in np.ndenumerate(counts):
+        ax.text(column, row, str(value), ha="center", va="center", fontsize="small",
+                color="white" if value > threshold else "black")
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    ax.set_title("confusion matrix (test)")
     return _save(fig, path)
 
 

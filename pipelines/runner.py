@@ -2,7 +2,8 @@
 
 A stage is a function ``fn(ctx: StageContext) -> dict`` of summary metrics. :func:`execute_stage` wraps it: the
 run (created under a parent, or the one ``mlflow run`` passed), the resolved config as params and YAML, the
-stage's wall time, the manifest of outputs; and FAILED with the reason as a tag when it raises.
+stage's wall time, the data it read as dataset inputs (:mod:`pipelines.lineage`), the manifest of outputs; and
+FAILED with the reason as a tag when it raises.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from . import tracking as tr
 from .bundle import Bundle
 from .callbacks import JOB_RUN_FILE, SWEEP_RUN_ENV, SWEEP_RUN_FILE
 from .config import register_configs, task_of, validate
+from .data import Split
+from .lineage import STAGE_INPUTS, log_split_inputs
 
 
 @dataclass
@@ -63,7 +66,8 @@ def execute_stage(name: str, fn: StageFn, cfg: DictConfig, tracking: tr.Tracking
     work_dir.mkdir(parents=True, exist_ok=True)
     tags = {"ortflow.stage": name, "ortflow.task": task_of(cfg), "ortflow.trainer": str(cfg.trainer.name),
             **dict(cfg.mlflow.tags)}
-    with tr.stage_run(tracking, name, parent_run_id=parent_run_id, run_id=run_id, tags=tags) as rid:
+    with tr.stage_run(tracking, name, parent_run_id=parent_run_id, run_id=run_id, tags=tags,
+                      system_metrics=bool(cfg.mlflow.system_metrics)) as rid:
         if on_start is not None:
             on_start(rid)
         ctx = StageContext(name, cfg, tracking, rid, work_dir, bundle)
@@ -71,6 +75,8 @@ def execute_stage(name: str, fn: StageFn, cfg: DictConfig, tracking: tr.Tracking
         begin = time.perf_counter()
         fn(ctx)
         ctx.log_metrics({f"time_{name}_seconds": time.perf_counter() - begin})
+        if name in STAGE_INPUTS and "split" in bundle:  # the data the stage read, as MLflow dataset inputs
+            log_split_inputs(tracking, rid, Split.load(bundle.path("split", name)), cfg.data, name)
         tr.log_artifact(tracking, rid, bundle.write(work_dir))
     return {**ctx.metrics, "run_id": rid}
 

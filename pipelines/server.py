@@ -119,6 +119,9 @@ class MlflowServer:
     """``mlflow server`` on 127.0.0.1:``port`` over ``backend_store_uri``, serving artifacts from
     ``folder/artifacts``; stopped as a whole process group (it forks uvicorn workers)."""
 
+    #: what answers 200 once the server is ready
+    ready_path = "/health"
+
     def __init__(self, folder: str | Path, backend_store_uri: str, port: int | None = None, workers: int = 2):
         self.folder = Path(folder).resolve()
         self.backend_store_uri = backend_store_uri
@@ -128,22 +131,26 @@ class MlflowServer:
         self.log = self.folder / "mlflow-server.log"
         self.proc: subprocess.Popen | None = None
 
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend_store_uri,
+                "--serve-artifacts", "--artifacts-destination", str(self.folder / "artifacts"),
+                "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)]
+
+    def environment(self) -> dict[str, str]:
+        return {k: v for k, v in os.environ.items() if k not in _MLFLOW_ENV}
+
     def start(self, timeout: float = 120) -> None:
-        """Start the server and wait until ``/health`` answers."""
+        """Start the server and wait until :attr:`ready_path` answers."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if k not in _MLFLOW_ENV}
-        cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend_store_uri,
-               "--serve-artifacts", "--artifacts-destination", str(self.folder / "artifacts"),
-               "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)]
         with open(self.log, "a") as log:
-            self.proc = subprocess.Popen(cmd, cwd=self.folder, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(self.command(), cwd=self.folder, env=self.environment(), stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
                 raise ServerError(f"mlflow server exited ({self.proc.returncode}): {self.log.read_text()[-3000:]}")
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                with urllib.request.urlopen(f"{self.url}{self.ready_path}", timeout=2) as response:
                     if response.status == 200:
                         return
             except OSError:
@@ -165,6 +172,28 @@ class MlflowServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
         self.proc = None
+
+
+class ModelServer(MlflowServer):
+    """``mlflow models serve -m <model_uri> --env-manager local`` on 127.0.0.1:``port``, the model looked up in
+    ``tracking_uri`` (``models:/<name>@champion``); ready when ``/ping`` answers, stopped as a process group."""
+
+    ready_path = "/ping"
+
+    def __init__(self, folder: str | Path, model_uri: str, tracking_uri: str, port: int | None = None):
+        super().__init__(folder, tracking_uri, port, workers=1)
+        self.model_uri = model_uri
+        self.log = self.folder / "model-server.log"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "mlflow", "models", "serve", "-m", self.model_uri, "--env-manager", "local",
+                "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)]
+
+    def environment(self) -> dict[str, str]:
+        env = super().environment()
+        # it execs `uvicorn` by name: this interpreter's environment (an activated venv) comes first
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+        return {**env, "MLFLOW_TRACKING_URI": self.backend_store_uri}
 
 
 class TeamServer:

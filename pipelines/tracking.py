@@ -36,6 +36,10 @@ from ortflow.callbacks import Callback
 from ortflow.graph import safe_join
 
 from .config import to_container
+from .errors import TrackingUnavailableError
+from .lineage import source_tags
+from .mlproject import OUTER_RUN_ENV
+from .paths import original_cwd
 
 _log = logging.getLogger("pipelines.tracking")
 FAILURE_TAG = "ortflow.failure_reason"
@@ -50,10 +54,6 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, MlflowException) and "already exists" in text:
         return False
     return any(marker in text for marker in _TRANSIENT)
-
-
-class TrackingUnavailableError(RuntimeError):
-    """The tracking store cannot be reached; the message names its URI and where local outputs were kept."""
 
 
 def call(fn: Callable, *args: Any, retries: int = 8, retry_seconds: float = 60.0, **kwargs: Any) -> Any:
@@ -118,17 +118,6 @@ class Tracking:
             path = f"#/experiments/{self.experiment_id}" + (f"/runs/{run_id}" if run_id else "")
             return f"open {self.uri.rstrip('/')}/{path}"
         return f"mlflow ui --backend-store-uri {self.uri} --port 5000   # then open http://127.0.0.1:5000"
-
-
-def original_cwd() -> Path:
-    """The directory the command was started from (Hydra may have changed the cwd when chdir is on)."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if HydraConfig.initialized():
-        from hydra.utils import get_original_cwd
-
-        return Path(get_original_cwd())
-    return Path.cwd()
 
 
 def resolve_root(cfg: DictConfig) -> Path:
@@ -358,15 +347,30 @@ def heartbeat(tracking: Tracking, run_id: str, every: float = HEARTBEAT_SECONDS)
 
 def _open_run(tracking: Tracking, run_name: str, run_id: str | None, parent_run_id: str | None,
               tags: Mapping[str, str] | None) -> str:
-    """A new run (nested under ``parent_run_id``), or the existing ``run_id`` with ``tags`` added; both tagged
-    with this process (:func:`process_tags`)."""
+    """A new run (nested under ``parent_run_id``, with the source tags ``mlflow run`` would set:
+    :func:`pipelines.lineage.source_tags`), or the existing ``run_id`` with ``tags`` added; both tagged with this
+    process (:func:`process_tags`)."""
     if run_id is not None:
         set_tags(tracking, run_id, {**(tags or {}), **process_tags()})
         return run_id
-    all_tags = {**(tags or {}), **process_tags()}
+    all_tags = {**source_tags(), **(tags or {}), **process_tags()}
     if parent_run_id:
         all_tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
-    return tracking.client.create_run(tracking.experiment_id, run_name=run_name, tags=all_tags).info.run_id
+    run_id = tracking.client.create_run(tracking.experiment_id, run_name=run_name, tags=all_tags).info.run_id
+    if not parent_run_id:
+        link_mlflow_run(tracking, run_id)
+    return run_id
+
+
+def link_mlflow_run(tracking: Tracking, run_id: str) -> None:
+    """Under ``mlflow run`` given no experiment (see :mod:`pipelines.mlproject`), tag mlflow run's run
+    (``ortflow.pipeline_run``, ``ortflow.pipeline_experiment``) and the top-level run ``run_id`` of the pipelines
+    (``ortflow.mlflow_run``) with each other."""
+    outer = os.environ.get(OUTER_RUN_ENV)
+    if outer:
+        set_tags(tracking, outer, {"ortflow.pipeline_run": run_id, "ortflow.pipeline_experiment":
+                                   f"{tracking.experiment_name} (id {tracking.experiment_id})"})
+        set_tags(tracking, run_id, {"ortflow.mlflow_run": outer})
 
 
 def _mark_failed(tracking: Tracking, run_id: str, exc: BaseException, fluent: bool) -> None:
@@ -402,14 +406,16 @@ def parent_run(tracking: Tracking, run_name: str, run_id: str | None = None, par
 
 @contextlib.contextmanager
 def stage_run(tracking: Tracking, run_name: str, parent_run_id: str | None = None, run_id: str | None = None,
-              tags: Mapping[str, str] | None = None) -> Iterator[str]:
-    """The fluent active run of one stage (``mlflow.onnx.log_model`` needs one).
+              tags: Mapping[str, str] | None = None, system_metrics: bool = False) -> Iterator[str]:
+    """The fluent active run of one stage (``mlflow.onnx.log_model`` needs one); with ``system_metrics``, MLflow
+    samples CPU, memory, disk and network into it while it is active (``mlflow.system_metrics``, needs psutil).
 
     A new run is created under ``parent_run_id`` unless ``run_id`` names an existing one (``mlflow run``'s run).
     On an exception the run gets the reason as the tag ``ortflow.failure_reason`` and ends FAILED.
     """
     run_id = _open_run(tracking, run_name, run_id, parent_run_id, tags)
-    tracking.call(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None)
+    tracking.call(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None,
+                  log_system_metrics=True if system_metrics else None)  # None: MLflow's own setting
     try:
         with heartbeat(tracking, run_id):
             yield run_id

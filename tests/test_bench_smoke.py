@@ -19,7 +19,8 @@ def test_bench_quick_tiny_writes_results(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [
         sys.executable, "-m", "bench.run", "--quick", "--tiny", "--no-docs", "--no-pipeline", "--no-mlflow",
-        "--out", str(out), "--cases", "A,C,D-200,D-400", "--engines", "raw,ortflow-full,ortflow-fwbw,sklearn,ortflow-torch",
+        "--out", str(out), "--cases", "A,C,D-200,D-400,E",
+        "--engines", "raw,ortflow-full,ortflow-fwbw,sklearn,ortflow-torch",
         "--memory-engines", "ortflow-full", "--threads", "1", "--repeats", "2",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -33,7 +34,7 @@ def test_bench_quick_tiny_writes_results(tmp_path):
     assert {"cpu", "logical_cores", "thread_settings"} <= set(machine)
 
     cases = {c["case"]["key"]: c for c in results["cases"]}
-    assert {"A", "C", "D-200", "D-400"} == set(cases)
+    assert {"A", "C", "D-200", "D-400", "E"} == set(cases)
     a = cases["A"]
     assert {"ortflow-full", "sklearn", "ortflow-torch"} <= set(a["engines"])  # torch is in the test extras
     assert ("raw" in a["engines"]) == (ortflow.backend() == "training")  # the training API's loop
@@ -48,6 +49,10 @@ def test_bench_quick_tiny_writes_results(tmp_path):
     assert a["loss_check"]["valid"] is True  # same start, same data order: the same losses
     # C compares momentum engines only: the raw loop and full training are skipped with a reason.
     assert "raw" not in cases["C"]["engines"] and "momentum" in cases["C"]["skipped"].get("raw", "momentum")
+
+    # E: ten classes; the raw loop (one-hot rows), both trainers and scikit-learn end at the same loss
+    assert set(cases["E"]["engines"]) == {"raw", "ortflow-full", "ortflow-fwbw", "sklearn"}
+    assert cases["E"]["loss_check"]["valid"] is True and cases["E"]["case"]["n_features"] == 64
 
     mem = cases["D-400"]["memory"]["ortflow-full"]
     assert mem["peak_rss_mb"] >= mem["base_rss_mb"] > 0 and mem["data_mb"] > 0

@@ -21,7 +21,7 @@ def _run(cmd, cwd, env, timeout=300):
 def test_cli_wrong_type_fails_naming_the_key(tmp_path, pipeline_subprocess_env):
     proc, out = _run([sys.executable, "-m", "pipelines.main", "trainer.max_iter=abc"], tmp_path,
                      pipeline_subprocess_env)
-    assert proc.returncode != 0
+    assert proc.returncode == 2
     assert "trainer.max_iter" in out and "could not be converted to Integer" in out
     assert not (tmp_path / "mlflow.db").exists()  # nothing ran
 
@@ -29,7 +29,7 @@ def test_cli_wrong_type_fails_naming_the_key(tmp_path, pipeline_subprocess_env):
 def test_cli_incompatible_choice_fails_before_any_run(tmp_path, pipeline_subprocess_env):
     proc, out = _run([sys.executable, "-m", "pipelines.train", "model=logistic"], tmp_path,
                      pipeline_subprocess_env)
-    assert proc.returncode != 0 and "ConfigError" in out and "model=logistic" in out
+    assert proc.returncode == 2 and "ConfigError" in out and "model=logistic" in out
 
 
 @pytest.mark.slow
@@ -103,22 +103,37 @@ def test_optuna_sweep_minimizes_the_returned_validation_loss(tmp_path, pipeline_
 
 @pytest.mark.slow
 def test_mlflow_run_local_env_manager(tmp_path, pipeline_subprocess_env):
+    """``mlflow run .`` lands where ``python -m pipelines.main`` does (experiment ``ortflow``), not in MLflow's
+    Default experiment; given an experiment, the stage logs into mlflow run's own run there."""
     env = dict(pipeline_subprocess_env, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
     overrides = f"experiment=smoke trainer=fwbw hydra.run.dir={tmp_path / 'outputs'}"
-    cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "--env-manager", "local", "--experiment-name",
-           "mlproject", "-P", f"overrides={overrides}"]
+    cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "--env-manager", "local", "-P", f"overrides={overrides}"]
     proc, out = _run(cmd, tmp_path, env)
     assert proc.returncode == 0, out[-4000:]
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
-    runs = client.search_runs([client.get_experiment_by_name("mlproject").experiment_id])
+    runs = client.search_runs([client.get_experiment_by_name("ortflow").experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert len(parents) == 1
     parent = parents[0]
     assert parent.info.status == "FINISHED"
-    assert parent.data.params["overrides"].strip("'") == overrides  # mlflow run's own run is the parent
     assert parent.data.params["trainer.name"] == "fwbw"
     stages = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted(r.data.tags["ortflow.stage"] for r in stages) == sorted(
         ["convert", "add_loss", "train", "evaluate", "export"])
     assert "test_mse" in parent.data.metrics
     assert f"ortflow pipeline finished: run {parent.info.run_id}" in out
+    # mlflow run's own run stays in Default (MLflow creates it before the project starts), linked both ways
+    outer = client.get_run(parent.data.tags["ortflow.mlflow_run"])
+    assert outer.info.experiment_id == "0" and outer.info.status == "FINISHED"
+    assert outer.data.params["overrides"].strip("'") == overrides
+    assert outer.data.tags["ortflow.pipeline_run"] == parent.info.run_id
+    assert [r.info.run_id for r in client.search_runs(["0"])] == [outer.info.run_id]
+    assert not (tmp_path / "mlruns").exists() and not (REPO / "mlruns" / "0").exists()
+
+    cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "-e", "convert", "--env-manager", "local",
+           "--experiment-name", "mlproject", "-P", f"overrides=experiment=smoke hydra.run.dir={tmp_path / 'c'}"]
+    proc, out = _run(cmd, tmp_path, env)
+    assert proc.returncode == 0, out[-4000:]
+    (convert,) = client.search_runs([client.get_experiment_by_name("mlproject").experiment_id])
+    assert convert.data.tags["ortflow.stage"] == "convert" and convert.info.status == "FINISHED"
+    assert convert.data.params["overrides"].strip("'").startswith("experiment=smoke")  # mlflow run's own run

@@ -70,7 +70,6 @@ def test_optuna_search_config_composes(compose_pipeline):
     ("trainer.max_iter=abc", "trainer.max_iter"),
     ("trainer.learning_rate=fast", "trainer.learning_rate"),
     ("data.n_samples=1.5", "data.n_samples"),
-    ("trainer.optimizer=rmsprop", "trainer.optimizer"),
     ("model.activation=gelu", "model.activation"),
     ("promotion.direction=up", "promotion.direction"),
     ("trainer.early_stopping=maybe", "trainer.early_stopping"),
@@ -96,6 +95,9 @@ def test_unknown_key_and_unknown_choice_fail(compose_pipeline):
     (["data=breast_cancer", "model=mlp_classifier"], ["loss=square", "loss=log"]),
     (["trainer.optimizer=nesterov"], ["trainer.optimizer=nesterov", "trainer=fwbw"]),
     (["data.test_size=1.5"], ["data.test_size"]),
+    # registry names are checked here, not at composition (listing the registry imports scikit-learn)
+    (["trainer.optimizer=rmsprop"], ["trainer.optimizer='rmsprop'", "'nesterov'"]),
+    (["loss=square", "loss.name=hinge"], ["loss.name='hinge'", "'absolute'"]),
     (["data=file"], ["data.path", "data.target"]),
 ])
 def test_incompatible_groups_fail_with_the_keys(compose_pipeline, overrides, words):

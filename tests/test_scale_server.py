@@ -9,6 +9,7 @@ import sys
 import mlflow
 import numpy as np
 import optuna
+import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
@@ -63,8 +64,8 @@ def test_chains_at_once_on_the_postgres_server(postgres_server, clean_mlflow_env
     # the artifacts went through the server's proxy into its artifacts folder; the champion loads and predicts
     mlflow.set_tracking_uri(postgres_server.url)
     model = mlflow.pyfunc.load_model("models:/scale-pg-smoke@champion")
-    X = np.random.default_rng(0).normal(size=(3, 5)).astype(np.float32)
-    assert len(next(iter(model.predict(X).values()))) == 3
+    X = pd.DataFrame(np.random.default_rng(0).normal(size=(3, 5)), columns=[f"x{i}" for i in range(5)])
+    assert model.predict(X)["prediction"].shape == (3,)
     assert any((postgres_server.mlflow.folder / "artifacts").rglob("*.onnx"))
 
 

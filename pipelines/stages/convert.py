@@ -9,6 +9,7 @@ Outputs: ``split.npz`` (standardized train/validation/test arrays and the statis
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -38,8 +39,14 @@ def prediction_graph(cfg: DictConfig, estimator, split: Split) -> onnx.ModelProt
 def convert(ctx: StageContext) -> dict:
     cfg = ctx.cfg
     begin = time.perf_counter()
-    split = make_split(cfg.data)
-    ctx.log_metrics({"time_load_data_seconds": time.perf_counter() - begin, **split.summary()})
+    dropped: dict = {}  # what loading a table dropped (data.drop_invalid=true), logged with the feature list
+    split = make_split(cfg.data, dropped)
+    ctx.log_metrics({"time_load_data_seconds": time.perf_counter() - begin, **split.summary(),
+                     **{k: v for k, v in dropped.items() if k.startswith("n_")}})
+    features = [str(f) for f in split.feature_names]
+    (ctx.work_dir / "features.json").write_text(json.dumps({"features": features, **dropped}, indent=1))
+    ctx.log_file(ctx.work_dir / "features.json", "data")
+    ctx.set_tags({"ortflow.features": ",".join(features), "ortflow.dropped_columns": dropped.get("dropped_columns")})
     if cfg.mlflow.log_split:
         ctx.log_file(split.save(ctx.work_dir / "split.npz"), "data", entry="split")
     else:  # later stages in this process still find it; a stage run alone needs source.path

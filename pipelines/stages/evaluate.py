@@ -3,7 +3,9 @@
 The trained graph gets the standardization folded in front (and the target's scale behind), giving
 ``deploy_model.onnx``, which takes raw features: metrics are computed on the original units, next to the
 scikit-learn model's metrics on the same rows (``sklearn_test_*``). Regression: MSE, MAE, R²;
-classification: accuracy, log loss, ROC AUC. Plots: predicted vs actual, or ROC curves.
+classification (any number of classes): accuracy, macro F1, log loss, ROC AUC (one-vs-rest macro for more than two
+classes) and, for the ONNX model, precision/recall/F1 of every class. Plots: predicted vs actual, or ROC curves
+(one-vs-rest per class for more than two classes) and the confusion matrix.
 
     python -m pipelines.evaluate source.run_id=<train run>
 """
@@ -31,12 +33,11 @@ def deploy_graph(split: Split, trained: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def onnx_predict(session: onnxruntime.InferenceSession, X: np.ndarray, task: str) -> np.ndarray:
-    """Regression predictions (first column) or the probability of class 1."""
+    """Regression predictions (n,) from the first output, or the class probabilities (n, k)."""
     feeds = {session.get_inputs()[0].name: X.astype(np.float32)}
     names = [o.name for o in session.get_outputs()]
     if task == "classification":
-        proba = session.run(["output_probability"], feeds)[0]
-        return np.asarray(proba)[:, 1]
+        return np.asarray(session.run(["output_probability"], feeds)[0])
     out = np.asarray(session.run([names[0]], feeds)[0])
     return out.reshape(len(X), -1)[:, 0]
 
@@ -47,7 +48,8 @@ class NonFinitePredictionError(ValueError):
 
 def check_finite_predictions(predictions: np.ndarray, split: Split) -> None:
     """Raise :class:`NonFinitePredictionError` naming the rows (and features whose float32 statistics overflow)."""
-    bad = np.flatnonzero(~np.isfinite(predictions))
+    predictions = np.asarray(predictions).reshape(len(predictions), -1)
+    bad = np.flatnonzero(~np.isfinite(predictions).all(axis=1))
     if not len(bad):
         return
     stats = ~(np.isfinite(split.x_mean) & np.isfinite(split.x_scale))
@@ -56,7 +58,7 @@ def check_finite_predictions(predictions: np.ndarray, split: Split) -> None:
              "±3.4e38, in the data)" if names else "")
     raise NonFinitePredictionError(
         f"the deployable model predicts non-finite values on {len(bad)} of {len(predictions)} test rows (first at "
-        f"row {bad[0]}: {predictions[bad[0]]}){cause}: it is not registered")
+        f"row {bad[0]}: {predictions[bad[0]].tolist()}){cause}: it is not registered")
 
 
 def sklearn_reference(ctx: StageContext, split: Split) -> np.ndarray | None:
@@ -72,7 +74,8 @@ def sklearn_reference(ctx: StageContext, split: Split) -> np.ndarray | None:
     except (ValueError, OSError, KeyError) as exc:
         raise ValueError(f"sklearn_reference ({ctx.bundle.origin}): {path.name} is not an .npz of plain arrays "
                          f"(never unpickled): {exc}") from exc
-    if fingerprint != split.fingerprint() or predictions.shape != (len(split.y_test),):
+    expected = (len(split.y_test), len(split.classes)) if split.task == "classification" else (len(split.y_test),)
+    if fingerprint != split.fingerprint() or predictions.shape != expected:
         ctx.set_tags({"ortflow.sklearn_baseline": "missing (the reference predictions are for other test rows)"})
         return None
     return predictions
@@ -104,12 +107,17 @@ def evaluate(ctx: StageContext) -> dict:
             ctx.log_file(plots.predicted_vs_actual(y_true, finite, ctx.work_dir / "plots" / "predicted_vs_actual.png"),
                          "plots")
     else:
-        y_true = split.y_test.astype(np.int64)
+        y_true, classes = split.y_test, split.classes
         for label, proba in predictions.items():
-            metrics.update(classification_metrics(y_true, proba, "test_" if label == "onnx" else "sklearn_test_"))
+            onnx_model = label == "onnx"
+            metrics.update(classification_metrics(y_true, proba, classes, "test_" if onnx_model else "sklearn_test_",
+                                                  per_class=onnx_model))
+        folder = ctx.work_dir / "plots"
+        y_pred = classes[np.argmax(predictions["onnx"], axis=1)]
+        ctx.log_file(plots.confusion_matrix(y_true, y_pred, classes, folder / "confusion_matrix.png"), "plots")
         finite = {k: v for k, v in predictions.items() if np.isfinite(v).all()}
-        if finite and len(np.unique(y_true)) == 2:
-            ctx.log_file(plots.roc_curves(y_true, finite, ctx.work_dir / "plots" / "roc.png"), "plots")
+        if finite and set(np.unique(y_true)) == set(classes):  # every class in the test rows: a curve each
+            ctx.log_file(plots.roc_curves(y_true, finite, classes, folder / "roc.png"), "plots")
     ctx.log_metrics(metrics)
     (ctx.work_dir / "evaluation.json").write_text(json.dumps({"task": split.task, "metrics": metrics}, indent=1))
     ctx.log_file(ctx.work_dir / "evaluation.json", None, entry="evaluation")

@@ -1,9 +1,14 @@
-"""Stage ``export``: log the deployable ONNX model with MLflow, register a version, promote it with an alias.
+"""Stage ``export``: log the deployable model with MLflow, register a version, promote it with an alias.
 
-The logged model is ``deploy_model.onnx`` (raw features in, predictions in the target's units out) with a
-signature, an input example and pip requirements naming the onnxruntime *training* package (MLflow's default
-names plain ``onnxruntime``, which must never be installed beside it). The version takes ``promotion.alias``
-only when its ``promotion.metric`` beats the current holder's; see :mod:`pipelines.promotion`.
+The logged model is an MLflow pyfunc model (:mod:`pipelines.serving_model`, logged as code: nothing pickled)
+that runs ``deploy_model.onnx`` (raw features in, predictions in the target's units or class labels out) with
+onnxruntime. Its signature is column-based, with the data's feature names as float64 columns, so
+``mlflow.pyfunc.load_model(...).predict(frame)`` and ``mlflow models serve`` match columns by name and cast
+numbers; outputs are ``prediction`` (regression), or ``label`` and ``probabilities`` (classification). The input
+example is five test rows; the pip requirements name the onnxruntime *training* package (MLflow's default for
+ONNX names plain ``onnxruntime``, which must never be installed beside it). Before logging, the graph is run on
+the whole test split: non-finite predictions fail the run and nothing is registered. The version takes
+``promotion.alias`` only when its ``promotion.metric`` beats the current holder's; see :mod:`pipelines.promotion`.
 
     python -m pipelines.export source.run_id=<evaluate run> promotion.metric=test_r2
 """
@@ -11,15 +16,18 @@ only when its ``promotion.metric`` beats the current holder's; see :mod:`pipelin
 from __future__ import annotations
 
 import importlib.metadata
+import warnings
+from pathlib import Path
 
 import mlflow
 import numpy as np
 import onnx
 import onnxruntime
-from mlflow.models import infer_signature
+import pandas as pd
 
 from .. import promotion
 from ..data import Split
+from ..lineage import logged_model_name
 from ..runner import StageContext, in_multirun
 from .evaluate import check_finite_predictions, onnx_predict
 
@@ -35,8 +43,38 @@ def pip_requirements() -> list[str]:
             continue
     else:  # pragma: no cover - an onnxruntime installed without package metadata
         requirements.append("onnxruntime-training-cpu==1.19.2")
-    requirements += [f"onnx=={onnx.__version__}", f"numpy>={np.__version__.split('.')[0]}"]
+    requirements += [f"onnx=={onnx.__version__}", f"numpy>={np.__version__.split('.')[0]}",
+                     f"pandas>={pd.__version__.split('.')[0]}"]
     return requirements
+
+
+def model_config(split: Split) -> dict:
+    """What :class:`pipelines.serving_model.DeployedOnnxModel` reads at load time (plain JSON values)."""
+    config = {"features": [str(f) for f in split.feature_names], "task": split.task}
+    if split.task == "classification":
+        config["classes"] = split.classes.tolist()
+    return config
+
+
+def input_example(split: Split, rows: int = 5) -> pd.DataFrame:
+    """Raw test rows as a float64 frame named by the features: what the signature is inferred from."""
+    return pd.DataFrame(split.raw_X(split.X_test[:rows]).astype(np.float64),
+                        columns=[str(f) for f in split.feature_names])
+
+
+def log_deploy_model(ctx: StageContext, split: Split, graph_path: Path):
+    """Log the pyfunc model around the deploy graph; MLflow infers the signature by running it on the example
+    (column-based inputs from the named float64 frame; outputs from the model's answer), so the example
+    round-trips before anything is registered."""
+    from .. import serving_model
+
+    with warnings.catch_warnings():  # the signature is given by the example (see serving_model.predict)
+        warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
+        return ctx.tracking.call(
+            mlflow.pyfunc.log_model, name=logged_model_name(ctx.cfg), python_model=Path(serving_model.__file__),
+            artifacts={serving_model.GRAPH: str(graph_path)}, model_config=model_config(split),
+            input_example=input_example(split), pip_requirements=pip_requirements(),
+        )
 
 
 def export(ctx: StageContext) -> dict:
@@ -55,14 +93,9 @@ def export(ctx: StageContext) -> dict:
     session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     # the graph about to be registered, run on the whole test split: a NaN model never reaches the registry
     check_finite_predictions(onnx_predict(session, split.raw_X(split.X_test), split.task), split)
-    example = split.raw_X(split.X_test[:5])
-    outputs = dict(zip([o.name for o in session.get_outputs()],
-                       session.run(None, {session.get_inputs()[0].name: example})))
-    signature = infer_signature(example, outputs)
-    info = ctx.tracking.call(
-        mlflow.onnx.log_model, model, name="model", signature=signature, input_example=example,
-        pip_requirements=pip_requirements(), onnx_execution_providers=["CPUExecutionProvider"],
-    )
+    graph_path = ctx.work_dir / "deploy_model.onnx"  # the graph checked above, self-contained
+    onnx.save(model, graph_path)
+    info = log_deploy_model(ctx, split, graph_path)
     ctx.set_tags({"ortflow.model_uri": info.model_uri, "ortflow.promotion.metric": metric})
 
     candidate = promotion.Candidate(

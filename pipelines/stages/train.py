@@ -24,7 +24,7 @@ import ortflow
 from .. import plots
 from .. import tracking as tr
 from ..checkpoints import MarkResumed, MlflowCheckpoint, resume_point
-from ..config import TRAINERS, learning_rate, loss
+from ..config import TRAINERS, learning_rate, loss, trainer_verbose
 from ..data import Split
 from ..runner import StageContext
 from ..tracking import MlflowMetricsCallback
@@ -41,7 +41,7 @@ def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
         return build_torch(cfg, graph, callbacks)
     params = dict(
         weights_to_train=list(t.weights_to_train) if t.weights_to_train else None, learning_rate=learning_rate(cfg),
-        max_iter=int(t.max_iter), batch_size=int(t.batch_size), device=str(t.device), verbose=int(t.verbose),
+        max_iter=int(t.max_iter), batch_size=int(t.batch_size), device=str(t.device), verbose=trainer_verbose(cfg),
         early_stopping=bool(t.early_stopping), n_iter_no_change=int(t.n_iter_no_change), tol=float(t.tol),
         shuffle=bool(t.shuffle), random_state=int(t.seed), callbacks=callbacks, exc=True,
     )
@@ -88,7 +88,6 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
                                            title="loss (diverged)"), "plots")
         raise
     fit_seconds = time.perf_counter() - begin
-    ctx.tracking.client.log_param(ctx.run_id, "trainer.n_threads_", estimator.n_threads_)  # the threads fit chose
     in_loop_seconds = logger.loop_seconds
 
     # Everything is saved locally first, so a tracking store lost now loses nothing; then logged while the
@@ -99,6 +98,8 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
     curves = plots.loss_curves(history, ctx.work_dir / "plots" / "loss_curves.png",
                                title=f"{cfg.model.name} / trainer={cfg.trainer.name}")
     with _kept_locally_if_store_lost(ctx, logger):
+        if hasattr(estimator, "n_threads_"):  # the threads fit chose (n_threads=None: by the work)
+            ctx.tracking.client.log_param(ctx.run_id, "trainer.n_threads_", estimator.n_threads_)
         for name, path in sorted(paths.items()):
             ctx.log_file(path, "graphs", entry="trained_model" if name == "trained_model" else None)
         ctx.log_file(ctx.work_dir / "history.json", "history")

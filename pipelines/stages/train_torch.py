@@ -5,7 +5,9 @@ optimizer (``sgd``, ``nesterov``, ``adam``, ``adamw``) and LR scheduler (``const
 :class:`TorchTrainer` has the surface the train stage uses from ortflow's trainers: ``fit``, ``history_`` (one
 record per epoch: ``epoch``, ``train_loss``, ``validation_loss``, ``learning_rate``, ``time``), ortflow callbacks,
 ``get_state``/``set_state`` (early stopping), ``save_onnx_graph``. Classifiers train on their ``raw_score``
-output with the binary log loss; the trained weights then go back into the whole classifier graph.
+output with the log loss (binary: sigmoid; k classes: softmax cross-entropy), their labels mapped through the
+classes the graph carries as the other trainers do; the trained weights then go back into the whole classifier
+graph.
 """
 
 from __future__ import annotations
@@ -81,13 +83,21 @@ class TorchTrainer:
             return F.l1_loss(score, y)
         if self.loss == "elastic":
             return self.l1_weight * F.l1_loss(score, y) + self.l2_weight * F.mse_loss(score, y)
+        if score.shape[-1] > 1:  # k raw scores, one-hot targets
+            return F.cross_entropy(score, y)
         return F.binary_cross_entropy_with_logits(score, y)
 
     def _target(self, y: np.ndarray, n_outputs: int):
         import torch
 
+        from ortflow.convert import graph_classes
+        from ortflow.validation import encode_labels
+
         y = np.asarray(y)
-        if self.loss == "log":
+        classes = graph_classes(self.graph) if self.loss == "log" else None
+        if classes is not None:  # labels as the data has them -> indicator (binary) or one-hot rows
+            y = encode_labels(y, classes, n_outputs)
+        elif self.loss == "log":
             labels = set(np.unique(y).tolist())
             if not labels <= {0, 1}:
                 raise ValueError(f"loss=log with trainer=torch needs labels 0/1, got {sorted(labels)[:5]}")

@@ -1,0 +1,113 @@
+"""Errors a user makes, and how an entry point reports them: one line, a hint, exit status 2.
+
+An expected error (a config that cannot work, data that cannot be used, a tracking store that does not answer, a
+refused override, an input run that lacks what a stage needs) is the user's to fix, not a bug: the command prints
+``ortflow: error: <Type>: <message>`` and a ``hint:`` line on stderr and exits with status 2, without a traceback.
+``HYDRA_FULL_ERROR=1`` in the environment or ``debug=true`` on the command line shows the traceback instead.
+Any other exception is a bug and keeps its traceback (status 1).
+
+This module imports nothing heavy: it is loaded before the config is composed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import TextIO
+
+#: the exit status of a command stopped by an expected error
+USER_ERROR_STATUS = 2
+
+
+class UserError(Exception):
+    """Base of the errors fixed by changing the command line, the config, the data or the environment."""
+
+    hint = "python -m pipelines.main --help lists the stages, the config groups and examples"
+
+
+class DataError(UserError, ValueError):
+    """Data that cannot be used as configured; the message names the file, the columns or the rows."""
+
+    hint = "see 'Your own data' in docs/PIPELINES.md (data.drop_invalid=true drops unusable columns and rows)"
+
+
+class TrackingUnavailableError(UserError, RuntimeError):
+    """The tracking store cannot be reached; the message names its URI and where local outputs were kept."""
+
+    hint = "start the tracking server, or unset MLFLOW_TRACKING_URI and mlflow.tracking_uri for ./mlflow.db"
+
+
+_CONFIG_HINT = ("python -m pipelines.main --help lists the config groups; "
+                "add --cfg job to print the composed config without running anything")
+# expected errors defined in modules that are imported only when they can occur: (module, class names, hint)
+_ELSEWHERE = (
+    ("hydra.errors", ("ConfigCompositionException", "MissingConfigException", "OverrideParseException"),
+     _CONFIG_HINT),
+    ("omegaconf.errors", ("OmegaConfBaseException",), _CONFIG_HINT),
+    ("pipelines.bundle", ("MissingInputError", "UntrustedManifestError"),
+     "pass source.run_id=<a run of the stage that produces the input> (see 'A stage alone' in docs/PIPELINES.md)"),
+    ("pipelines.study", ("SearchSpaceError",), "check hydra.sweeper.params"),
+)
+
+
+def hint_for(exc: BaseException) -> str | None:
+    """The hint printed for an expected error; None when ``exc`` is not one (a bug: keep its traceback)."""
+    if isinstance(exc, UserError):
+        return exc.hint
+    for module_name, names, hint in _ELSEWHERE:
+        module = sys.modules.get(module_name)  # not imported: exc cannot be one of its classes
+        if module is not None and isinstance(exc, tuple(getattr(module, n) for n in names)):
+            return hint
+    return None
+
+
+def one_line(exc: BaseException) -> str:
+    """``<Type>: <message>`` on one line; Hydra's composition errors also give their cause's message and key."""
+    parts = [str(exc)]
+    cause = exc.__cause__
+    if cause is not None and type(exc).__module__.startswith("hydra"):
+        parts.append(str(cause))
+    text = " ".join(" ".join(line.strip() for line in part.split("Config search path")[0].splitlines()
+                             if line.strip() and not line.strip().startswith(("object_type=", "reference_type=")))
+                    for part in parts if part)
+    return f"{type(exc).__name__}: {text}"
+
+
+#: set (with HYDRA_FULL_ERROR=1) by :func:`hydra_raises`: that HYDRA_FULL_ERROR is ours, not the user's
+_OURS = "ORTFLOW_HYDRA_FULL_ERROR"
+
+
+def wants_traceback(argv: Sequence[str]) -> bool:
+    """True when the user asked for tracebacks: ``HYDRA_FULL_ERROR=1`` or ``debug=true`` among the overrides."""
+    if os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0") and not os.environ.get(_OURS):
+        return True
+    return any(arg.lstrip("+").lower() in ("debug=true", "debug=1", "debug=yes") for arg in argv)
+
+
+def report(exc: BaseException, stream: TextIO | None = None) -> None:
+    """Print the two lines of an expected error: the problem and the hint."""
+    stream = stream or sys.stderr
+    print(f"ortflow: error: {one_line(exc)}", file=stream)
+    print(f"  hint: {hint_for(exc) or UserError.hint}; debug=true shows the traceback", file=stream)
+
+
+@contextlib.contextmanager
+def hydra_raises() -> Iterator[None]:
+    """While the body runs, Hydra raises errors (HYDRA_FULL_ERROR=1) instead of printing its own report."""
+    os.environ.update({"HYDRA_FULL_ERROR": "1", _OURS: "1"})
+    try:
+        yield
+    finally:
+        os.environ.pop("HYDRA_FULL_ERROR", None)
+        os.environ.pop(_OURS, None)
+
+
+def exit_if_expected(exc: BaseException, argv: Sequence[str] = (), debug: bool = False) -> None:
+    """Report ``exc`` and exit with :data:`USER_ERROR_STATUS` when it is an expected error and no traceback was
+    asked for (``debug``, or :func:`wants_traceback` of ``argv``); return otherwise, for the caller to re-raise."""
+    if debug or wants_traceback(argv) or hint_for(exc) is None:
+        return
+    report(exc)
+    raise SystemExit(USER_ERROR_STATUS) from None

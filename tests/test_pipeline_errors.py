@@ -1,0 +1,75 @@
+"""Errors a user makes, injected through the real command line: one line and a hint, status 2, no MLflow run."""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipelines.config import trainer_verbose
+
+
+def _houses(folder):
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame(rng.normal(size=(30, 2)), columns=["area", "rooms"]).assign(price=rng.normal(size=30))
+    frame.to_csv(folder / "houses.csv", index=False)
+
+
+@pytest.mark.parametrize("args,problem", [
+    (["data=file", "data.path=missing.csv", "data.target=price"], "DataError: data.path='missing.csv': "),
+    (["data=file", "data.path=houses.csv", "data.target=cost"],
+     "DataError: data.target='cost' is not a column of houses.csv; its columns: ['area', 'rooms', 'price']"),
+    (["data=file", "data.path=houses.csv", "data.target=rooms", "data.task=classification", "model=logistic",
+      "loss=log"], "DataError: labels ["),
+    (["trainer.max_iter=abc"], "'abc' of type 'str' could not be converted to Integer full_key: trainer.max_iter"),
+])
+def test_user_error_one_line_hint_status_2_no_run(tmp_path, pipeline_subprocess_env, args, problem):
+    _houses(tmp_path)
+    begin = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pipelines.main", *args], cwd=tmp_path,
+                          env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
+    seconds = time.monotonic() - begin
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(lines) == 2 and lines[0].startswith("ortflow: error: ") and lines[1].startswith("  hint: "), lines
+    assert problem in lines[0] and proc.stdout == ""
+    assert not (tmp_path / "mlflow.db").exists()  # no store, so no run: found before MLflow was touched
+    print(f"{args[-1]}: status 2 after {seconds:.2f} s")  # recorded in the report, not asserted
+
+
+def test_stage_alone_and_debug_traceback(tmp_path, pipeline_subprocess_env):
+    args = ["data=file", "data.path=missing.csv", "data.target=price"]
+    proc = subprocess.run([sys.executable, "-m", "pipelines.convert", *args], cwd=tmp_path,
+                          env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.startswith("ortflow: error: DataError: data.path='missing.csv'")
+    proc = subprocess.run([sys.executable, "-m", "pipelines.convert", *args, "debug=true"], cwd=tmp_path,
+                          env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
+    assert "pipelines.errors.DataError: data.path='missing.csv'" in proc.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_help_lists_stages_groups_and_examples(tmp_path, pipeline_subprocess_env):
+    proc = subprocess.run([sys.executable, "-m", "pipelines.main", "--help"], cwd=tmp_path,
+                          env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "convert -> add_loss -> train -> evaluate -> export" in proc.stdout
+    assert "data: breast_cancer, classification, diabetes, file, regression" in proc.stdout
+    assert "trainer: full, fwbw" in proc.stdout
+    assert "python -m pipelines.main data=file data.path=houses.csv data.target=price" in proc.stdout
+
+
+def test_progress_bar_when_stdout_is_a_terminal(compose_pipeline, monkeypatch):
+    cfg = compose_pipeline()
+    master, slave = os.openpty()
+    with os.fdopen(slave, "w") as terminal:
+        monkeypatch.setattr(sys, "stdout", terminal)
+        assert trainer_verbose(cfg) == 1
+    os.close(master)
+    with open(os.devnull, "w") as pipe:
+        monkeypatch.setattr(sys, "stdout", pipe)
+        assert trainer_verbose(cfg) == 0
+        assert trainer_verbose(compose_pipeline("trainer.verbose=1")) == 1
