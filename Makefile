@@ -28,9 +28,9 @@ PYTHON313 ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.1
 VENV_ORT := .venv313
 PY_ORT := $(VENV_ORT)/bin/python
 STAMP_ORT := $(VENV_ORT)/.install-stamp
-CORE_TESTS := tests $(foreach t,pipeline_chain pipeline_cli pipeline_config pipeline_torch torch_layer bench_smoke \
-	scale_server scale_sqlite scale_study reliability_faults reliability_files reliability_promotion \
-	reliability_resume reliability_tracking reliability_trust,--ignore=tests/test_$(t).py)
+NON_CORE := $(wildcard tests/test_pipeline_*.py tests/test_scale_*.py) tests/test_torch_layer.py \
+	tests/test_bench_smoke.py $(foreach t,faults files promotion resume tracking trust,tests/test_reliability_$(t).py)
+CORE_TESTS := tests $(foreach f,$(NON_CORE),--ignore=$(f))
 ORT_CHAIN := "tests/test_pipeline_chain.py::test_default_chain_on_sqlite[full]"
 
 $(STAMP_ORT): pyproject.toml
