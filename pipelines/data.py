@@ -123,6 +123,14 @@ def load_dataset(data: DictConfig, notes: dict | None = None) -> tuple[np.ndarra
     return np.asarray(X, dtype=np.float64), np.asarray(y), names
 
 
+def _target_description(data: DictConfig) -> str:
+    if data_loader(data) == "file":
+        from .tables import table_path
+
+        return f"data.target={data.target!r} of {table_path(data).name}"
+    return f"the target of data={data.name}"
+
+
 def make_split(data: DictConfig, notes: dict | None = None) -> Split:
     """Load, split (stratified for classification) and standardize with training statistics (``notes``: see
     :func:`load_dataset`)."""
@@ -133,7 +141,7 @@ def make_split(data: DictConfig, notes: dict | None = None) -> Split:
     seed = int(data.seed)
     classes = np.array([], dtype=np.float64)
     if task == "classification":  # the labels as they are (never re-encoded): the trainers map them to classes
-        classes, y = class_labels(y, str(data.name))
+        classes, y = class_labels(y, _target_description(data))
     else:
         y = np.asarray(y, dtype=np.float64)
     stratify = y if task == "classification" else None

@@ -23,8 +23,6 @@ from .paths import user_path
 
 _log = logging.getLogger("pipelines.tables")
 SUFFIXES = {".csv": "csv", ".txt": "csv", ".parquet": "parquet", ".pq": "parquet"}
-#: more distinct labels than this in a classification target: a continuous column, not labels
-MAX_CLASSES = 100
 #: fewest rows a split into train, validation and test can take
 MIN_ROWS = 10
 
@@ -108,7 +106,7 @@ def _read(path: Path, data: DictConfig) -> Table:
         X, y = X[valid], y[valid]
     if y.dtype == object:  # text labels (pandas keeps them as objects): compared and sorted as strings
         y = y.astype(str)
-    _check_rows_and_labels(y, str(data.task), target, path.name)
+    _check_rows(y, path.name)
     return Table(X, y, features, path, len(frame), dropped, n_bad)
 
 
@@ -167,23 +165,11 @@ def _target_present(y: np.ndarray) -> np.ndarray:
     return ~pd.isna(y)
 
 
-def _check_rows_and_labels(y: np.ndarray, task: str, target: str, file: str) -> None:
+def _check_rows(y: np.ndarray, file: str) -> None:
+    """Enough rows for the split; a classification target's labels are checked by :mod:`pipelines.labels`."""
     if len(y) < MIN_ROWS:
         raise DataError(f"{file} has {len(y)} usable rows: at least {MIN_ROWS} are needed to split train, "
                         "validation and test")
-    if task != "classification":
-        return
-    labels, counts = np.unique(y, return_counts=True)
-    if len(labels) < 2:
-        raise DataError(f"data.target={target!r} of {file} holds one label ({str(labels[0])!r}): a classifier needs "
-                        "at least two")
-    if len(labels) > MAX_CLASSES:
-        raise DataError(f"data.target={target!r} of {file} holds {len(labels)} distinct values: not labels "
-                        f"(at most {MAX_CLASSES} classes); for a continuous target set data.task=regression")
-    rare = [str(label) for label, count in zip(labels, counts) if count < 2]
-    if rare:
-        raise DataError(f"labels {rare[:10]} of data.target={target!r} in {file} have a single row: every class "
-                        "needs at least two for a stratified split")
 
 
 def _numeric(column) -> bool:

@@ -11,7 +11,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score, f1_score, log_loss
 
 from pipelines.chain import run_chain
-from pipelines.config import ConfigError
+from pipelines.errors import DataError
 from pipelines.data import Split, make_split
 
 
@@ -59,7 +59,7 @@ def test_digits_config_keeps_ten_classes(compose_pipeline):
 
 
 def _table_config(compose_pipeline, tmp_path, labels, *overrides):
-    frame = pd.DataFrame(np.random.default_rng(0).normal(size=(60, 3)), columns=["a", "b", "c"]).assign(y=labels)
+    frame = pd.DataFrame(np.random.default_rng(0).normal(size=(len(labels), 3)), columns=list("abc")).assign(y=labels)
     frame.to_csv(tmp_path / "table.csv", index=False)
     return compose_pipeline("data=file", f"data.path={tmp_path / 'table.csv'}", "data.target=y",
                             "data.task=classification", "model=logistic", "loss=log", *overrides)
@@ -68,18 +68,20 @@ def _table_config(compose_pipeline, tmp_path, labels, *overrides):
 def test_a_single_class_is_refused_before_any_run(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
     cfg = _table_config(compose_pipeline, tmp_path, np.full(60, 3), f"mlflow.tracking_uri={sqlite_uri}",
                         f"mlflow.root={tmp_path}")
-    with pytest.raises(ConfigError, match=r"data=file with data.task=classification: the target holds one class "
-                                          r"\(\[3\]\); a classifier needs at least two"):
+    with pytest.raises(DataError, match=r"data.target='y' of table.csv holds one label \('3'\): a classifier needs "
+                                        r"at least two"):
         run_chain(cfg, work_dir=tmp_path / "chain")
     assert _no_runs(sqlite_uri)
 
 
 @pytest.mark.parametrize("labels, message", [
-    (np.linspace(0.0, 10.0, 60), "non-integral numbers"),
-    (np.arange(60), "too few to split into train and test (many distinct values: a regression target?"),
+    (np.linspace(0.0, 10.0, 60), "holds non-integral numbers ([0.1694915254237288"),
+    (np.arange(60), "have fewer than 3 rows: every class needs that many for the stratified train/validation/test "
+                    "split (a regression target? for a continuous target set data.task=regression"),
+    (np.arange(120) % 101, "holds 101 distinct values: not labels (at most 100 classes)"),
 ])
 def test_label_sets_a_classifier_cannot_learn_are_named(compose_pipeline, tmp_path, labels, message):
-    with pytest.raises(ConfigError, match="data.task=classification") as info:
+    with pytest.raises(DataError, match="data.target='y' of table.csv") as info:
         make_split(_table_config(compose_pipeline, tmp_path, labels).data)
     assert message in str(info.value)
 
@@ -93,7 +95,7 @@ def test_string_and_shifted_labels_are_kept(compose_pipeline, tmp_path):
 
 def test_a_regression_set_as_classification_is_refused_naming_it(compose_pipeline):
     cfg = compose_pipeline("data=diabetes", "data.task=classification", "model=logistic", "loss=log")
-    with pytest.raises(ConfigError, match="regression target"):
+    with pytest.raises(DataError, match="the target of data=diabetes holds 214 distinct values: not labels"):
         make_split(cfg.data)
 
 
