@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
 EXTRAS ?= cpu,pipelines,test,postgres,torch
 
-.PHONY: install run test bench ui clean server postgres
+.PHONY: install run test test-ort bench ui clean server postgres
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,27 @@ run: $(STAMP)
 ## The test suite.
 test: $(STAMP) postgres
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## The core tests and one pipeline chain on the plain onnxruntime (newest release) under Python 3.13, in .venv313.
+PYTHON313 ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13) python3.13)
+VENV_ORT := .venv313
+PY_ORT := $(VENV_ORT)/bin/python
+STAMP_ORT := $(VENV_ORT)/.install-stamp
+NON_CORE := $(wildcard tests/test_pipeline_*.py tests/test_scale_*.py) tests/test_torch_layer.py \
+	tests/test_bench_smoke.py $(foreach t,faults files promotion resume tracking trust,tests/test_reliability_$(t).py)
+CORE_TESTS := tests $(foreach f,$(NON_CORE),--ignore=$(f))
+ORT_CHAIN := "tests/test_pipeline_chain.py::test_default_chain_on_sqlite[full]"
+
+$(STAMP_ORT): pyproject.toml
+	test -x $(PY_ORT) || $(PYTHON313) -m venv $(VENV_ORT)
+	$(PY_ORT) -m pip install --quiet --upgrade pip
+	$(PY_ORT) -m pip install --quiet -e ".[ort,pipelines,test]"
+	touch $(STAMP_ORT)
+
+test-ort: $(STAMP_ORT)
+	$(PY_ORT) -c "import ortflow; assert ortflow.backend() == 'plain', ortflow.backend()"
+	$(PY_ORT) -m pytest -m "not slow" $(CORE_TESTS) $(PYTEST_ARGS)
+	$(PY_ORT) -m pytest $(ORT_CHAIN) $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS),bench]"
@@ -42,4 +63,4 @@ ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5000
 
 clean:
-	rm -rf $(VENV) mlruns mlartifacts mlflow.db outputs multirun .ortflow
+	rm -rf $(VENV) $(VENV_ORT) mlruns mlartifacts mlflow.db outputs multirun .ortflow

@@ -41,6 +41,8 @@ def available(name: str, case: Case) -> str | None:
             importlib.import_module("torch")
         except ImportError:
             return "torch is not installed (pip install 'ortflow[bench]')"
+    if name == "raw" and ortflow.backend() != "training":
+        return "the raw loop is onnxruntime-training's on-device training API (plain onnxruntime installed)"
     if name in ("raw", "ortflow-full") and case.momentum > 0:
         return "the on-device training API has no momentum SGD"
     if name == "ortflow-torch" and case.task != "regression":

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+import ortflow
+
 from . import extras, report
 from .cases import ENGINES, Case, default_cases, make_data
 from .engines import Skip, available, train
@@ -154,8 +156,8 @@ def run_case(case: Case, args, threads: int, engines_filter) -> dict:
 
 
 def summarize_case(case: Case, data, runs: dict, skipped: dict) -> dict:
-    ref = case.reference
-    engines = {}
+    ref = case.reference if case.reference in runs and case.reference not in skipped else "ortflow-full"
+    engines = {}  # the raw loop (the reference) needs the training build: full training stands in for it
     for name, rs in runs.items():
         if name in skipped or not rs:
             continue
@@ -179,7 +181,7 @@ def summarize_case(case: Case, data, runs: dict, skipped: dict) -> dict:
             e["ratio_to_ref"] = float(np.median(paired))
             e["ratio_min"], e["ratio_max"] = float(paired.min()), float(paired.max())
     return {
-        "case": case.to_dict(),
+        "case": {**case.to_dict(), "reference": ref},
         "data_mb": data.nbytes / 2**20,
         "engines": engines,
         "skipped": skipped,
@@ -270,7 +272,8 @@ def main(argv=None) -> int:
 
     by_key = {c.key: c for c in cases}
     first = by_key.get("A") or (cases[0] if cases else None)
-    if first is not None and not args.no_ort_settings:
+    raw_loop = ortflow.backend() == "training"  # the sweep and the profile time onnxruntime-training's own loop
+    if first is not None and not args.no_ort_settings and raw_loop:
         results["ort_settings"] = []
         targets = [first] + ([] if args.tiny else [c for c in cases if c.key in ("D-wide", "D-1e5")])
         for case in targets:
@@ -288,7 +291,7 @@ def main(argv=None) -> int:
         results["pipeline"] = extras.measure_pipeline()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.profile and first is not None:
+    if args.profile and first is not None and raw_loop:
         log(f"cProfile on {first.key}")
         results["profile"] = extras.profile_loops(first, make_data(first), threads, first.epochs, out)
 

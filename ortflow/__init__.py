@@ -1,4 +1,4 @@
-"""ortflow: train ONNX graphs with onnxruntime-training.
+"""ortflow: train ONNX graphs with onnxruntime (the plain build, or onnxruntime-training).
 
 The names below are loaded on first use (PEP 562): ``import ortflow`` alone imports neither onnxruntime nor
 scikit-learn (over a second of start-up on their own), the first ``ortflow.OrtGradientOptimizer`` does.
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 #: public name -> the submodule that defines it
 _EXPORTS = {
+    **dict.fromkeys(["backend"], "_ort"),
     **dict.fromkeys(["onnx_derivative"], "autodiff"),
     **dict.fromkeys(["BaseTrainer"], "base"),
     **dict.fromkeys(["Callback", "Checkpoint", "EarlyStopping", "ProgressBar"], "callbacks"),
@@ -29,6 +30,7 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads each name
+    from ._ort import backend
     from .add_loss import add_loss_output
     from .autodiff import onnx_derivative
     from .base import BaseTrainer
@@ -97,6 +99,7 @@ __all__ = [
     "UnsafePathError",
     "UnsupportedModelError",
     "add_loss_output",
+    "backend",
     "get_initializers",
     "load_model",
     "onnx_derivative",

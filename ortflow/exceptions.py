@@ -38,6 +38,13 @@ class UnsafePathError(OrtflowError, ValueError):
     """A path built from user input or read from a file escapes its folder."""
 
 
+def with_training_build_hint(exc: NotDifferentiableError) -> NotDifferentiableError:
+    """``exc`` (from ortflow's own gradient rules) saying that onnxruntime-training differentiates more ops."""
+    return NotDifferentiableError(
+        f"{exc}; onnxruntime-training differentiates more ops: install it (pip install 'ortflow[cpu]', "
+        "Python <= 3.12) and use gradients='onnxruntime' or 'auto'")
+
+
 def explain_gradient_failure(exc: Exception) -> UnsupportedModelError:
     """Turn onnxruntime's gradient-builder error into one that names the node and op without gradient."""
     text = str(exc)

@@ -12,7 +12,7 @@ import onnx
 import onnx.shape_inference
 from onnx import TensorProto, numpy_helper
 
-from ._ort import MAX_IR_VERSION, MAX_OPSET
+from ._ort import MAX_OPSET, max_ir_version, runtime_name
 from .exceptions import UnsafePathError, UnsupportedModelError
 
 ModelLike = Union[onnx.ModelProto, bytes, str, os.PathLike]
@@ -124,7 +124,7 @@ def _check_initializer(tensor: onnx.TensorProto, what: str) -> None:
 
 
 def check_loadable(model: onnx.ModelProto, what: str = "model_onnx") -> None:
-    """Raise :class:`UnsupportedModelError` if onnxruntime-training 1.19.2 cannot load ``model``.
+    """Raise :class:`UnsupportedModelError` if the installed onnxruntime cannot load ``model``.
 
     Checked before anything is built: a graph with outputs, the IR version, an opset for every domain the nodes
     use and within what onnxruntime supports, every node input defined, and initializers holding exactly the
@@ -132,16 +132,17 @@ def check_loadable(model: onnx.ModelProto, what: str = "model_onnx") -> None:
     """
     if not model.HasField("graph") or not model.graph.output:
         raise UnsupportedModelError(f"{what} has no graph outputs (an empty or truncated model?)")
-    if model.ir_version > MAX_IR_VERSION:
+    limit = max_ir_version()
+    if model.ir_version > limit:
         raise UnsupportedModelError(
-            f"{what} has ONNX IR version {model.ir_version}; onnxruntime-training 1.19.2 reads at most "
-            f"{MAX_IR_VERSION}. Export it again with onnx<1.18 (or skl2onnx target_opset<={MAX_OPSET}), "
-            f"or set model.ir_version = {MAX_IR_VERSION} if it uses no newer feature."
+            f"{what} has ONNX IR version {model.ir_version}; {runtime_name()} reads at most "
+            f"{limit}. Export it again with an older onnx (or skl2onnx target_opset<={MAX_OPSET}), "
+            f"or set model.ir_version = {limit} if it uses no newer feature."
         )
     for opset in model.opset_import:
         if opset.domain in ("", "ai.onnx") and opset.version > MAX_OPSET:
             raise UnsupportedModelError(
-                f"{what} uses opset {opset.version} of the default domain; onnxruntime-training 1.19.2 supports at "
+                f"{what} uses opset {opset.version} of the default domain; ortflow trains graphs of opset at "
                 f"most {MAX_OPSET}. Convert it with target_opset={MAX_OPSET} (skl2onnx) or "
                 f"onnx.version_converter.convert_version(model, {MAX_OPSET})."
             )
@@ -215,6 +216,24 @@ def all_names(model: onnx.ModelProto) -> set[str]:
         names.update(n for n in node.input if n)
         names.update(n for n in node.output if n)
     return names
+
+
+def initializers_as_inputs(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
+    """Copy of ``model`` where the initializers ``names`` become graph inputs (after the existing ones), fed at
+    every run instead of stored."""
+    names = set(names)
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    declared = {i.name for i in new.graph.input}
+    kept = []
+    for init in new.graph.initializer:
+        if init.name not in names:
+            kept.append(init)
+        elif init.name not in declared:
+            new.graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    del new.graph.initializer[:]
+    new.graph.initializer.extend(kept)
+    return new
 
 
 def keep_outputs(model: onnx.ModelProto, outputs: Iterable[str]) -> onnx.ModelProto:

@@ -74,10 +74,18 @@ class BaseLearningRate(Registered, BaseEstimator):
     def ort_optimizer(self) -> Any:
         """The optimizer full training asks onnxruntime's ``generate_artifacts`` for (an ``OptimType`` or an
         ``onnxblock`` optimizer block); the learning rate itself is set per epoch from :meth:`value_at`."""
-        raise ValueError(
-            f"learning_rate={self!r}: onnxruntime's training API has no such optimizer, so full training "
-            "(OrtGradientOptimizer) cannot run it; use forward-backward training "
-            "(OrtGradientForwardBackwardOptimizer), which runs any learning rate as an ONNX graph"
+        raise self._not_in_full_training()
+
+    def step_options(self) -> dict[str, Any]:
+        """The arguments of :func:`ortflow.autodiff.training_step` running this update in full training on
+        ortflow's own graph (``optimizer`` and its hyper-parameters); the rate itself is fed per epoch."""
+        raise self._not_in_full_training()
+
+    def _not_in_full_training(self) -> ValueError:
+        return ValueError(
+            f"learning_rate={self!r}: full training (OrtGradientOptimizer) has no such optimizer; use "
+            "forward-backward training (OrtGradientForwardBackwardOptimizer), which runs any learning rate as "
+            "an ONNX graph"
         )
 
     # --- a schedule that can be stepped outside a fit (onnxcustom's interface) ---
@@ -284,6 +292,9 @@ class LearningRateSGD(BaseLearningRate):
     def ort_optimizer(self):
         return artifacts.OptimType.SGD
 
+    def step_options(self) -> dict[str, Any]:
+        return {"optimizer": "sgd"}
+
     def _update(self, b, grad, state, scalars):
         return {"weight": b.node("Sub", [state["weight"], b.node("Mul", [grad, scalars["learning_rate"]])])}
 
@@ -309,6 +320,9 @@ class LearningRateSGDNesterov(LearningRateSGD):
 
     def ort_optimizer(self):
         return BaseLearningRate.ort_optimizer(self)
+
+    def step_options(self) -> dict[str, Any]:
+        return BaseLearningRate.step_options(self)
 
     def _update(self, b, grad, state, scalars):
         step = b.node("Mul", [grad, scalars["learning_rate"]])
@@ -347,6 +361,12 @@ class LearningRateAdam(BaseLearningRate):
     def ort_optimizer(self):
         return onnxblock.optim.AdamW(betas=(float(self.beta1), float(self.beta2)), eps=float(self.epsilon),
                                      weight_decay=float(getattr(self, "weight_decay", 0.0)))
+
+    def step_options(self) -> dict[str, Any]:
+        decay = float(getattr(self, "weight_decay", 0.0))
+        options = {"optimizer": "adamw" if decay else "adam", "betas": (float(self.beta1), float(self.beta2)),
+                   "epsilon": float(self.epsilon)}
+        return {**options, "weight_decay": decay} if decay else options
 
     def _scalar_values(self, learning_rate: float) -> list[float]:
         t = self.step_

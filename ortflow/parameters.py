@@ -25,6 +25,7 @@ from .validation import (
 )
 
 REQUIRED = inspect.Parameter.empty
+GRADIENTS = ("auto", "ortflow", "onnxruntime")
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,10 @@ FULL = (
     Param("loss_output_name", "loss", _string, "the graph output holding the loss (add_loss_output's loss_name)"),
     Param("label_name", "label", _string, "the graph input taking the labels"),
     Param("sample_weight_name", "weight", _string, "the graph input taking sample weights, when it has one"),
+    Param("gradients", "auto", lambda n, v: check_choice(n, v, GRADIENTS),
+          "who builds the training graphs: 'ortflow' (its own standard-ONNX step graph, any onnxruntime), "
+          "'onnxruntime' (onnxruntime-training's artifacts, training build only) or 'auto' (ortflow's graph, "
+          "onnxruntime's on the training build for an op outside ortflow's gradient rules)"),
 )
 
 FWBW = (
@@ -163,6 +168,9 @@ FWBW = (
     Param("output_name", None, _optional(_output),
           "the trained output; None: the only output, or raw_score when present"),
     Param("weight_name", None, _optional(_string), "name of the sample-weight input of the loss graph"),
+    Param("gradients", "auto", lambda n, v: check_choice(n, v, GRADIENTS),
+          "who builds the forward and backward graphs: 'onnxruntime' (its TrainingAgent, training build only), "
+          "'ortflow' (its own gradient graph, any onnxruntime) or 'auto' (onnxruntime's on the training build)"),
 )
 
 

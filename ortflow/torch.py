@@ -35,7 +35,7 @@ from torch.utils.dlpack import to_dlpack
 _from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
 
 from . import graph as g
-from ._ort import OrtValueVector, PartialGraphExecutionState, ort
+from ._ort import OrtValueVector, ort
 from .exceptions import UnsupportedModelError
 from .fwbw.forward_backward import OrtGradientForwardBackward
 from .runtime import OnnxFunction, make_session_options
@@ -79,9 +79,23 @@ def _capsule(tensor: torch.Tensor):
     return to_dlpack(tensor)
 
 
+# onnxruntime-training 1.19's from_dlpack takes an is_bool flag (its DLPack marks booleans as uint8); the plain
+# onnxruntime's reads the type from the capsule and takes the capsule alone.
+_DLPACK_BOOL_FLAG = "is_bool" in (_C.OrtValue.from_dlpack.__doc__ or "")
+
+
 def _to_ort(tensor: torch.Tensor):
     """A C OrtValue viewing ``tensor``."""
-    return _C.OrtValue.from_dlpack(_capsule(tensor), tensor.dtype == torch.bool)
+    if _DLPACK_BOOL_FLAG:
+        return _C.OrtValue.from_dlpack(_capsule(tensor), tensor.dtype == torch.bool)
+    return _C.OrtValue.from_dlpack(_capsule(tensor))
+
+
+def _bool_indices(vector: OrtValueVector) -> list[int]:
+    """Positions of the boolean tensors of ``vector``."""
+    if hasattr(vector, "bool_tensor_indices"):  # onnxruntime-training 1.19
+        return vector.bool_tensor_indices()
+    return [i for i in range(len(vector)) if vector.element_type_at(i) == onnx.TensorProto.BOOL]
 
 
 def _vector(tensors: Sequence[torch.Tensor], values: Sequence = ()) -> OrtValueVector:
@@ -89,7 +103,10 @@ def _vector(tensors: Sequence[torch.Tensor], values: Sequence = ()) -> OrtValueV
     vector = OrtValueVector()
     vector.reserve(len(tensors) + len(values))
     for tensor in tensors:
-        vector.push_back(_capsule(tensor), tensor.dtype == torch.bool)
+        if _DLPACK_BOOL_FLAG:
+            vector.push_back(_capsule(tensor), tensor.dtype == torch.bool)
+        else:
+            vector.push_back(_capsule(tensor))
     for value in values:
         vector.push_back(value)
     return vector
@@ -98,7 +115,7 @@ def _vector(tensors: Sequence[torch.Tensor], values: Sequence = ()) -> OrtValueV
 def _to_torch(vector: OrtValueVector) -> list[torch.Tensor]:
     """Torch tensors viewing every OrtValue of ``vector`` (one C++ call; the tensors own the values)."""
     tensors = vector.to_dlpacks(_from_dlpack)
-    for i in vector.bool_tensor_indices():  # DLPack carries booleans as uint8
+    for i in _bool_indices(vector):  # DLPack may carry booleans as uint8
         tensors[i] = tensors[i].to(torch.bool)
     return tensors
 
@@ -206,7 +223,7 @@ def _run_forward(plan: _Plan, agent_cache, inputs: Sequence[torch.Tensor], param
     """(output tensors, execution state) of the training graph's forward pass."""
     agent, cache = agent_cache
     fetches = OrtValueVector()
-    state = PartialGraphExecutionState()
+    state = plan.fb.new_state()  # onnxruntime's PartialGraphExecutionState, or ortflow's own graphs' state
     feeds = _vector(inputs, param_views)
     _synchronize(device)
     agent.run_forward(feeds, fetches, state, cache)

@@ -338,7 +338,7 @@ def validate(cfg: DictConfig) -> None:
                           + " or ".join(f"loss={n}" for n in fitting))
     if _value(cfg.trainer.name) == "full":
         try:
-            learning_rate(cfg).ort_optimizer()
+            learning_rate(cfg).step_options()
         except ValueError as exc:
             raise ConfigError(f"trainer.optimizer={_value(cfg.trainer.optimizer)} needs trainer=fwbw: {exc}") from exc
     for key in ("data.test_size", "data.validation_fraction"):

@@ -4,6 +4,19 @@ import numpy as np
 import pytest
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``training_build`` (onnxruntime's own gradients, TrainingAgent, generate_artifacts) are skipped
+    where the plain onnxruntime is installed."""
+    from ortflow import backend
+
+    if backend() == "training":
+        return
+    skip = pytest.mark.skip(reason="needs onnxruntime-training; the plain onnxruntime is installed")
+    for item in items:
+        if "training_build" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def regression_data():
     from sklearn.datasets import make_regression

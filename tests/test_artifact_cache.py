@@ -1,5 +1,5 @@
-"""The process-wide cache of full training's artifacts: a cached fit equals an uncached one, other settings miss,
-and the cache stays bounded."""
+"""The process-wide cache of full training's artifacts (onnxruntime-training's, ``gradients='onnxruntime'``): a
+cached fit equals an uncached one, other settings miss, and the cache stays bounded."""
 
 import numpy as np
 import pytest
@@ -27,9 +27,11 @@ def empty_cache():
 
 def _fit(graph, X, y, **kw):
     kw = {"learning_rate": 0.01, **kw}
-    return OrtGradientOptimizer(graph, max_iter=3, batch_size=10, random_state=0, **kw).fit(X, y)
+    return OrtGradientOptimizer(graph, max_iter=3, batch_size=10, random_state=0, gradients="onnxruntime",
+                                **kw).fit(X, y)
 
 
+@pytest.mark.training_build
 def test_a_cached_fit_ends_with_the_weights_of_an_uncached_one(regression_data, loss_graph, empty_cache):
     X, y = regression_data
     first = _fit(loss_graph, X, y)
@@ -41,6 +43,7 @@ def test_a_cached_fit_ends_with_the_weights_of_an_uncached_one(regression_data, 
     assert second.save_onnx_graph() == first.save_onnx_graph()  # the same artifacts, as bytes
 
 
+@pytest.mark.training_build
 def test_other_settings_miss_the_cache(regression_data, loss_graph, empty_cache):
     X, y = regression_data
     _fit(loss_graph, X, y)
@@ -52,9 +55,10 @@ def test_other_settings_miss_the_cache(regression_data, loss_graph, empty_cache)
     assert empty_cache.hits == 1
 
 
+@pytest.mark.training_build
 def test_grid_search_clones_reuse_the_artifacts(regression_data, loss_graph, empty_cache):
     X, y = regression_data
-    search = GridSearchCV(clone(OrtGradientOptimizer(loss_graph, max_iter=2, batch_size=10)),
+    search = GridSearchCV(clone(OrtGradientOptimizer(loss_graph, max_iter=2, batch_size=10, gradients="onnxruntime")),
                           {"learning_rate": [0.01, 0.001]}, cv=2).fit(X, y)
     assert search.best_estimator_.n_iter_ == 2
     assert empty_cache.misses == 1 and empty_cache.hits >= 4  # 2 rates x 2 folds + the refit, one generation

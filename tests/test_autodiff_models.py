@@ -46,7 +46,7 @@ def _ours(loss_model, feeds):
 
 
 def _training_build(loss_model, feeds):
-    fb = OrtGradientForwardBackward(loss_model, device="cpu")
+    fb = OrtGradientForwardBackward(loss_model, device="cpu", gradients="onnxruntime")
     outputs = fb.forward([feeds[name] for name in fb.input_names_], training=True)
     upstream = [np.ones((), np.float32) if i == 0 else np.zeros_like(out.numpy())
                 for i, out in enumerate(outputs) if i not in fb.non_differentiable_]
@@ -74,6 +74,7 @@ def _penalties(model):
 
 @pytest.mark.parametrize("kind", sorted(REGRESSORS))
 @pytest.mark.parametrize("score", ["squared_error", "absolute_error", "elastic"])
+@pytest.mark.training_build
 def test_regressors_match_training_build(regression_data, kind, score):
     X, y = regression_data
     X, y = X[:40], y[:40]
@@ -84,6 +85,7 @@ def test_regressors_match_training_build(regression_data, kind, score):
 
 
 @pytest.mark.parametrize("kind", sorted(CLASSIFIERS))
+@pytest.mark.training_build
 def test_binary_classifiers_match_training_build(classification_data, kind):
     X, y = classification_data
     X, y = X[:40], y[:40]
@@ -94,6 +96,7 @@ def test_binary_classifiers_match_training_build(classification_data, kind):
 
 
 @pytest.mark.parametrize("kind", sorted(CLASSIFIERS))
+@pytest.mark.training_build
 def test_multiclass_classifiers_match_training_build(kind):
     """Softmax classifiers: log loss over one-hot labels (LogSoftmax in the loss graph)."""
     from sklearn.datasets import make_classification
@@ -106,6 +109,7 @@ def test_multiclass_classifiers_match_training_build(kind):
         _compare(ortflow.add_loss_output(model, "log", penalty=penalty), {"X": X, "label": onehot})
 
 
+@pytest.mark.training_build
 def test_sample_weights_match_training_build(regression_data):
     X, y = regression_data
     X, y = X[:30], y[:30]
@@ -115,6 +119,7 @@ def test_sample_weights_match_training_build(regression_data):
     _compare(loss, {"X": X, "label": _off_target(y), "weight": w})
 
 
+@pytest.mark.training_build
 def test_combined_penalties_are_the_sum_of_single_ones(regression_data):
     """l1 + l2 on two weights joins the terms with Sum, which the training build cannot differentiate
     (issue 12): our gradient equals the sum of the training build's single-penalty gradients."""
@@ -134,6 +139,7 @@ def test_combined_penalties_are_the_sum_of_single_ones(regression_data):
         np.testing.assert_allclose(ours[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.training_build
 def test_inputs_gradient_and_upstream_gradient(regression_data):
     """Gradient of the prediction (not a scalar) with respect to X, given an upstream gradient input."""
     X, y = regression_data
@@ -152,6 +158,7 @@ def test_inputs_gradient_and_upstream_gradient(regression_data):
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.training_build
 def test_skl2onnx_pipeline_with_ml_scaler(regression_data):
     """A graph from skl2onnx: an ai.onnx.ml Scaler before the MLP, shapes onnx cannot fully infer. The weights'
     gradients match the training build's; the input's gradient would cross the Scaler, which has no rule."""

@@ -19,7 +19,7 @@ def test_mlp_example_learns_and_exports():
     result = _main("mlp_regression")
     assert result["last_loss"] < result["first_loss"] / 3
     assert result["exported_matches"]
-    assert {"trained_model", "training_model", "optimizer_model"} <= set(result["graphs"])
+    assert {"trained_model", "training_step"} <= set(result["graphs"])  # full training on ortflow's own graph
 
 
 def test_binary_classification_example_close_to_sklearn():

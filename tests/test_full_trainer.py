@@ -106,11 +106,16 @@ def test_mlp_classifier_raw_scores_train(classification_data):
     assert est.score(X, y) > 0.85
 
 
-def test_save_onnx_graph_writes_every_graph_and_they_load(tmp_path, regression_data, poor_linear):
+@pytest.mark.parametrize("gradients,graphs", [
+    ("ortflow", {"training_step"}),
+    pytest.param("onnxruntime", {"training_model", "eval_model", "optimizer_model"}, marks=pytest.mark.training_build),
+])
+def test_save_onnx_graph_writes_every_graph_and_they_load(tmp_path, regression_data, poor_linear, gradients, graphs):
     X, y = regression_data
-    est = OrtGradientOptimizer(poor_linear, max_iter=2).fit(X, y)
+    est = OrtGradientOptimizer(poor_linear, max_iter=2, gradients=gradients).fit(X, y)
+    assert est.gradients_ == gradients
     paths = est.save_onnx_graph(tmp_path / "graphs")
-    assert set(paths) == {"loss_model", "training_model", "eval_model", "optimizer_model", "trained_model"}
+    assert set(paths) == {"loss_model", "trained_model"} | graphs
     for path in paths.values():
         assert os.path.getsize(path) > 0
         onnx.load(path)

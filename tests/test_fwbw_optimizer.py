@@ -84,6 +84,8 @@ def test_same_weights_as_full_training_with_penalty_mlp_and_validation(regressio
         np.testing.assert_allclose(fwbw.get_state()[name], value, rtol=1e-3, atol=1e-5)
     np.testing.assert_allclose(fwbw.train_losses_, full.train_losses_, rtol=1e-4)
     np.testing.assert_allclose(fwbw.validation_losses_, full.validation_losses_, rtol=1e-4)
+    if fwbw.gradients_ == "ortflow":  # one graph for any batch size
+        return
     # 300 training rows: batches of 16 and a last one of 12, each trained by a graph built for its shape
     assert sorted(fwbw._rt_fb._static) == [((12, 8),), ((16, 8),)]
     assert not hasattr(fwbw._rt_fb, "static_failures_")

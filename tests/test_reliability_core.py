@@ -146,13 +146,14 @@ def test_warm_start_refuses_changes_it_cannot_honour(regression_data, linear, cl
     assert est.n_features_in_ == 4
 
 
+@pytest.mark.training_build
 def test_full_training_leaves_no_temporary_folder_and_no_resource_warning(regression_data, linear):
     """Seen: every full-training fit emitted a ResourceWarning and left an ortflow-full-* folder."""
     X, y = regression_data
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), "ortflow-full-*")))
     with warnings.catch_warnings():
         warnings.simplefilter("error", ResourceWarning)
-        est = OrtGradientOptimizer(add_loss_output(linear), max_iter=1).fit(X, y)
+        est = OrtGradientOptimizer(add_loss_output(linear), max_iter=1, gradients="onnxruntime").fit(X, y)
         graphs = est.save_onnx_graph()
         del est
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "ortflow-full-*"))) <= before

@@ -50,6 +50,7 @@ def test_graphs_without_float_relu_are_left_alone():
     assert relu_as_mask(no_relu) is no_relu
 
 
+@pytest.mark.training_build
 def test_full_training_matches_the_raw_loop_on_the_unrewritten_graph(regression_data):
     """The trainer (rewritten graph, Mul gradient) and onnxruntime's own loop (Relu, ReluGrad) end equal."""
     from ortflow._ort import OrtValueVector, api, artifacts
@@ -58,7 +59,8 @@ def test_full_training_matches_the_raw_loop_on_the_unrewritten_graph(regression_
     mlp = MLPRegressor(hidden_layer_sizes=(16, 8), max_iter=1, random_state=0).fit(X, y)
     graph = add_loss_output(to_onnx(mlp))
     epochs, bs, lr = 3, 20, 0.01
-    est = OrtGradientOptimizer(graph, max_iter=epochs, batch_size=bs, learning_rate=lr, shuffle=False).fit(X, y)
+    est = OrtGradientOptimizer(graph, max_iter=epochs, batch_size=bs, learning_rate=lr, shuffle=False,
+                               gradients="onnxruntime").fit(X, y)
     with tempfile.TemporaryDirectory() as folder:
         training_ops = {n.op_type for n in onnx.load(est.save_onnx_graph(folder)["training_model"]).graph.node}
         assert "ReluGrad" not in training_ops and "Greater" in training_ops

@@ -51,8 +51,8 @@ def test_save_onnx_graph_without_folder_returns_the_graphs_in_memory(regression_
         assert data == open(on_disk[name], "rb").read(), name
     full = OrtGradientOptimizer(add_loss_output(linear), max_iter=1).fit(X, y)
     graphs = full.save_onnx_graph()
-    assert {"training_model", "optimizer_model", "trained_model"} <= set(graphs)
-    assert graphs["training_model"] == open(full.save_onnx_graph(tmp_path / "f")["training_model"], "rb").read()
+    assert {"training_step", "trained_model"} <= set(graphs)
+    assert graphs["training_step"] == open(full.save_onnx_graph(tmp_path / "f")["training_step"], "rb").read()
 
 
 def test_learning_rate_schedule_can_be_stepped_outside_a_fit():

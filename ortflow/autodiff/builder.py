@@ -86,6 +86,33 @@ def build_gradients(
     return Gradients(grads, e)
 
 
+def refuse_unreached(model: onnx.ModelProto, weights: list[str], loss: str) -> None:
+    """A trained weight the loss depends on through ops without gradient only (Floor, Sign...) would never move:
+    :class:`NotDifferentiableError` naming the first such node between it and the loss."""
+    if not weights:
+        return
+    nodes = list(model.graph.node)
+    reached, needed = set(weights), {loss}
+    for node in nodes:
+        if reached.intersection(node.input):
+            reached.update(node.output)
+    for node in reversed(nodes):
+        if needed.intersection(node.output):
+            needed.update(node.input)
+    for index, node in enumerate(nodes):
+        if node.op_type in NO_GRADIENT and reached.intersection(node.input) and needed.intersection(node.output):
+            raise NotDifferentiableError(
+                f"node {node_label(node, index)!r} (op {node.op_type}) has no gradient but lies between {loss!r} "
+                f"and the trained weights {weights}: they would never change; leave them out of the trained weights")
+    raise NotDifferentiableError(f"the trained weights {weights} get no gradient from {loss!r}")
+
+
+def unreached(model: onnx.ModelProto, sources: Sequence[str], target: str) -> list[str]:
+    """The ``sources`` that ``target`` does not depend on through ops carrying gradients."""
+    info, nodes = value_infos(model), list(model.graph.node)
+    return [s for s in sources if target not in _active(nodes, {s}, info)]
+
+
 def _active(nodes: list, sources: set, info: dict) -> set:
     active = set(sources)
     for node in nodes:

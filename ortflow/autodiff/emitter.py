@@ -126,8 +126,10 @@ class Emitter:
         """Sum over the axes where the (left-padded) operand shape differs from the gradient's, found at run time."""
         shape = self.shape(operand)
         grad_shape = self.shape(grad)
-        rank_gap = self.op("Sub", [self.op("Size", [grad_shape]), self.op("Size", [shape])])
-        ones = self.op("Expand", [self.ints([1]), self.unsqueeze(rank_gap, [0])])
+        # ranks as 1-element Shape-of-Shape tensors: onnxruntime 1.32's shape inference mis-sizes the padding when
+        # they come from Size
+        rank_gap = self.op("Sub", [self.op("Shape", [grad_shape]), self.op("Shape", [shape])])
+        ones = self.op("Expand", [self.ints([1]), rank_gap])
         padded = self.op("Concat", [ones, shape], axis=0)
         differs = self.op("Not", [self.op("Equal", [padded, grad_shape])])
         axes = self.op("Reshape", [self.op("NonZero", [differs]), self.ints([-1])])

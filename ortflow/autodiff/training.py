@@ -11,7 +11,7 @@ from onnx import TensorProto
 
 from .._ort import InferenceSession, OrtValue, SessionOptions
 from ..graph import ModelLike, all_names, load_model
-from .builder import build_gradients
+from .builder import build_gradients, refuse_unreached
 from .derivative import assemble, pick_output, pick_weights, value_info
 from .emitter import Emitter, ValueInfo
 
@@ -71,8 +71,9 @@ def training_step(
     if clash:
         raise ValueError(f"training_step adds the names {clash}, which already exist in the graph; rename them")
     gradients = build_gradients(model, weights, loss, taken=new_names)
+    refuse_unreached(model, [w for w in weights if gradients.grads[w] is None], loss)
     e = gradients.emitter
-    grads = {w: gradients.grads[w] or e.zeros_like(w) for w in weights}
+    grads = dict(gradients.grads)
     for name in scalars + moments:
         e.info[name] = ValueInfo(TensorProto.FLOAT, [] if name in scalars else e.info[name[:-2]].shape)
     if optimizer == "sgd":

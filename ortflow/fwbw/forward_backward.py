@@ -17,6 +17,7 @@ from onnx import TensorProto, helper
 
 from .. import graph as g
 from .._ort import (
+    TRAINING,
     InferenceSession,
     OrtModuleGraphBuilder,
     OrtModuleGraphBuilderConfiguration,
@@ -27,10 +28,17 @@ from .._ort import (
     SessionOptions,
     TrainingAgent,
     captured_native_stderr,
+    require_training,
 )
-from ..exceptions import UnsupportedModelError, explain_gradient_failure
+from ..exceptions import (
+    NotDifferentiableError,
+    UnsupportedModelError,
+    explain_gradient_failure,
+    with_training_build_hint,
+)
 from ..runtime import _C, DeviceBuffer, _c_value, make_session_options, ort_device, to_ortvalue
-from ..validation import check_device, check_weights_to_train, resolve_device
+from ..validation import check_choice, check_device, check_weights_to_train, resolve_device
+from .own_graphs import ForwardState, build_own_graphs, free_inputs
 
 
 # --- forward / backward ---------------------------------------------------------------------------------------
@@ -40,8 +48,13 @@ class OrtGradientForwardBackward:
     ``weights_to_train`` (default: every float initializer) become inputs of the training graph; the object keeps
     their current values in ``weights`` (name -> OrtValue). ``forward(inputs, training=True)`` keeps the execution
     state that ``backward(grad_outputs)`` consumes; ``backward`` returns the gradients of ``input_names_to_train``
-    then of the weights, in the order of ``grad_names_``. On CPU, Relu nodes are trained as ``x * (x > 0)``
-    (:func:`ortflow.graph.relu_as_mask`).
+    then of the weights, in the order of ``grad_names_``.
+
+    ``gradients``: ``'onnxruntime'`` (training build only) builds the graphs with onnxruntime's
+    ``OrtModuleGraphBuilder`` and runs them with its ``TrainingAgent`` (on CPU, Relu nodes are trained as
+    ``x * (x > 0)``, :func:`ortflow.graph.relu_as_mask`); ``'ortflow'`` uses ortflow's own gradient graph
+    (:mod:`ortflow.fwbw.own_graphs`, a graph with one output); ``'auto'`` is onnxruntime's on the training build,
+    ortflow's on the plain build. ``gradients_`` says which.
     """
 
     def __init__(
@@ -51,7 +64,12 @@ class OrtGradientForwardBackward:
         input_names_to_train: Sequence[str] | None = None,
         device: str = "cpu",
         session_options: SessionOptions | None = None,
+        gradients: str = "auto",
     ):
+        check_choice("gradients", gradients, ("auto", "ortflow", "onnxruntime"))
+        if gradients == "onnxruntime":
+            require_training("gradients='onnxruntime'")
+        self.gradients_ = "onnxruntime" if gradients == "onnxruntime" or (gradients == "auto" and TRAINING) else "ortflow"
         model = g.load_model(model_onnx)
         g.check_loadable(model)
         check_device(device)
@@ -73,29 +91,27 @@ class OrtGradientForwardBackward:
         self._state = None
 
     def _weights_as_inputs(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        new = onnx.ModelProto()
-        if check_device(self.device)[0] == "cpu":
+        if check_device(self.device)[0] == "cpu" and self.gradients_ == "onnxruntime":
             model = g.relu_as_mask(model)
-        new.CopyFrom(model)
-        for i, node in enumerate(new.graph.node):  # named nodes, so a missing gradient names its node
-            if not node.name:
-                node.name = f"{node.op_type}_{i}"
-        trained = set(self.weights_to_train_)
-        declared = {i.name for i in new.graph.input}
-        kept = []
-        for init in new.graph.initializer:
-            if init.name in trained:
-                if init.name not in declared:
-                    new.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-            else:
-                kept.append(init)
-        del new.graph.initializer[:]
-        new.graph.initializer.extend(kept)
-        return new
+        return _named_nodes(g.initializers_as_inputs(model, self.weights_to_train_))
 
     def _build(self, session_options: SessionOptions | None) -> None:
         self._session_options = session_options or make_session_options()
         self._sessions: list[InferenceSession] = []  # the agents hold the C sessions only
+        self._static: dict[tuple, tuple] = {}
+        if self.gradients_ == "ortflow":
+            try:
+                own = build_own_graphs(_named_nodes(g.keep_outputs(self.model_, self.output_names_)),
+                                       self.weights_to_train_,
+                                       self.input_names_to_train_, self.device, self._session_options)
+            except NotDifferentiableError as exc:
+                raise (exc if TRAINING else with_training_build_hint(exc)) from exc
+            self.agent_, self.cache_, self.gradient_model_ = own.agent, None, own.training
+            self.forward_model_, self._backward_model, self.graph_info_ = own.forward, own.backward, None
+            self.feed_names_, self.grad_names_, self.non_differentiable_ = own.feed_names, own.grad_names, []
+            self.new_state = ForwardState
+            return
+        self.new_state = PartialGraphExecutionState
         self.agent_, self.cache_, self.gradient_model_, builder = self._build_agent(None, self._session_options)
         self._sess = self._sessions[0]
         self.forward_model_ = onnx.load_from_string(builder.get_forward_model())
@@ -109,7 +125,6 @@ class OrtGradientForwardBackward:
         self.feed_names_ = [i.name for i in self.gradient_model_.graph.input]
         self.grad_names_ = [o.name for o in self.gradient_model_.graph.output]
         self.non_differentiable_ = list(info.output_grad_indices_non_differentiable)
-        self._static: dict[tuple, tuple] = {}
 
     def _build_agent(self, input_shapes: list[list[int]] | None, options: SessionOptions):
         """(TrainingAgent, OrtValueCache, training graph, builder) for inputs of any shape (``None``) or of
@@ -153,6 +168,8 @@ class OrtGradientForwardBackward:
         key = tuple(tuple(int(d) for d in shape) for shape in input_shapes)
         if len(key) != len(self.input_names_):
             raise ValueError(f"static_agent expects {len(self.input_names_)} shapes {self.input_names_}, got {key}")
+        if self.gradients_ == "ortflow":  # one graph for any batch size; the cache keeps this shape's bindings
+            return self._static.setdefault(key, (self.agent_, {}, None))[:2]
         if key not in self._static:
             try:
                 agent, cache, model, _ = self._build_agent([list(shape) for shape in key],
@@ -204,7 +221,7 @@ class OrtGradientForwardBackward:
         feeds = dict(zip(self.input_names_, (to_ortvalue(v, self.device) for v in inputs)))
         feeds.update(self.weights)
         fetches = OrtValueVector()
-        state = PartialGraphExecutionState()
+        state = self.new_state()
         self.agent_.run_forward(self.feed_vector(feeds), fetches, state, self.cache_)
         self._state = state if training else None
         return [OrtValue(fetches[i]) for i in range(len(self.output_names_))]
@@ -229,6 +246,8 @@ class OrtGradientForwardBackward:
     def backward_model(self) -> onnx.ModelProto:
         """The backward part of the training graph (the nodes after ``YieldOp``) as a standalone graph, for reading:
         its inputs are the output gradients and the forward tensors it reuses."""
+        if self.gradients_ == "ortflow":
+            return self._backward_model
         return _backward_part(self.gradient_model_)
 
     def optimized_model(self) -> onnx.ModelProto:
@@ -267,6 +286,14 @@ class OrtGradientForwardBackward:
         return paths
 
 
+def _named_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (edited in place) with every unnamed node called ``<op>_<index>``, so a missing gradient names it."""
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = f"{node.op_type}_{i}"
+    return model
+
+
 def _backward_part(model: onnx.ModelProto) -> onnx.ModelProto:
     nodes = list(model.graph.node)
     yields = [i for i, n in enumerate(nodes) if n.op_type == "YieldOp"]
@@ -278,13 +305,8 @@ def _backward_part(model: onnx.ModelProto) -> onnx.ModelProto:
         if node.op_type == "YieldOp" or after.intersection(node.input):
             backward.append(node)
             after.update(node.output)
-    produced = set().union(*(n.output for n in backward)) if backward else set()
     inits = {i.name: i for i in model.graph.initializer}
-    needed = []
-    for node in backward:
-        for name in node.input:
-            if name and name not in produced and name not in inits and name not in needed:
-                needed.append(name)
+    needed = free_inputs(backward, inits)
     typed = {v.name: v for v in list(model.graph.input) + list(model.graph.value_info) + list(model.graph.output)}
     inputs = [typed.get(n) or helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in needed]
     used_inits = [inits[n] for n in {i for node in backward for i in node.input} if n in inits]

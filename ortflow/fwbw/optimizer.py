@@ -17,7 +17,7 @@ import onnx
 from sklearn.base import clone
 
 from .. import graph as g
-from .._ort import OrtValueVector, PartialGraphExecutionState
+from .._ort import OrtValueVector, backend
 from ..base import BaseTrainer, GraphSpec, TrainData
 from ..learning_rates import BaseLearningRate
 from ..onnx_builder import DEFAULT_OPSET
@@ -81,7 +81,7 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
 
     parameters = (MODEL, WEIGHTS, *FWBW, *SHARED)
     __init__ = init_from(parameters)
-    _runtime_parameters = ("learning_loss", "learning_penalty", "output_name", "weight_name")
+    _runtime_parameters = ("learning_loss", "learning_penalty", "output_name", "weight_name", "gradients")
 
     # --- hooks: graphs and runtime -------------------------------------------------------------------------
     def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
@@ -111,7 +111,8 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         train_graph = g.keep_outputs(model, [output])
         self.weights_to_train_ = self._check_weights(model, train_graph, output)
         fb = OrtGradientForwardBackward(train_graph, self.weights_to_train_, device=device,
-                                        session_options=self._session_options())
+                                        session_options=self._session_options(), gradients=self.gradients)
+        self.backend_, self.gradients_ = backend(), fb.gradients_
         inits = g.get_initializers(model)
         small = make_session_options(1 if device == "cpu" else None)  # elementwise graphs on small tensors: one thread
         rate.start({w: inits[w] for w in self.weights_to_train_}, device, penalty, small)
@@ -167,7 +168,7 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         with_penalty = rate.penalty_buffer_ is not None
         uniform = bool((w == 1).all())
         on_cpu = self._rt_device == "cpu"
-        copyto, take, new_state = np.copyto, np.take, PartialGraphExecutionState
+        copyto, take, new_state = np.copyto, np.take, self._rt_fb.new_state
         losses = np.empty(len(self._batch_sizes(n_samples)), dtype=np.float64)
         for i, rows in enumerate(self._batches(n_samples, order)):
             is_slice = rows.__class__ is slice

@@ -33,15 +33,15 @@ from .evaluate import check_finite_predictions, onnx_predict
 
 
 def pip_requirements() -> list[str]:
-    """The runtime the model needs: the installed onnxruntime-training build (never plain onnxruntime)."""
+    """The runtime the model needs: the installed onnxruntime build (training or plain, never both)."""
     requirements = []
-    for package in ("onnxruntime-training-cpu", "onnxruntime-training"):
+    for package in ("onnxruntime-training-cpu", "onnxruntime-training", "onnxruntime", "onnxruntime-gpu"):
         try:
             requirements.append(f"{package}=={importlib.metadata.version(package)}")
             break
         except importlib.metadata.PackageNotFoundError:
             continue
-    else:  # pragma: no cover - the pipelines run on a training build
+    else:  # pragma: no cover - an onnxruntime installed without package metadata
         requirements.append("onnxruntime-training-cpu==1.19.2")
     requirements += [f"onnx=={onnx.__version__}", f"numpy>={np.__version__.split('.')[0]}",
                      f"pandas>={pd.__version__.split('.')[0]}"]

@@ -1,0 +1,132 @@
+"""Full training on ortflow's own graph: one standard-ONNX graph per step (:func:`ortflow.autodiff.training_step`:
+loss, gradients and the SGD/Adam/AdamW update) run by any onnxruntime, the plain build included.
+
+The weights and optimizer moments live in two sets of device buffers, read from one and written to the other by
+two IO bindings used in turn; each batch size has its batch buffers and its two bindings, built once, so a batch
+copies its rows into the batch buffers and binds nothing. A step whose loss is not finite is not committed: the
+state stays the one read (the buffers it wrote are the next step's outputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import onnx
+
+from . import graph as g
+from .autodiff import training_step
+from .autodiff.training import LEARNING_RATE, STEP, UPDATED
+from .learning_rates import BaseLearningRate
+from .runtime import DeviceBuffer, OnnxFunction, SessionOptions
+
+STATE_FILE = "step_state.npz"
+
+
+class StepGraphRuntime:
+    """Runs :func:`~ortflow.autodiff.training_step` graphs of ``loss_graph`` (a scalar output ``loss_name``)
+    training ``weights`` with the update ``rate`` stands for (:meth:`BaseLearningRate.step_options`)."""
+
+    def __init__(self, loss_graph: onnx.ModelProto, loss_name: str, weights: Sequence[str], rate: BaseLearningRate,
+                 device: str, options: SessionOptions):
+        self.device = device
+        self.weights = list(weights)
+        self.step_model = training_step(loss_graph, self.weights, loss_output=loss_name, **rate.step_options())
+        self.function = OnnxFunction(self.step_model, device, options)
+        self.loss_name = loss_name
+        self.state_names = [o[: -len(UPDATED)] for o in self.function.output_names[1:]]
+        scalars = (LEARNING_RATE, STEP)
+        self.feed_names = [n for n in self.function.input_names if n not in self.state_names and n not in scalars]
+        inits = g.get_initializers(loss_graph)
+        self._state = {}
+        for name in self.state_names:
+            start = inits[name] if name in inits else np.zeros(inits[name[:-2]].shape, dtype=np.float32)
+            self._state[name] = [DeviceBuffer(start.shape, device, start), DeviceBuffer(start.shape, device)]
+        self._scalars = {n: DeviceBuffer((), device) for n in scalars if n in self.function.input_names}
+        self._loss = DeviceBuffer((), device)
+        self._batches: dict[tuple, tuple] = {}
+        self.parity = 0
+        self.steps = 0
+        self._rate = None
+        eval_graph = g.keep_outputs(g.initializers_as_inputs(loss_graph, self.weights), [loss_name])
+        self.eval_function = OnnxFunction(eval_graph, device, options)
+
+    # --- training ---
+    def _batch(self, shapes: tuple) -> tuple:
+        """Feed buffers of one batch shape and the two bindings (state read from parity 0 or 1)."""
+        found = self._batches.get(shapes)
+        if found is None:
+            feeds = {n: DeviceBuffer(shape, self.device) for n, shape in zip(self.feed_names, shapes)}
+            bindings = []
+            for parity in (0, 1):
+                values = {**feeds, **{n: pair[parity] for n, pair in self._state.items()}, **self._scalars}
+                outputs = [self._loss] + [self._state[n][1 - parity] for n in self.state_names]
+                bindings.append(self.function.bind([values[n] for n in self.function.input_names], outputs))
+            found = self._batches[shapes] = ([feeds[n] for n in self.feed_names], bindings)
+        return found
+
+    def epoch(self, arrays: Sequence[np.ndarray], batches: Iterable, n_batches: int,
+              learning_rate: float) -> np.ndarray:
+        """Run one step per row selection of ``batches`` (slices or indices) over ``arrays`` (one per feed, in
+        :attr:`feed_names` order) at ``learning_rate``; the loss of every batch, stopping at a non-finite one."""
+        if learning_rate != self._rate:
+            self._scalars[LEARNING_RATE].write(np.float32(learning_rate))
+            self._rate = learning_rate
+        step = self._scalars.get(STEP)
+        run = self.function._sess.run_with_iobinding
+        n_samples = len(arrays[0])
+        tails = [a.shape[1:] for a in arrays]
+        losses = np.empty(n_batches, dtype=np.float64)
+        for i, rows in enumerate(batches):
+            n = (min(rows.stop, n_samples) - rows.start) if rows.__class__ is slice else len(rows)
+            buffers, bindings = self._batch(tuple((n, *t) for t in tails))
+            for buffer, array in zip(buffers, arrays):
+                buffer.gather(array, rows)
+            if step is not None:
+                step.write(np.float32(self.steps + 1))
+            run(bindings[self.parity], None)
+            loss = self._loss.scalar()
+            losses[i] = loss
+            if loss - loss != 0.0:  # NaN or infinite: the step is not committed
+                return losses[: i + 1]
+            self.parity ^= 1
+            self.steps += 1
+        return losses
+
+    def loss(self, arrays: Sequence[np.ndarray]) -> float:
+        """The loss of ``arrays`` (one per feed) at the current weights, nothing updated."""
+        current = self.current()
+        feeds = dict(zip(self.feed_names, arrays))
+        values = [feeds[n] if n in feeds else current[n] for n in self.eval_function.input_names]
+        return float(self.eval_function.run(*values)[0].numpy())
+
+    # --- state ---
+    def current(self) -> dict[str, DeviceBuffer]:
+        return {name: pair[self.parity] for name, pair in self._state.items()}
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        current = self.current()
+        return {name: current[name].read() for name in self.weights}
+
+    def set_weights(self, values: dict[str, np.ndarray]) -> None:
+        current = self.current()
+        for name, value in values.items():
+            expected = current[name].shape
+            if value.shape != expected:
+                raise ValueError(f"set_state: {name!r} has shape {expected}, the value has {value.shape}")
+            current[name].write(value)
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Weights, moments (``<weight>_m``, ``<weight>_v``) and ``step`` as numpy arrays."""
+        state = {name: buffer.read() for name, buffer in self.current().items()}
+        state[STEP] = np.array(self.steps, dtype=np.int64)
+        return state
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        missing = [n for n in (*self.state_names, STEP) if n not in state]
+        if missing:
+            raise KeyError(f"the optimizer state has no {missing}; keys: {sorted(state)}")
+        current = self.current()
+        for name in self.state_names:
+            current[name].write(np.asarray(state[name], dtype=np.float32))
+        self.steps = int(state[STEP])

@@ -1,0 +1,211 @@
+"""Forward and backward passes from ortflow's own gradient graph (:func:`ortflow.onnx_derivative`), for any
+onnxruntime (the plain build has no ``TrainingAgent``).
+
+The derivative graph of the trained output, with its upstream gradient ``<output>_grad`` as an input, is split in
+two: the nodes that do not depend on that gradient form the forward graph (the model's output plus the values the
+backward pass reuses, *saved*), the others the backward graph. :class:`GraphAgent` runs them with
+``TrainingAgent``'s interface (``run_forward`` keeps the saved values in the state that ``run_backward``
+consumes), so the trainer's batch loop is the same on both builds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import onnx
+import onnx.shape_inference
+from onnx import helper
+
+from ..autodiff import onnx_derivative
+from ..autodiff.builder import refuse_unreached, unreached
+from ..exceptions import UnsupportedModelError
+from ..runtime import _C, InferenceSession, SessionOptions, ort_device
+from ..validation import check_device
+
+
+class ForwardState:
+    """What a forward pass leaves for the backward pass: its feeds and outputs (C OrtValues)."""
+
+    __slots__ = ("feeds", "outputs", "cache")
+
+    def __init__(self):
+        self.feeds = None
+        self.outputs = None
+        self.cache = None
+
+
+@dataclass
+class OwnGraphs:
+    """The derivative graph (``training``), its two parts and the agent running them."""
+
+    training: onnx.ModelProto
+    forward: onnx.ModelProto
+    backward: onnx.ModelProto
+    agent: GraphAgent
+    feed_names: list[str]
+    grad_names: list[str]
+
+
+def build_own_graphs(model: onnx.ModelProto, weights: Sequence[str], inputs: Sequence[str], device: str,
+                     options: SessionOptions) -> OwnGraphs:
+    """Forward and backward graphs of ``model``'s only output with respect to ``inputs`` then ``weights``."""
+    outputs = [o.name for o in model.graph.output]
+    if len(outputs) != 1:
+        raise UnsupportedModelError(
+            f"ortflow's own gradient graphs differentiate one output; the graph has {outputs}: keep the trained "
+            "one (ortflow.graph.keep_outputs), or use onnxruntime-training (gradients='onnxruntime')")
+    output = outputs[0]
+    refuse_unreached(model, unreached(model, list(weights), output), output)
+    derivative = onnx_derivative(model, list(weights), list(inputs), output, fill_grad=False, keep_outputs=True)
+    seed = f"{output}_grad"
+    grad_names = [o.name for o in derivative.graph.output[1:]]
+    feed_names = [i.name for i in derivative.graph.input if i.name != seed]
+    tainted, forward, backward = {seed}, [], []
+    for node in derivative.graph.node:  # in graph order: a node after the ones it reads
+        if tainted.intersection(node.input) or set(grad_names).intersection(node.output):
+            backward.append(node)
+            tainted.update(node.output)
+        else:
+            forward.append(node)
+    inits = {i.name: i for i in derivative.graph.initializer}
+    bw_inputs = free_inputs(backward, inits)
+    saved = [n for n in bw_inputs if n != seed and n not in feed_names and n != output]
+    types = _value_types(derivative)
+    fw_outputs = [derivative.graph.output[0]] + [types[n] for n in saved]
+    fw_inputs = [i for i in derivative.graph.input if i.name != seed]
+    forward_model = _model(derivative, forward, "forward", fw_inputs, fw_outputs, inits)
+    typed_inputs = {i.name: i for i in derivative.graph.input}
+    bw_declared = [typed_inputs.get(n) or types.get(n) or derivative.graph.output[0] for n in bw_inputs]
+    backward_model = _model(derivative, backward, "backward", bw_declared, list(derivative.graph.output[1:]), inits)
+    sources = []
+    for name in bw_inputs:
+        if name == seed:
+            sources.append(("seed", 0))
+        elif name in feed_names:
+            sources.append(("feed", feed_names.index(name)))
+        else:
+            sources.append(("output", 0 if name == output else 1 + saved.index(name)))
+    providers = check_device(device)[1]
+    agent = GraphAgent(InferenceSession(forward_model.SerializeToString(), options, providers=providers),
+                       InferenceSession(backward_model.SerializeToString(), options, providers=providers),
+                       sources, device)
+    return OwnGraphs(derivative, forward_model, backward_model, agent, feed_names, grad_names)
+
+
+def free_inputs(nodes: Sequence[onnx.NodeProto], initializers) -> list[str]:
+    """The names ``nodes`` read that none of them produces and that are not ``initializers``, in reading order."""
+    produced = {name for node in nodes for name in node.output}
+    free: list[str] = []
+    for node in nodes:
+        for name in node.input:
+            if name and name not in produced and name not in initializers and name not in free:
+                free.append(name)
+    return free
+
+
+def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    graph = inferred.graph
+    return {v.name: v for v in list(graph.value_info) + list(graph.output) + list(graph.input)}
+
+
+def _model(source: onnx.ModelProto, nodes: list, name: str, inputs: list, outputs: list, inits: dict
+           ) -> onnx.ModelProto:
+    used = {n for node in nodes for n in node.input}
+    graph = helper.make_graph(nodes, f"{source.graph.name}_{name}", inputs, outputs,
+                              [init for key, init in inits.items() if key in used])
+    new = helper.make_model(graph, opset_imports=list(source.opset_import), ir_version=source.ir_version)
+    new.producer_name = "ortflow"
+    return new
+
+
+class GraphAgent:
+    """``TrainingAgent``'s ``run_forward`` / ``run_backward`` over the forward and backward sessions.
+
+    ``run_forward(feeds, fetches, state, cache)``: ``feeds`` in feed order (model inputs, then weights); when
+    ``fetches`` already holds a value, the model output is written into it, else it is appended. ``run_backward(
+    feeds, fetches, state)``: ``feeds`` holds the output's gradient; gradients go into the values of ``fetches``
+    (same shapes) or are appended when it is empty.
+
+    With a ``cache`` (a dict, one per batch shape: what :meth:`OrtGradientForwardBackward.static_agent` returns)
+    the IO bindings are built once per feeds vector and reused, so a batch of the trainer binds nothing: the saved
+    values stay in the buffers onnxruntime allocated at the first run (checked by address at every backward pass,
+    rebound if onnxruntime moved them)."""
+
+    def __init__(self, forward: InferenceSession, backward: InferenceSession, sources: list, device: str):
+        self._fw, self._bw = forward._sess, backward._sess
+        self._sessions = (forward, backward)
+        self._fw_in = [i.name for i in forward.get_inputs()]
+        self._fw_out = [o.name for o in forward.get_outputs()]
+        self._bw_in = [i.name for i in backward.get_inputs()]
+        self._bw_out = [o.name for o in backward.get_outputs()]
+        self._sources = sources  # per backward input, in order: (kind, index)
+        self._saved = [index for kind, index in sources if kind == "output"]
+        self._device = ort_device(device)
+
+    def _forward_binding(self, feeds, fetches):
+        binding = _C.SessionIOBinding(self._fw)
+        for i, name in enumerate(self._fw_in):
+            binding.bind_ortvalue_input(name, feeds[i])
+        preset = len(fetches) > 0
+        for i, name in enumerate(self._fw_out):
+            if i == 0 and preset:
+                binding.bind_ortvalue_output(name, fetches[0])
+            else:
+                binding.bind_output(name, self._device)
+        return binding, preset
+
+    def run_forward(self, feeds, fetches, state: ForwardState, cache: dict | None = None) -> None:
+        entry = None if cache is None else cache.get(("fw", id(feeds), id(fetches)))
+        if entry is None:
+            entry = (feeds, fetches, *self._forward_binding(feeds, fetches))  # keeps the vectors alive
+            if cache is not None:
+                _bounded(cache)["fw", id(feeds), id(fetches)] = entry
+        _, _, binding, preset = entry
+        self._fw.run_with_iobinding(binding, None)
+        outputs = binding.get_outputs()
+        if not preset:
+            fetches.push_back(outputs[0])
+        state.feeds, state.outputs, state.cache = feeds, outputs, cache
+
+    def _backward_inputs(self, feeds, state: ForwardState) -> list:
+        return [feeds[0] if kind == "seed" else (state.feeds if kind == "feed" else state.outputs)[index]
+                for kind, index in self._sources]
+
+    def run_backward(self, feeds, fetches, state: ForwardState) -> None:
+        cache, key = state.cache, ("bw", id(state.feeds), id(feeds), id(fetches))
+        entry = None if cache is None else cache.get(key)
+        outputs = state.outputs
+        addresses = [outputs[i].data_ptr() for i in self._saved]
+        if entry is None or entry[3] != addresses:
+            inputs = self._backward_inputs(feeds, state)
+            binding = _C.SessionIOBinding(self._bw)
+            for name, value in zip(self._bw_in, inputs):
+                binding.bind_ortvalue_input(name, value)
+            preset = len(fetches) == len(self._bw_out)
+            for i, name in enumerate(self._bw_out):
+                if preset:
+                    binding.bind_ortvalue_output(name, fetches[i])
+                else:
+                    binding.bind_output(name, self._device)
+            entry = (feeds, fetches, binding, addresses, preset, inputs)  # inputs: kept alive with the binding
+            if cache is not None:
+                _bounded(cache)[key] = entry
+        binding, preset = entry[2], entry[4]
+        self._bw.run_with_iobinding(binding, None)
+        if not preset:
+            for value in binding.get_outputs():
+                fetches.push_back(value)
+        state.feeds = state.outputs = state.cache = None
+
+
+#: bindings a cache holds: the trainer needs four per batch shape (forward and backward, two weight parities); a
+#: caller building new vectors at every call (ortflow.torch) must not make it grow
+CACHE_ENTRIES = 8
+
+
+def _bounded(cache: dict) -> dict:
+    if len(cache) >= CACHE_ENTRIES:
+        cache.clear()
+    return cache
