@@ -97,7 +97,16 @@ def log_split_inputs(tracking: Tracking, run_id: str, split: Split, data: DictCo
         return []
     inputs = [DatasetInput(d._to_mlflow_entity(), tags=[InputTag(MLFLOW_DATASET_CONTEXT, CONTEXTS[part])])
               for part, d in datasets.items()]
-    tracking.client.log_inputs(run_id, datasets=inputs)
+    try:
+        tracking.client.log_inputs(run_id, datasets=inputs)
+    except Exception as exc:  # noqa: BLE001 - only the insert race below is retried
+        # Several runs logging the same dataset at once (a sweep's workers, chains started together): the store
+        # looks the dataset up, then inserts it, and a concurrent writer may insert it in between (a unique-key
+        # violation). Once it exists the same call links it instead of inserting it: one more try settles it.
+        text = str(exc).lower()
+        if not any(marker in text for marker in ("unique", "duplicate", "integrity")):
+            raise
+        tracking.client.log_inputs(run_id, datasets=inputs)
     return [CONTEXTS[part] for part in datasets]
 
 
