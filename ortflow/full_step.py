@@ -1,9 +1,11 @@
 """Full training on ortflow's own graph: one standard-ONNX graph per step (:func:`ortflow.autodiff.training_step`:
 loss, gradients and the SGD/Adam/AdamW update) run by any onnxruntime, the plain build included.
 
-The weights and optimizer moments live in two sets of device buffers, read from one and written to the other by
-two IO bindings used in turn; each batch size has its batch buffers and its two bindings, built once, so a batch
-copies its rows into the batch buffers and binds nothing. A step whose loss is not finite is not committed: the
+Each batch size met (the batch size, and the shorter last batch) runs a step graph built for that many rows, whose
+shape computations are constants (fewer nodes per step than the graph with a symbolic batch axis); all of them read
+and write the same state. The weights and optimizer moments live in two sets of device buffers, read from one and
+written to the other by two IO bindings used in turn; each batch size has its session, its batch buffers and its
+two bindings, built once, so a batch copies its rows into the batch buffers and binds nothing. A step whose loss is not finite is not committed: the
 state stays the one read (the buffers it wrote are the next step's outputs).
 """
 
@@ -31,18 +33,21 @@ class StepGraphRuntime:
                  device: str, options: SessionOptions):
         self.device = device
         self.weights = list(weights)
-        self.step_model = training_step(loss_graph, self.weights, loss_output=loss_name, **rate.step_options())
-        self.function = OnnxFunction(self.step_model, device, options)
+        self._build = dict(loss_model=loss_graph, weights=self.weights, loss_output=loss_name, **rate.step_options())
+        self._options = options
+        # the graph with a symbolic batch axis: what is saved, and the names every batch shape's graph shares
+        self.step_model = training_step(**self._build)
+        self.input_names = [i.name for i in self.step_model.graph.input]
         self.loss_name = loss_name
-        self.state_names = [o[: -len(UPDATED)] for o in self.function.output_names[1:]]
+        self.state_names = [o.name[: -len(UPDATED)] for o in self.step_model.graph.output[1:]]
         scalars = (LEARNING_RATE, STEP)
-        self.feed_names = [n for n in self.function.input_names if n not in self.state_names and n not in scalars]
+        self.feed_names = [n for n in self.input_names if n not in self.state_names and n not in scalars]
         inits = g.get_initializers(loss_graph)
         self._state = {}
         for name in self.state_names:
             start = inits[name] if name in inits else np.zeros(inits[name[:-2]].shape, dtype=np.float32)
             self._state[name] = [DeviceBuffer(start.shape, device, start), DeviceBuffer(start.shape, device)]
-        self._scalars = {n: DeviceBuffer((), device) for n in scalars if n in self.function.input_names}
+        self._scalars = {n: DeviceBuffer((), device) for n in scalars if n in self.input_names}
         self._loss = DeviceBuffer((), device)
         self._batches: dict[tuple, tuple] = {}
         self.parity = 0
@@ -53,16 +58,23 @@ class StepGraphRuntime:
 
     # --- training ---
     def _batch(self, shapes: tuple) -> tuple:
-        """Feed buffers of one batch shape and the two bindings (state read from parity 0 or 1)."""
+        """For one batch shape: the feed buffers, the session's run and its two bindings (state read from parity
+        0 or 1)."""
         found = self._batches.get(shapes)
         if found is None:
+            function = OnnxFunction(training_step(**self._build, batch_rows=shapes[0][0]), self.device,
+                                    self._options)
+            if function.input_names != self.input_names:  # pragma: no cover - the same graph, rows fixed
+                raise RuntimeError(f"the step graph for {shapes} has inputs {function.input_names}, "
+                                   f"not {self.input_names}")
             feeds = {n: DeviceBuffer(shape, self.device) for n, shape in zip(self.feed_names, shapes)}
             bindings = []
             for parity in (0, 1):
                 values = {**feeds, **{n: pair[parity] for n, pair in self._state.items()}, **self._scalars}
                 outputs = [self._loss] + [self._state[n][1 - parity] for n in self.state_names]
-                bindings.append(self.function.bind([values[n] for n in self.function.input_names], outputs))
-            found = self._batches[shapes] = ([feeds[n] for n in self.feed_names], bindings)
+                bindings.append(function.bind([values[n] for n in self.input_names], outputs))
+            run = function._sess.run_with_iobinding
+            found = self._batches[shapes] = ([feeds[n] for n in self.feed_names], run, bindings, function)
         return found
 
     def epoch(self, arrays: Sequence[np.ndarray], batches: Iterable, n_batches: int,
@@ -73,13 +85,12 @@ class StepGraphRuntime:
             self._scalars[LEARNING_RATE].write(np.float32(learning_rate))
             self._rate = learning_rate
         step = self._scalars.get(STEP)
-        run = self.function._sess.run_with_iobinding
         n_samples = len(arrays[0])
         tails = [a.shape[1:] for a in arrays]
         losses = np.empty(n_batches, dtype=np.float64)
         for i, rows in enumerate(batches):
             n = (min(rows.stop, n_samples) - rows.start) if rows.__class__ is slice else len(rows)
-            buffers, bindings = self._batch(tuple((n, *t) for t in tails))
+            buffers, run, bindings, _ = self._batch(tuple((n, *t) for t in tails))
             for buffer, array in zip(buffers, arrays):
                 buffer.gather(array, rows)
             if step is not None:

@@ -203,6 +203,8 @@ class TrainerConfig:
     max_iter: int = 20
     batch_size: int = 32
     device: str = "cpu"
+    # onnxruntime intra-op threads; None: the trainer picks them from a batch's work (logged as trainer.n_threads_)
+    n_threads: Optional[int] = None
     seed: int = "${seed}"  # type: ignore[assignment]
     shuffle: bool = True
     early_stopping: bool = False

@@ -66,6 +66,29 @@ def test_adam_steps_reproduce_full_training(regression_data, optimizer, weight_d
         assert np.abs(value - ortflow.get_initializers(loss)[name]).max() > 0.05  # it trained
 
 
+def test_full_training_runs_one_graph_per_batch_shape_with_the_symbolic_graphs_results(regression_data):
+    """Full training builds a step graph per batch size it meets (10 rows, and the last batch of 5), whose counts
+    are constants; it ends with the weights of the one graph with a symbolic batch axis."""
+    X, y = regression_data
+    X, y = X[:95], y[:95].reshape(-1, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = ortflow.to_onnx(MLPRegressor(hidden_layer_sizes=(4,), max_iter=2, random_state=0).fit(X, y.ravel()))
+    loss = ortflow.add_loss_output(model)
+    symbolic, fixed = training_step(loss), training_step(loss, batch_rows=10)
+    ops = [[n.op_type for n in m.graph.node] for m in (symbolic, fixed)]
+    assert "Size" in ops[0] and "Size" not in ops[1] and len(ops[1]) < len(ops[0])
+    runner = TrainingStepRunner(symbolic, ortflow.get_initializers(loss))
+    for _ in range(3):
+        runner.epoch([X, y], batch_size=10, learning_rate=0.01)
+    trainer = ortflow.OrtGradientOptimizer(loss, max_iter=3, batch_size=10, learning_rate=0.01, shuffle=False,
+                                           gradients="ortflow").fit(X, y)
+    assert sorted(shapes[0][0] for shapes in trainer._rt_step._batches) == [5, 10]
+    got = ortflow.get_initializers(trainer.get_trained_onnx())
+    for name, value in runner.get_weights().items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
 def test_bad_settings_are_refused(regression_data):
     X, y = regression_data
     loss = ortflow.add_loss_output(ortflow.to_onnx(LinearRegression().fit(X, y)))

@@ -105,7 +105,8 @@ def test_own_forward_backward_graphs_run_in_plain_sessions(regression_data, mlp,
     for name, value in grads.items():
         np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-7, err_msg=name)
     for name, path in fb.save_onnx_graph(tmp_path).items():
-        assert all(n.domain in ("", "ai.onnx") for n in __import__("onnx").load(path).graph.node), name
+        if name != "optimized":  # onnxruntime's own rewrite (FusedGemm...), saved for reading
+            assert all(n.domain in ("", "ai.onnx") for n in __import__("onnx").load(path).graph.node), name
 
 
 def test_op_outside_the_rules(regression_data):

@@ -189,6 +189,17 @@ def test_optimizer_settings_reach_the_trainer_through_the_registry(compose_pipel
     assert (rate.eta0, rate.weight_decay) == (0.02, 0.3)
 
 
+@pytest.mark.parametrize("trainer", ["full", "fwbw", "torch"])
+def test_n_threads_reaches_every_trainer_and_defaults_to_the_work(compose_pipeline, trainer):
+    import ortflow
+    from pipelines.stages.train import build_trainer
+
+    graph = ortflow.to_onnx(_tiny_linear())
+    chosen = build_trainer(compose_pipeline(f"trainer={trainer}", "trainer.n_threads=2"), graph, [])
+    default = build_trainer(compose_pipeline(f"trainer={trainer}"), graph, [])
+    assert (chosen.n_threads, default.n_threads) == (2, None)
+
+
 def _tiny_linear():
     import numpy as np
     from sklearn.linear_model import LinearRegression

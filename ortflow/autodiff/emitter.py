@@ -93,8 +93,17 @@ class Emitter:
             raise NotDifferentiableError(f"run-time Unsqueeze axes need opset 13 or more (opset {self.opset})")
         return self.op("Unsqueeze", [x], axes=list(axes))
 
+    def static_shape(self, x: str) -> list[int] | None:
+        """``x``'s shape when every axis has a fixed size, else None."""
+        shape = self.info.get(x, ValueInfo()).shape
+        if shape is None or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+            return None
+        return list(shape)
+
     def shape(self, x: str) -> str:
-        return self.op("Shape", [x])
+        """``x``'s shape as an int64 tensor: a constant when it is static, else a ``Shape`` node."""
+        static = self.static_shape(x)
+        return self.ints(static) if static is not None else self.op("Shape", [x])
 
     def zeros_like(self, x: str) -> str:
         zero = numpy_helper.from_array(np.zeros((1,), dtype=helper.tensor_dtype_to_np_dtype(self.dtype(x))))

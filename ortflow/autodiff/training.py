@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from .._ort import InferenceSession, OrtValue, SessionOptions
 from ..graph import ModelLike, all_names, load_model
@@ -29,6 +29,7 @@ def training_step(
     betas: tuple[float, float] = (0.9, 0.999),
     epsilon: float = 1e-8,
     weight_decay: float = 0.0,
+    batch_rows: int | None = None,
 ) -> onnx.ModelProto:
     """The graph of one optimizer step on ``loss_model`` (a scalar loss, e.g. from :func:`ortflow.add_loss_output`).
 
@@ -46,13 +47,14 @@ def training_step(
 
     ``loss_output`` defaults to the first output. Every input's first axis, when not fixed, is declared as one
     symbol ``batch``: a training batch slices all inputs by rows, and knowing it lets the gradient sum broadcast
-    axes without run-time checks.
+    axes without run-time checks. With ``batch_rows`` that axis is fixed to this many rows: a graph for one batch
+    shape, whose shape computations (counts, broadcast shapes) are constants.
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer={optimizer!r} is not supported by training_step; choose one of {OPTIMIZERS}")
     if optimizer != "adamw" and weight_decay:
         raise ValueError(f"weight_decay={weight_decay} applies to optimizer='adamw' only, not {optimizer!r}")
-    model = _one_batch_axis(load_model(loss_model))
+    model = _one_batch_axis(load_model(loss_model), batch_rows)
     weights = pick_weights(model, weights)
     if not weights:
         raise ValueError("training_step needs at least one float initializer to train")
@@ -70,7 +72,10 @@ def training_step(
     clash = sorted(new_names & all_names(model))
     if clash:
         raise ValueError(f"training_step adds the names {clash}, which already exist in the graph; rename them")
-    gradients = build_gradients(model, weights, loss, taken=new_names)
+    # SGD seeds the backward pass with the learning rate: the gradients come out already scaled and each update
+    # is one Sub (one Mul per weight fewer)
+    seed = LEARNING_RATE if optimizer == "sgd" else None
+    gradients = build_gradients(model, weights, loss, seed=seed, taken=new_names)
     refuse_unreached(model, [w for w in weights if gradients.grads[w] is None], loss)
     e = gradients.emitter
     grads = dict(gradients.grads)
@@ -78,12 +83,30 @@ def training_step(
         e.info[name] = ValueInfo(TensorProto.FLOAT, [] if name in scalars else e.info[name[:-2]].shape)
     if optimizer == "sgd":
         for w in weights:
-            e.op_named("Sub", [w, e.op("Mul", [grads[w], LEARNING_RATE])], w + UPDATED)
+            if not _update_in_gemm(e, w, grads[w]):
+                e.op_named("Sub", [w, grads[w]], w + UPDATED)
     else:
         _adam(e, weights, grads, betas, epsilon, weight_decay)
     outputs = [value_info(s + UPDATED, e.info[s]) for s in state]
     inputs = [value_info(m, e.info[m]) for m in moments] + [value_info(s, e.info[s]) for s in scalars]
     return assemble(model, gradients, {}, [loss], inputs, weights, outputs)
+
+
+def _update_in_gemm(e: Emitter, weight: str, grad: str) -> bool:
+    """When ``grad`` is the only use of a two-input Gemm's output, make that Gemm write ``weight - grad`` itself
+    (``C=weight, alpha=-alpha, beta=1``): one node and one weight-sized buffer fewer per step."""
+    producer = next((node for node in reversed(e.nodes) if grad in node.output), None)
+    if producer is None or producer.op_type != "Gemm" or len(producer.input) != 2:
+        return False
+    if any(grad in node.input for node in e.nodes):
+        return False
+    alpha = next((a.f for a in producer.attribute if a.name == "alpha"), 1.0)
+    kept = [a for a in producer.attribute if a.name not in ("alpha", "beta")]
+    del producer.attribute[:]
+    producer.attribute.extend([*kept, helper.make_attribute("alpha", -alpha), helper.make_attribute("beta", 1.0)])
+    producer.input.append(weight)
+    producer.output[0] = weight + UPDATED
+    return True
 
 
 def _init_type(model: onnx.ModelProto, name: str) -> int:
@@ -112,7 +135,7 @@ def _adam(e: Emitter, weights: list, grads: dict, betas: tuple, epsilon: float, 
             e.op_named("Identity", [moved], w + UPDATED)
 
 
-def _one_batch_axis(model: onnx.ModelProto) -> onnx.ModelProto:
+def _one_batch_axis(model: onnx.ModelProto, rows: int | None = None) -> onnx.ModelProto:
     new = onnx.ModelProto()
     new.CopyFrom(model)
     inits = {i.name for i in new.graph.initializer}
@@ -121,7 +144,10 @@ def _one_batch_axis(model: onnx.ModelProto) -> onnx.ModelProto:
         if value.name not in inits and tensor.HasField("shape") and tensor.shape.dim:
             dim = tensor.shape.dim[0]
             if not dim.HasField("dim_value"):
-                dim.dim_param = "batch"
+                if rows is None:
+                    dim.dim_param = "batch"
+                else:
+                    dim.dim_value = int(rows)
     return new
 
 

@@ -42,6 +42,7 @@ def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
     params = dict(
         weights_to_train=list(t.weights_to_train) if t.weights_to_train else None, learning_rate=learning_rate(cfg),
         max_iter=int(t.max_iter), batch_size=int(t.batch_size), device=str(t.device), verbose=trainer_verbose(cfg),
+        n_threads=None if t.n_threads is None else int(t.n_threads),
         early_stopping=bool(t.early_stopping), n_iter_no_change=int(t.n_iter_no_change), tol=float(t.tol),
         shuffle=bool(t.shuffle), random_state=int(t.seed), callbacks=callbacks, exc=True,
     )

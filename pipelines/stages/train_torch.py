@@ -40,7 +40,8 @@ class TorchTrainer:
                  l1_weight: float = 0.5, l2_weight: float = 0.5, max_iter: int = 20, batch_size: int = 32,
                  shuffle: bool = True, random_state: int = 0, early_stopping: bool = False,
                  n_iter_no_change: int = 10, tol: float = 1e-4, weights_to_train: Sequence[str] | None = None,
-                 penalty: tuple[float, float, Sequence[str]] | None = None, callbacks: Sequence[ortflow.Callback] = ()):
+                 penalty: tuple[float, float, Sequence[str]] | None = None, callbacks: Sequence[ortflow.Callback] = (),
+                 n_threads: int | None = None):
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer={optimizer!r}: trainer=torch offers {list(OPTIMIZERS)}")
         if loss not in LOSSES:
@@ -56,6 +57,7 @@ class TorchTrainer:
         self.weights_to_train = weights_to_train
         self.penalty = penalty
         self.callbacks = list(callbacks)
+        self.n_threads = n_threads  # onnxruntime intra-op threads (None: torch.get_num_threads())
 
     # --- torch pieces ---
     def _make_optimizer(self, params):
@@ -116,7 +118,8 @@ class TorchTrainer:
         self.score_output_ = SCORE_OUTPUT if SCORE_OUTPUT in outputs else outputs[0]
         self.trained_graph_ = g.keep_outputs(self.graph, [self.score_output_])
         torch.manual_seed(self.random_state)
-        self.module_ = OnnxModule(self.trained_graph_, weights_to_train=self.weights_to_train)
+        self.module_ = OnnxModule(self.trained_graph_, weights_to_train=self.weights_to_train,
+                                  n_threads=self.n_threads)
         n_outputs = g.shape_of(self.trained_graph_, self.score_output_)[-1]
         n_outputs = n_outputs if isinstance(n_outputs, int) else 1
         X = torch.tensor(np.asarray(X), dtype=torch.float32)
@@ -250,5 +253,5 @@ def build_torch(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list) -> Tor
         max_iter=int(t.max_iter), batch_size=int(t.batch_size), shuffle=bool(t.shuffle), random_state=int(t.seed),
         early_stopping=bool(t.early_stopping), n_iter_no_change=int(t.n_iter_no_change), tol=float(t.tol),
         weights_to_train=list(t.weights_to_train) if t.weights_to_train else None, penalty=penalty,
-        callbacks=callbacks,
+        callbacks=callbacks, n_threads=None if t.n_threads is None else int(t.n_threads),
     )
