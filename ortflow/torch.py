@@ -4,10 +4,10 @@ The forward and backward passes run in onnxruntime (``TrainingAgent``, through
 :class:`ortflow.fwbw.OrtGradientForwardBackward`, whose training graph takes the trained weights as inputs); torch
 owns the weights as ``nn.Parameter`` objects, so its optimizers, LR schedulers, ``state_dict`` and pickling apply.
 
-Tensors cross between torch and onnxruntime through DLPack without copies. Per batch, nothing is copied on the hot
-path when the inputs and the output gradients are contiguous tensors of the graph's dtype on the module's device:
-the inputs and the parameters are viewed as OrtValues, onnxruntime allocates the outputs and the gradients and
-torch views them. A non-contiguous tensor (a strided slice, an expanded gradient such as the one of ``y.sum()``) is
+Tensors cross between torch and onnxruntime through DLPack. Per batch, when the inputs and the output gradients
+are contiguous tensors of the graph's dtype on the module's device, the inputs and the parameters are viewed as
+OrtValues and onnxruntime allocates the gradients, which torch views; the one copy is of the outputs in training
+(batch x outputs values): onnxruntime's backward pass reuses their buffers. A non-contiguous tensor (a strided slice, an expanded gradient such as the one of ``y.sum()``) is
 copied once by ``.contiguous()``, since onnxruntime reads dense row-major buffers only.
 
 This module needs torch (``pip install 'ortflow[torch]'``); ``import ortflow`` does not import it.
@@ -240,9 +240,14 @@ class _OnnxFunction(torch.autograd.Function):
     def forward(ctx, plan: _Plan, agent_cache, param_views: list, n_inputs: int, *tensors):
         device = tensors[-1].device
         outputs, ctx.state = _run_forward(plan, agent_cache, tensors[:n_inputs], param_views, device)
+        # onnxruntime's memory plan lets the backward pass reuse the buffers of the forward outputs: the outputs
+        # handed to torch are copies (batch x outputs values), or they would change under the caller at backward
+        outputs = [o.clone() for o in outputs]
         ctx.plan, ctx.agent_cache, ctx.n_inputs, ctx.device = plan, agent_cache, n_inputs, device
         ctx.dtypes = [o.dtype for o in outputs]
-        ctx.save_for_backward(*tensors)
+        # kept for a second backward pass only (retain_graph, gradcheck), with their versions to refuse tensors
+        # changed in place since: save_for_backward's bookkeeping costs microseconds per tensor and batch
+        ctx.tensors, ctx.versions = tensors, [t._version for t in tensors]
         if plan.non_differentiable:
             ctx.mark_non_differentiable(*(outputs[i] for i in plan.non_differentiable))
         return tuple(outputs)
@@ -252,11 +257,16 @@ class _OnnxFunction(torch.autograd.Function):
         plan = ctx.plan
         state, ctx.state = ctx.state, None
         if state is None:
-            saved = ctx.saved_tensors
+            saved = ctx.tensors
+            changed = [i for i, (t, v) in enumerate(zip(saved, ctx.versions)) if t._version != v]
+            if changed:
+                raise RuntimeError(f"OnnxModule: a second backward pass needs the forward pass's tensors, but "
+                                   f"tensors {changed} (inputs, then parameters) were modified in place since")
             views = [_to_ort(t) for t in saved[ctx.n_inputs:]]
             _, state = _run_forward(plan, ctx.agent_cache, saved[: ctx.n_inputs], views, ctx.device)
-        grads = [grad if grad.dtype == dtype else grad.to(dtype)
-                 for i, (grad, dtype) in enumerate(zip(grad_outputs, ctx.dtypes)) if i not in plan.non_differentiable]
+        grads = [grad if grad.dtype == dtype else grad.to(dtype) for grad, dtype in zip(grad_outputs, ctx.dtypes)]
+        if plan.non_differentiable:
+            grads = [grad for i, grad in enumerate(grads) if i not in plan.non_differentiable]
         fetches = OrtValueVector()
         feeds = _vector(grads)
         _synchronize(ctx.device)

@@ -96,6 +96,26 @@ def test_gradcheck_float64_graph():
     assert torch.autograd.gradcheck(call, (x, *params))
 
 
+def test_outputs_survive_backward_and_a_second_backward_recomputes():
+    """Seen: onnxruntime's backward pass wrote into the forward outputs' buffers, so the outputs changed after
+    ``backward()`` and a second backward (retain_graph) got gradients from the changed values."""
+    layer = OnnxModule(to_onnx(fitted_mlp(n_features=4, hidden=(5,))))
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
+    out = layer(x)
+    before = out.detach().clone()
+    loss = out.square().sum()
+    loss.backward(retain_graph=True)
+    torch.testing.assert_close(out.detach(), before, rtol=0, atol=0)
+    first = [p.grad.clone() for p in layer.parameters()]
+    loss.backward(retain_graph=True)  # onnxruntime's state served the first pass: the forward pass runs again
+    for p, g in zip(layer.parameters(), first):
+        torch.testing.assert_close(p.grad, 2 * g)
+    with torch.no_grad():
+        next(layer.parameters()).add_(1.0)
+    with pytest.raises(RuntimeError, match=r"tensors \[1\] \(inputs, then parameters\) were modified in place"):
+        loss.backward()
+
+
 def test_mixed_model_trains_like_torch(regression_data):
     """torch Linear -> ONNX MLP -> torch Linear, Adam, against the same model all in torch."""
     X = torch.tensor(regression_data[0])
