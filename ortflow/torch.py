@@ -178,13 +178,15 @@ class _Runtime:
                 found = (fb.agent_, fb.cache_)
         return found
 
-    def param_views(self, params: Sequence[torch.Tensor]) -> list:
+    def param_views(self, params: Sequence[torch.Tensor], device: torch.device) -> list:
         """C OrtValues viewing the parameters, kept while a parameter's storage stays where it is (optimizers and
-        ``load_state_dict`` write in place): a DLPack export costs a few microseconds per tensor and batch."""
+        ``load_state_dict`` write in place): a DLPack export costs a few microseconds per tensor and batch. A
+        parameter is checked (device, dtype) when its storage moves, which ``.to()`` and ``.double()`` do."""
         views = []
         for i, param in enumerate(params):
             cached = self._param_views[i]
             if cached is None or cached[0] != param.data_ptr():
+                self.module._check_parameter(i, param, device)
                 cached = self._param_views[i] = (param.data_ptr(), _to_ort(param))
             views.append(cached[1])
         return views
@@ -342,12 +344,12 @@ class OnnxModule(nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         params = list(self._parameters.values())
-        device = self._check_inputs(inputs, params)
+        device = self._check_inputs(inputs, params[0].device)
         runtime = self._runtime(device)
         grad = torch.is_grad_enabled()
         input_grads = tuple(name for name, t in zip(self.input_names_, inputs)
                             if grad and t.requires_grad and t.is_floating_point())
-        views = runtime.param_views(params)
+        views = runtime.param_views(params, device)
         if not grad or not (input_grads or any(p.requires_grad for p in params)):
             feeds = dict(zip(self.feed_names_, [_to_ort(t) for t in inputs] + views))
             outputs = _to_torch(runtime.infer(feeds, device))
@@ -357,11 +359,10 @@ class OnnxModule(nn.Module):
             outputs = _OnnxFunction.apply(plan, agent, views, len(inputs), *inputs, *params)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _check_inputs(self, inputs: Sequence[torch.Tensor], params: list[nn.Parameter]) -> torch.device:
+    def _check_inputs(self, inputs: Sequence[torch.Tensor], device: torch.device) -> torch.device:
         if len(inputs) != len(self.input_names_):
             raise TypeError(f"OnnxModule.forward takes {len(self.input_names_)} tensors {self.input_names_}, "
                             f"got {len(inputs)}")
-        device = params[0].device
         for (name, dtype, dims), tensor in zip(self._input_specs, inputs):
             if not isinstance(tensor, torch.Tensor):
                 raise TypeError(f"input {name!r} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -376,13 +377,15 @@ class OnnxModule(nn.Module):
             if tensor.device != device:
                 raise ValueError(f"input {name!r} is on {tensor.device}, the module's parameters on {device}; "
                                  "move them to the same device")
-        for name, param, expected in zip(self.weights_to_train_, params, self._param_dtypes):
-            if param.device != device:
-                raise ValueError(f"parameter {name!r} is on {param.device}, the others on {device}")
-            if param.dtype != expected:
-                raise TypeError(f"parameter {name!r} has dtype {param.dtype}, the graph expects {expected}: the "
-                                "graph's dtypes are fixed (convert the ONNX graph instead of calling .double())")
         return device
+
+    def _check_parameter(self, index: int, param: torch.Tensor, device: torch.device) -> None:
+        name, expected = self.weights_to_train_[index], self._param_dtypes[index]
+        if param.device != device:
+            raise ValueError(f"parameter {name!r} is on {param.device}, the others on {device}")
+        if param.dtype != expected:
+            raise TypeError(f"parameter {name!r} has dtype {param.dtype}, the graph expects {expected}: the "
+                            "graph's dtypes are fixed (convert the ONNX graph instead of calling .double())")
 
     def _runtime(self, device: torch.device) -> _Runtime:
         key = _device_string(device)
