@@ -5,9 +5,9 @@
 
 Per batch of case A (15 rows through the MLP (50,10)), median over repeats of the median epoch:
 
-- ``full floor``: the C++ ``Module.train_step`` / ``Optimizer.optimizer_step`` / ``Module.lazy_reset_grad`` of a
-  fitted ``OrtGradientOptimizer``, called on row slices in a bare Python loop (no ortflow code per batch);
-- ``full ortflow``: the same objects through ``OrtGradientOptimizer._train_epoch``;
+- ``full floor``: the training-step graph of a fitted ``OrtGradientOptimizer`` (ortflow's own, the default) run
+  on its bound buffers in a bare Python loop, the loss read back (no row copies, no ortflow code per batch);
+- ``full ortflow``: the same session through ``OrtGradientOptimizer._train_epoch``;
 - ``fwbw agent floor``: ``TrainingAgent.run_forward`` + ``run_backward`` of the static training graph on bound
   feeds; ``fwbw floor``: the same plus the loss graph and the update graph (every onnxruntime call of a batch, no
   copies); ``fwbw ortflow``: ``OrtGradientForwardBackwardOptimizer._train_epoch``.
@@ -15,9 +15,9 @@ Per batch of case A (15 rows through the MLP (50,10)), median over repeats of th
 Overhead = ortflow - floor, in microseconds per batch. Wall time (``perf_counter``) and CPU time
 (``process_time``, less disturbed by other processes on a shared machine) are both reported.
 
-Set-up: a one-epoch ``fit`` on case A, full training with the artifact cache emptied before the fit (what every
-fit paid before the cache) and with the cache holding that graph (a GridSearchCV clone), and forward-backward
-training; CPU and wall time of the whole ``fit`` (the epoch itself is ~1% of it).
+Set-up: a one-epoch ``fit`` on case A: full training on ortflow's step graphs with the cache emptied before the
+fit (every first fit of a graph) and holding that graph (a GridSearchCV clone), the same with onnxruntime's
+artifacts (``gradients='onnxruntime'``), and forward-backward training; CPU and wall time of the whole ``fit``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import numpy as np
 
 import ortflow
 from ortflow._ort import OrtValueVector, PartialGraphExecutionState
-from ortflow.artifact_cache import TRAINING_ARTIFACTS
+from ortflow.artifact_cache import STEP_GRAPHS, TRAINING_ARTIFACTS
 
 from .cases import default_cases, make_data
 from .engines import _fwbw_learning_rate, loss_graph, prediction_graph, quiet_ort_info
@@ -53,13 +53,14 @@ def _since(start) -> tuple[float, float]:
 _GRAPHS: dict = {}
 
 
-def fitted(kind: str, case, data, threads: int):
+def fitted(kind: str, case, data, threads: int, gradients: str = "auto"):
     """A one-epoch fit (the graphs are built once, outside the fit)."""
     if not _GRAPHS:
         _GRAPHS.update(full=loss_graph(case, data), fwbw=prediction_graph(data))
     if kind == "full":
         trainer = ortflow.OrtGradientOptimizer(_GRAPHS["full"], max_iter=1, batch_size=case.batch_size,
-                                               learning_rate=case.learning_rate, shuffle=False, n_threads=threads)
+                                               learning_rate=case.learning_rate, shuffle=False, n_threads=threads,
+                                               gradients=gradients)
     else:
         trainer = ortflow.OrtGradientForwardBackwardOptimizer(
             _GRAPHS["fwbw"], max_iter=1, batch_size=case.batch_size,
@@ -69,14 +70,12 @@ def fitted(kind: str, case, data, threads: int):
 
 
 def full_floor_epoch(trainer, data, batch: int) -> None:
-    module, optimizer = trainer._rt_module._model, trainer._rt_optimizer._optimizer
-    X, y = data.X, data.y
-    for start in range(0, len(X), batch):
-        fetches = OrtValueVector()
-        module.train_step([X[start:start + batch], y[start:start + batch]], fetches)
-        float(fetches[0].numpy())
-        optimizer.optimizer_step()
-        module.lazy_reset_grad()
+    step = trainer._rt_step
+    _, run, bindings, _ = step._batch(((batch, *data.X.shape[1:]), (batch, *data.y.shape[1:])))
+    read_loss = step._loss.scalar
+    for i in range(len(data.X) // batch):
+        run(bindings[i % 2], None)
+        read_loss()
 
 
 def fwbw_floor_epoch(trainer, n_batches: int, batch: int, with_graphs: bool) -> None:
@@ -133,21 +132,24 @@ def measure_floor(case, data, threads: int, repeats: int, epochs: int) -> dict:
 
 
 def measure_setup(case, data, threads: int, repeats: int) -> dict:
-    def full_fit(cached: bool):
+    def full_fit(cache, gradients: str, cached: bool):
         if not cached:
-            TRAINING_ARTIFACTS.clear()
-        return fitted("full", case, data, threads)
+            cache.clear()
+        return fitted("full", case, data, threads, gradients)
 
-    fits = {"full, artifacts generated": lambda: full_fit(False),
-            "full, artifacts cached": lambda: full_fit(True),
+    fits = {"full, step graphs built": lambda: full_fit(STEP_GRAPHS, "ortflow", False),
+            "full, step graphs cached": lambda: full_fit(STEP_GRAPHS, "ortflow", True),
+            "full (onnxruntime's), artifacts generated": lambda: full_fit(TRAINING_ARTIFACTS, "onnxruntime", False),
+            "full (onnxruntime's), artifacts cached": lambda: full_fit(TRAINING_ARTIFACTS, "onnxruntime", True),
             "fwbw": lambda: fitted("fwbw", case, data, threads)}
-    fitted("full", case, data, threads)  # warm the imports and the allocator
+    for key in fits:
+        fits[key]()  # warm the imports and the allocator, fill the caches
     samples = {k: [] for k in fits}
     for r in range(repeats):
         keys = list(fits)
         for key in keys[r % len(keys):] + keys[: r % len(keys)]:
-            if key == "full, artifacts cached":
-                full_fit(True)  # make sure the graph is in the cache
+            if key.endswith("cached"):
+                fits[key]()  # make sure the graph is in the cache
             start = _clocks()
             trainer = fits[key]()
             wall, cpu = _since(start)

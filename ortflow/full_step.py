@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from . import graph as g
+from .artifact_cache import STEP_GRAPHS
 from .autodiff import training_step
 from .autodiff.training import LEARNING_RATE, STEP, UPDATED
 from .learning_rates import BaseLearningRate
@@ -35,8 +36,11 @@ class StepGraphRuntime:
         self.weights = list(weights)
         self._build = dict(loss_model=loss_graph, weights=self.weights, loss_output=loss_name, **rate.step_options())
         self._options = options
+        # what the graphs are built from: the same graph fitted again reuses them and their sessions
+        self._key = (loss_graph.SerializeToString(), self.weights, loss_name, sorted(rate.step_options().items()),
+                     device, options.intra_op_num_threads)
         # the graph with a symbolic batch axis: what is saved, and the names every batch shape's graph shares
-        self.step_model = training_step(**self._build)
+        self.step_model = self._cached(None)[0]
         self.input_names = [i.name for i in self.step_model.graph.input]
         self.loss_name = loss_name
         self.state_names = [o.name[: -len(UPDATED)] for o in self.step_model.graph.output[1:]]
@@ -62,8 +66,7 @@ class StepGraphRuntime:
         0 or 1)."""
         found = self._batches.get(shapes)
         if found is None:
-            function = OnnxFunction(training_step(**self._build, batch_rows=shapes[0][0]), self.device,
-                                    self._options)
+            function = self._cached(shapes[0][0])[1]
             if function.input_names != self.input_names:  # pragma: no cover - the same graph, rows fixed
                 raise RuntimeError(f"the step graph for {shapes} has inputs {function.input_names}, "
                                    f"not {self.input_names}")
@@ -77,6 +80,17 @@ class StepGraphRuntime:
             found = self._batches[shapes] = ([feeds[n] for n in self.feed_names], run, bindings, function)
         return found
 
+    def _cached(self, rows: int | None) -> tuple:
+        """(step graph, its OnnxFunction) for batches of ``rows`` rows, (symbolic graph, None) for None; built
+        once per process for a given graph and settings (:data:`~ortflow.artifact_cache.STEP_GRAPHS`)."""
+        key = STEP_GRAPHS.key(*self._key, rows)
+        entry = STEP_GRAPHS.get(key)
+        if entry is None:
+            model = training_step(**self._build, batch_rows=rows)
+            entry = (model, None if rows is None else OnnxFunction(model, self.device, self._options))
+            STEP_GRAPHS.put(key, entry)
+        return entry
+
     def epoch(self, arrays: Sequence[np.ndarray], batches: Iterable, n_batches: int,
               learning_rate: float) -> np.ndarray:
         """Run one step per row selection of ``batches`` (slices or indices) over ``arrays`` (one per feed, in
@@ -88,15 +102,29 @@ class StepGraphRuntime:
         n_samples = len(arrays[0])
         tails = [a.shape[1:] for a in arrays]
         losses = np.empty(n_batches, dtype=np.float64)
+        # per batch, only what must happen: the rows copied into the bound buffers (numpy's copy on CPU), one run,
+        # the loss read; the batch shape's session and bindings are looked up once per size
+        by_rows: dict[int, tuple] = {}
+        copy, loss_buffer = np.copyto, self._loss
         for i, rows in enumerate(batches):
-            n = (min(rows.stop, n_samples) - rows.start) if rows.__class__ is slice else len(rows)
-            buffers, run, bindings, _ = self._batch(tuple((n, *t) for t in tails))
-            for buffer, array in zip(buffers, arrays):
-                buffer.gather(array, rows)
+            is_slice = rows.__class__ is slice
+            n = (min(rows.stop, n_samples) - rows.start) if is_slice else len(rows)
+            entry = by_rows.get(n)
+            if entry is None:
+                buffers, run, bindings, _ = self._batch(tuple((n, *t) for t in tails))
+                targets = [b.array for b in buffers] if all(b.array is not None for b in buffers) else None
+                entry = by_rows[n] = (buffers, targets, run, bindings)
+            buffers, targets, run, bindings = entry
+            if targets is not None and is_slice:
+                for target, array in zip(targets, arrays):
+                    copy(target, array[rows])
+            else:
+                for buffer, array in zip(buffers, arrays):
+                    buffer.gather(array, rows)
             if step is not None:
                 step.write(np.float32(self.steps + 1))
             run(bindings[self.parity], None)
-            loss = self._loss.scalar()
+            loss = loss_buffer.scalar()
             losses[i] = loss
             if loss - loss != 0.0:  # NaN or infinite: the step is not committed
                 return losses[: i + 1]

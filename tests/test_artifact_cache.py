@@ -1,5 +1,6 @@
-"""The process-wide cache of full training's artifacts (onnxruntime-training's, ``gradients='onnxruntime'``): a
-cached fit equals an uncached one, other settings miss, and the cache stays bounded."""
+"""The process-wide caches of full training: onnxruntime-training's artifacts (``gradients='onnxruntime'``) and
+ortflow's step graphs with their sessions. A cached fit equals an uncached one, fits sharing a session share no
+state, other settings miss, and the caches stay bounded."""
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.neural_network import MLPRegressor
 
 from ortflow import LearningRateAdam, OrtGradientOptimizer, add_loss_output, to_onnx
-from ortflow.artifact_cache import TRAINING_ARTIFACTS, ArtifactCache
+from ortflow.artifact_cache import STEP_GRAPHS, TRAINING_ARTIFACTS, ArtifactCache
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +30,24 @@ def _fit(graph, X, y, **kw):
     kw = {"learning_rate": 0.01, **kw}
     return OrtGradientOptimizer(graph, max_iter=3, batch_size=10, random_state=0, gradients="onnxruntime",
                                 **kw).fit(X, y)
+
+
+def test_fits_of_one_graph_share_step_sessions_but_no_state(regression_data, loss_graph):
+    X, y = regression_data
+    STEP_GRAPHS.clear()
+    options = dict(max_iter=3, batch_size=10, random_state=0, gradients="ortflow", learning_rate=0.01)
+    first = OrtGradientOptimizer(loss_graph, **options).fit(X, y)
+    built = (STEP_GRAPHS.misses, len(STEP_GRAPHS))
+    assert built == (2, 2)  # the symbolic graph, and the graph for batches of 10 rows with its session
+    other = OrtGradientOptimizer(loss_graph, **options).fit(X[:200], -y[:200])  # another fit, between the two
+    second = OrtGradientOptimizer(loss_graph, **options).fit(X, y)
+    assert (STEP_GRAPHS.misses, STEP_GRAPHS.hits) == (2, 4)
+    for name, value in first.get_state().items():
+        np.testing.assert_array_equal(second.get_state()[name], value)
+        assert not np.allclose(other.get_state()[name], value)
+    OrtGradientOptimizer(loss_graph, **{**options, "learning_rate": "adam"}).fit(X, y)  # another update: built
+    assert STEP_GRAPHS.misses == 4
+    STEP_GRAPHS.clear()
 
 
 @pytest.mark.training_build
