@@ -21,23 +21,12 @@ from omegaconf import DictConfig
 
 from ortflow.graph import load_model, safe_join
 
+from . import stages
+
 MANIFEST = "manifest.json"
-#: entry name -> the file name stages write it under (also what source.path folders are searched for)
-FILES = {
-    "split": "split.npz",
-    "sklearn_reference": "sklearn_reference.npz",
-    "model": "model.onnx",
-    "model_with_loss": "model_with_loss.onnx",
-    "trained_model": "trained_model.onnx",
-    "deploy_model": "deploy_model.onnx",
-    "train_summary": "train_summary.json",
-    "evaluation": "evaluation.json",
-}
-#: which stage produces each entry (for error messages)
-PRODUCER = {
-    "split": "convert", "sklearn_reference": "convert", "model": "convert", "model_with_loss": "add_loss",
-    "trained_model": "train", "train_summary": "train", "deploy_model": "evaluate", "evaluation": "evaluate",
-}
+#: entry name -> the file name stages write it under (also what source.path folders are searched for), and which
+#: stage writes each entry (for error messages): both from the stage table (pipelines/stages/__init__.py)
+FILES, PRODUCER = stages.FILES, stages.PRODUCER
 
 
 class MissingInputError(LookupError):

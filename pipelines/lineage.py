@@ -19,14 +19,14 @@ import numpy as np
 from omegaconf import DictConfig
 
 from .config import DataKind, data_loader
+from .stages import DATA_PARTS
 
 if TYPE_CHECKING:
     from .data import Split
     from .tracking import Tracking
 
-#: the parts of the split each stage reads (the stages not named read no data)
-STAGE_INPUTS = {"convert": ("train", "validation", "test"), "train": ("train", "validation"),
-                "evaluate": ("test",), "export": ("test",)}
+#: the parts of the split each stage reads (the stages not named read no data), from the stage table
+STAGE_INPUTS = DATA_PARTS
 #: MLflow's names of the parts (the ``mlflow.data.context`` input tag)
 CONTEXTS = {"train": "training", "validation": "validation", "test": "testing"}
 #: the code that makes the built-in data sets (the source of their dataset inputs)

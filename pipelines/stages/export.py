@@ -28,8 +28,8 @@ import pandas as pd
 from .. import promotion
 from ..data import Split
 from ..lineage import logged_model_name
+from ..predictions import check_finite_predictions, onnx_predict
 from ..runner import StageContext, in_multirun
-from .evaluate import check_finite_predictions, onnx_predict
 
 
 def pip_requirements() -> list[str]:

@@ -26,9 +26,9 @@ from .. import tracking as tr
 from ..checkpoints import MarkResumed, MlflowCheckpoint, resume_point
 from ..config import TRAINERS, learning_rate, loss, trainer_verbose
 from ..data import Split
+from ..models import penalty_spec
 from ..runner import StageContext
 from ..tracking import MlflowMetricsCallback
-from .add_loss import penalty_spec
 
 
 def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
