@@ -92,13 +92,13 @@ class Bundle:
             return Path(local)
         if "uri" not in entry:
             raise MissingInputError(f"{name!r}: {local} does not exist")
-        import mlflow
+        from .tracking import download_artifacts
 
         if self._cache is None:
             self._cache = Path(tempfile.mkdtemp(prefix="ortflow-inputs-"))
         target = safe_join(self._cache, name)  # names come from a run's manifest: never outside the cache
         target.mkdir(exist_ok=True)
-        downloaded = Path(mlflow.artifacts.download_artifacts(artifact_uri=entry["uri"], dst_path=str(target)))
+        downloaded = download_artifacts(artifact_uri=entry["uri"], dst_path=target)
         entry["local"] = str(downloaded)
         return downloaded
 
@@ -112,10 +112,10 @@ class Bundle:
     # ------------------------------------------------------------------ sources
     @classmethod
     def from_run(cls, run_id: str) -> Bundle:
-        import mlflow
+        from .tracking import download_artifacts
 
         try:
-            local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=MANIFEST)
+            local = download_artifacts(run_id=run_id, artifact_path=MANIFEST)
         except Exception as exc:  # noqa: BLE001 - MlflowException or OSError, same message
             raise MissingInputError(
                 f"source.run_id={run_id}: the run has no {MANIFEST} artifact (is it a run of an ortflow stage?): {exc}"

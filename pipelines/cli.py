@@ -131,7 +131,7 @@ def _guarded(cfg: DictConfig, body: Callable[[], float | None], what: str) -> fl
             exit_if_expected(exc, sys.argv[1:], debug=bool(cfg.get("debug", False)))
             raise
         print(f"ortflow {what} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        from .callbacks import record_failed_job
+        from .tracking.sweep import record_failed_job
 
         try:
             record_failed_job(cfg, HydraConfig.get(), exc)  # no-op when the job's run exists (already FAILED)

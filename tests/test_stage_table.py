@@ -86,7 +86,7 @@ def test_a_new_stage_is_its_module_plus_one_table_line(toy_stage, tmp_path, monk
                                                        sqlite_uri, clean_mlflow_env, capsys):
     from pipelines.bundle import FILES, PRODUCER, Bundle
     from pipelines.config import ConfigError, check_stages, stage_listing
-    from pipelines.lineage import STAGE_INPUTS
+    from pipelines.tracking.lineage import STAGE_INPUTS
 
     # the config: the default stages, their check, the --help listing
     cfg = compose_pipeline()
