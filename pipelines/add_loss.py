@@ -1,28 +1,6 @@
-"""``python -m pipelines.add_loss key=value ...``: the ``add_loss`` stage alone, in its own MLflow run.
+"""``python -m pipelines.add_loss key=value ...``: the same as ``python -m pipelines add_loss`` (pipelines/__main__.py)."""
+from .cli import app
 
-Append the configured loss (and weight penalty) to the prediction graph.
-
-The stage itself is pipelines/stages/add_loss.py; its inputs come from ``source.run_id=<an earlier run>`` or
-``source.path=<a folder of files>`` (see docs/PIPELINES.md).
-"""
-
-from __future__ import annotations
-
-import hydra
-from omegaconf import DictConfig
-
-from .cli import run_stage
-from .config import CONFIG_DIR, register_configs
-from .overrides import guarded
-
-register_configs()
-
-
-@guarded
-@hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> float | None:
-    return run_stage("add_loss", cfg)
-
-
+main = app("add_loss")
 if __name__ == "__main__":
     main()

@@ -21,23 +21,12 @@ from omegaconf import DictConfig
 
 from ortflow.graph import load_model, safe_join
 
+from . import stages
+
 MANIFEST = "manifest.json"
-#: entry name -> the file name stages write it under (also what source.path folders are searched for)
-FILES = {
-    "split": "split.npz",
-    "sklearn_reference": "sklearn_reference.npz",
-    "model": "model.onnx",
-    "model_with_loss": "model_with_loss.onnx",
-    "trained_model": "trained_model.onnx",
-    "deploy_model": "deploy_model.onnx",
-    "train_summary": "train_summary.json",
-    "evaluation": "evaluation.json",
-}
-#: which stage produces each entry (for error messages)
-PRODUCER = {
-    "split": "convert", "sklearn_reference": "convert", "model": "convert", "model_with_loss": "add_loss",
-    "trained_model": "train", "train_summary": "train", "deploy_model": "evaluate", "evaluation": "evaluate",
-}
+#: entry name -> the file name stages write it under (also what source.path folders are searched for), and which
+#: stage writes each entry (for error messages): both from the stage table (pipelines/stages/__init__.py)
+FILES, PRODUCER = stages.FILES, stages.PRODUCER
 
 
 class MissingInputError(LookupError):
@@ -103,13 +92,13 @@ class Bundle:
             return Path(local)
         if "uri" not in entry:
             raise MissingInputError(f"{name!r}: {local} does not exist")
-        import mlflow
+        from .tracking import download_artifacts
 
         if self._cache is None:
             self._cache = Path(tempfile.mkdtemp(prefix="ortflow-inputs-"))
         target = safe_join(self._cache, name)  # names come from a run's manifest: never outside the cache
         target.mkdir(exist_ok=True)
-        downloaded = Path(mlflow.artifacts.download_artifacts(artifact_uri=entry["uri"], dst_path=str(target)))
+        downloaded = download_artifacts(artifact_uri=entry["uri"], dst_path=target)
         entry["local"] = str(downloaded)
         return downloaded
 
@@ -123,10 +112,10 @@ class Bundle:
     # ------------------------------------------------------------------ sources
     @classmethod
     def from_run(cls, run_id: str) -> Bundle:
-        import mlflow
+        from .tracking import download_artifacts
 
         try:
-            local = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=MANIFEST)
+            local = download_artifacts(run_id=run_id, artifact_path=MANIFEST)
         except Exception as exc:  # noqa: BLE001 - MlflowException or OSError, same message
             raise MissingInputError(
                 f"source.run_id={run_id}: the run has no {MANIFEST} artifact (is it a run of an ortflow stage?): {exc}"

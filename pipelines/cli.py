@@ -1,4 +1,5 @@
-"""What the Hydra entry points run once the config is composed (heavy imports happen here, not before).
+"""The Hydra app of every entry point (:func:`app`), and what it runs once the config is composed (heavy imports
+happen here, not before).
 
 Before any heavy import and before any MLflow run, :func:`check_inputs` validates the config and reads the data
 a run would load (a missing file, a wrong target column, unusable labels fail here, within a second or two).
@@ -11,11 +12,34 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Callable
+from typing import Any, Callable
 
 from omegaconf import DictConfig
 
 from .errors import exit_if_expected
+
+#: what ``python -m pipelines`` runs besides the stages: the chain
+CHAIN = "main"
+
+
+def app(name: str) -> Callable[[], Any]:
+    """The Hydra app of ``python -m pipelines <name>`` (``main``: the chain; else a stage of the table): the
+    overrides checked first (:func:`pipelines.overrides.guarded`), then the config composed from ``conf/`` and run.
+
+    Hydra names the job after the task function's module: ``pipelines.<name>``, as when each stage had its own
+    entry module (the job name names a sweep's run and Hydra's log file)."""
+    import hydra
+
+    from .config import CONFIG_DIR, register_configs
+    from .overrides import guarded
+
+    register_configs()
+
+    def task(cfg: DictConfig) -> float | None:
+        return run_main(cfg) if name == CHAIN else run_stage(name, cfg)
+
+    task.__module__ = f"pipelines.{name}"
+    return guarded(hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")(task))
 
 
 
@@ -107,7 +131,7 @@ def _guarded(cfg: DictConfig, body: Callable[[], float | None], what: str) -> fl
             exit_if_expected(exc, sys.argv[1:], debug=bool(cfg.get("debug", False)))
             raise
         print(f"ortflow {what} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        from .callbacks import record_failed_job
+        from .tracking.sweep import record_failed_job
 
         try:
             record_failed_job(cfg, HydraConfig.get(), exc)  # no-op when the job's run exists (already FAILED)

@@ -26,6 +26,8 @@ from ortflow.registry import names, select
 from ortflow.schedules import SCHEDULES
 
 from .errors import UserError
+from . import stages as stage_table
+from .stages import names as stage_names
 
 
 #: conf/ at the repository root, as an absolute path: @hydra.main resolves it the same way whether a stage runs
@@ -113,15 +115,6 @@ class Direction(_Choice):
     maximize = "maximize"
 
 
-class Stage(_Choice):
-    convert = "convert"
-    add_loss = "add_loss"
-    train = "train"
-    evaluate = "evaluate"
-    export = "export"
-
-
-STAGES = [s.value for s in Stage]
 MODEL_TASK = {
     ModelKind.linear: Task.regression,
     ModelKind.mlp_regressor: Task.regression,
@@ -273,7 +266,8 @@ class Config:
     mlflow: MlflowConfig = MISSING
     promotion: PromotionConfig = MISSING
     source: SourceConfig = field(default_factory=SourceConfig)
-    stages: List[Stage] = field(default_factory=lambda: list(Stage))
+    # the stages pipelines.main runs, in order: by default every stage of the table (pipelines/stages/__init__.py)
+    stages: List[str] = field(default_factory=lambda: list(stage_names()))
     seed: int = 42
     # The value a stage (and pipelines.main) returns to Hydra: what an Optuna sweep optimizes.
     optimized_metric: str = "validation_loss"
@@ -313,7 +307,7 @@ def register_configs() -> None:
     if not OmegaConf.has_resolver("ortflow.stem"):
         OmegaConf.register_new_resolver("ortflow.stem", file_stem)
     if not OmegaConf.has_resolver("ortflow.stages"):  # the --help text (conf/hydra/help/ortflow.yaml)
-        OmegaConf.register_new_resolver("ortflow.stages", lambda: " -> ".join(STAGES))
+        OmegaConf.register_new_resolver("ortflow.stages", stage_listing)
 
 
 def validate(cfg: DictConfig) -> None:
@@ -362,8 +356,19 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.learning_rate={cfg.trainer.learning_rate} must be > 0")
     if str(cfg.penalty.name) == "elastic" and cfg.penalty.l1 <= 0 and cfg.penalty.l2 <= 0:
         raise ConfigError("penalty=elastic needs penalty.l1 > 0 or penalty.l2 > 0")
-    for stage in cfg.stages:
-        Stage(_value(stage))
+    check_stages(cfg.stages)
+
+
+def check_stages(stages: Any) -> None:
+    """Every name of ``stages`` (``cfg.stages``) is a stage of the table; a ConfigError naming it otherwise."""
+    unknown = [str(s) for s in stages if str(s) not in stage_names()]
+    if unknown:
+        raise ConfigError(f"stages={[str(s) for s in stages]}: {unknown} not among the stages {list(stage_names())}")
+
+
+def stage_listing() -> str:
+    """The stages for ``--help`` (the ``ortflow.stages`` resolver): their order, then one line each."""
+    return " -> ".join(stage_names()) + "".join(f"\n    {s.name:<10} {s.summary}" for s in stage_table.TABLE)
 
 
 def validate_data(data: DictConfig) -> None:

@@ -1,4 +1,8 @@
-"""``mlflow run`` entry: ``python -m pipelines.mlproject <stage> <overrides>``.
+"""``mlflow run`` entry: ``python -m pipelines.mlproject <stage> <overrides>``; ``--write`` regenerates MLproject.
+
+``MLproject``'s entry points are ``main`` and one per stage of the table (pipelines/stages/__init__.py), each
+running this module: ``python -m pipelines.mlproject --write`` writes them from the table (:func:`mlproject_text`;
+a test checks the committed file is what the table gives).
 
 MLflow quotes each ``-P`` value as one shell word, so ``-P overrides="trainer=fwbw trainer.max_iter=5"`` reaches
 the command as a single argument; this splits such arguments back into Hydra overrides and runs the stage's
@@ -13,12 +17,27 @@ Hydra app (which finds MLFLOW_RUN_ID and logs into mlflow run's run). The app ch
 
 from __future__ import annotations
 
-import importlib
 import os
 import shlex
 import sys
+from pathlib import Path
 
-STAGES = ("main", "convert", "add_loss", "train", "evaluate", "export")
+from .cli import CHAIN
+from .stages import names
+
+#: the MLproject file, at the repository root
+MLPROJECT = Path(__file__).resolve().parent.parent / "MLproject"
+_HEADER = """\
+# mlflow run . --env-manager local -P overrides="trainer=fwbw trainer.max_iter=5"
+# mlflow run . -e train --env-manager local -P overrides="source.run_id=<an add_loss run>"
+# Every entry point takes Hydra overrides as one string; the chain and each stage log into mlflow run's run.
+# Written by `python -m pipelines.mlproject --write` from the stage table (pipelines/stages/__init__.py).
+name: ortflow
+
+python_env: python_env.yaml
+
+entry_points:
+"""
 #: MLflow's Default experiment, where ``mlflow run`` puts its run when it was given no experiment
 DEFAULT_EXPERIMENT_ID = "0"
 #: mlflow run's run, when the pipelines log into an experiment of their own (see the module's docstring)
@@ -34,16 +53,34 @@ def own_experiment(environ: dict = os.environ) -> None:  # noqa: B006 - the proc
         environ.pop("MLFLOW_EXPERIMENT_ID")
 
 
+def entry_points() -> tuple[str, ...]:
+    """``main`` (the chain), then the stages of the table."""
+    return (CHAIN, *names())
+
+
+def mlproject_text() -> str:
+    """The MLproject file the stage table gives: one entry point per :func:`entry_points`."""
+    return _HEADER + "".join(
+        f"  {name}:\n    parameters:\n      overrides: {{type: string, default: \"\"}}\n"
+        f"    command: \"python -m pipelines.mlproject {name} {{overrides}}\"\n" for name in entry_points())
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in STAGES:
-        print(f"usage: python -m pipelines.mlproject {{{','.join(STAGES)}}} [overrides ...]", file=sys.stderr)
+    if argv == ["--write"]:
+        MLPROJECT.write_text(mlproject_text())
+        print(f"wrote {MLPROJECT} ({', '.join(entry_points())})")
+        return
+    if not argv or argv[0] not in entry_points():
+        print(f"usage: python -m pipelines.mlproject {{{','.join(entry_points())}}} [overrides ...] | --write",
+              file=sys.stderr)
         raise SystemExit(2)
     stage, rest = argv[0], [word for arg in argv[1:] for word in shlex.split(arg)]
     own_experiment()
-    module = importlib.import_module(f"pipelines.{stage}")
+    from .cli import app
+
     sys.argv = [f"pipelines.{stage}", *rest]
-    module.main()
+    app(stage)()
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 A stage is a function ``fn(ctx: StageContext) -> dict`` of summary metrics. :func:`execute_stage` wraps it: the
 run (created under a parent, or the one ``mlflow run`` passed), the resolved config as params and YAML, the
-stage's wall time, the data it read as dataset inputs (:mod:`pipelines.lineage`), the manifest of outputs; and
+stage's wall time, the data it read as dataset inputs (:mod:`pipelines.tracking.lineage`), the manifest of outputs; and
 FAILED with the reason as a tag when it raises.
 """
 
@@ -24,7 +24,7 @@ from .bundle import Bundle
 from .callbacks import JOB_RUN_FILE, SWEEP_RUN_ENV, SWEEP_RUN_FILE
 from .config import register_configs, task_of, validate
 from .data import Split
-from .lineage import STAGE_INPUTS, log_split_inputs
+from .tracking.lineage import STAGE_INPUTS, log_split_inputs
 
 
 @dataclass

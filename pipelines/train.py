@@ -1,28 +1,6 @@
-"""``python -m pipelines.train key=value ...``: the ``train`` stage alone, in its own MLflow run.
+"""``python -m pipelines.train key=value ...``: the same as ``python -m pipelines train`` (pipelines/__main__.py)."""
+from .cli import app
 
-Train the ONNX graph with onnxruntime-training, starting from the scikit-learn weights.
-
-The stage itself is pipelines/stages/train.py; its inputs come from ``source.run_id=<an earlier run>`` or
-``source.path=<a folder of files>`` (see docs/PIPELINES.md).
-"""
-
-from __future__ import annotations
-
-import hydra
-from omegaconf import DictConfig
-
-from .cli import run_stage
-from .config import CONFIG_DIR, register_configs
-from .overrides import guarded
-
-register_configs()
-
-
-@guarded
-@hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> float | None:
-    return run_stage("train", cfg)
-
-
+main = app("train")
 if __name__ == "__main__":
     main()

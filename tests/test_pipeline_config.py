@@ -10,7 +10,7 @@ import onnxruntime
 import pytest
 from omegaconf import OmegaConf
 
-from pipelines import promotion
+from pipelines.tracking import promotion
 from pipelines.bundle import Bundle, MissingInputError
 from pipelines.config import ConfigError, validate
 from pipelines.models import with_scaling

@@ -9,7 +9,7 @@ import pytest
 from pipelines.config import ConfigError, validate
 from pipelines.data import load_dataset
 from pipelines.errors import DataError
-from pipelines.lineage import logged_model_name
+from pipelines.tracking.lineage import logged_model_name
 from pipelines.tables import read_table
 
 

@@ -7,7 +7,7 @@ import pandas as pd
 
 def test_split_datasets_hold_raw_features_and_original_labels(compose_pipeline, tmp_path):
     from pipelines.data import make_split
-    from pipelines.lineage import split_datasets
+    from pipelines.tracking.lineage import split_datasets
 
     rng = np.random.default_rng(1)
     frame = pd.DataFrame(rng.normal(5.0, 2.0, size=(60, 2)), columns=["x1", "x2"])

@@ -104,7 +104,7 @@ def test_a_feature_beyond_float32_fails_the_run_and_registers_nothing(compose_pi
     from sklearn.datasets import make_regression
 
     from pipelines.chain import run_chain
-    from pipelines.stages.evaluate import NonFinitePredictionError
+    from pipelines.predictions import NonFinitePredictionError
 
     X, y = make_regression(120, n_features=3, noise=1.0, random_state=0)
     frame = pd.DataFrame(X, columns=["a", "b", "c"]).assign(target=y)

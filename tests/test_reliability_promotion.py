@@ -7,7 +7,7 @@ import threading
 import pytest
 from mlflow import MlflowClient
 
-from pipelines import promotion
+from pipelines.tracking import promotion
 from pipelines.tracking import Tracking, setup
 
 ALIAS = "champion"

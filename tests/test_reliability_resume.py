@@ -22,7 +22,7 @@ from onnx import numpy_helper
 
 from pipelines.bundle import Bundle
 from pipelines.chain import run_chain
-from pipelines.checkpoints import (BACKUP_SUFFIX, MANIFEST, RESUMED_BY_TAG, RESUMED_FROM_EPOCH_TAG,
+from pipelines.tracking.checkpoints import (BACKUP_SUFFIX, MANIFEST, RESUMED_BY_TAG, RESUMED_FROM_EPOCH_TAG,
                                    RESUMED_FROM_RUN_TAG, RESUMED_FROM_TAG, check_folder)
 from pipelines.runner import execute_stage, prepare
 from pipelines.stages.train import train
@@ -210,7 +210,7 @@ def test_checkpoints_logged_in_the_background_and_a_torn_copy_falls_back_to_the_
     from sklearn.neural_network import MLPRegressor
 
     from ortflow import OrtGradientOptimizer, add_loss_output, to_onnx
-    from pipelines.checkpoints import CheckpointError, MlflowCheckpoint, checkpoint_uri, resolve
+    from pipelines.tracking.checkpoints import CheckpointError, MlflowCheckpoint, checkpoint_uri, resolve
 
     folder, uri, _ = prepared
     tracking = prepare(compose_pipeline(f"mlflow.tracking_uri={uri}", f"mlflow.root={folder}",
@@ -255,7 +255,7 @@ def test_a_logged_checkpoint_without_its_manifest_is_not_trusted(prepared, compo
 
     import ortflow
     from ortflow import OrtGradientOptimizer, add_loss_output, to_onnx
-    from pipelines.checkpoints import CheckpointError, resolve
+    from pipelines.tracking.checkpoints import CheckpointError, resolve
 
     folder, uri, _ = prepared
     tracking = prepare(compose_pipeline(f"mlflow.tracking_uri={uri}", f"mlflow.root={folder}",

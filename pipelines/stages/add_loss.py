@@ -14,16 +14,9 @@ from omegaconf import DictConfig
 
 import ortflow
 
-from ..config import loss, penalty_weights
+from ..config import loss
+from ..models import penalty_spec
 from ..runner import StageContext
-
-
-def penalty_spec(cfg: DictConfig, onx: onnx.ModelProto) -> dict | None:
-    """``{weight: {'l1': a, 'l2': b}}`` for ``add_loss_output`` (default weights: every ``coef*``)."""
-    if str(cfg.penalty.name) == "none":
-        return None
-    weights = penalty_weights(cfg, [i.name for i in onx.graph.initializer])
-    return {name: {"l1": float(cfg.penalty.l1), "l2": float(cfg.penalty.l2)} for name in weights}
 
 
 def with_loss(cfg: DictConfig, onx: onnx.ModelProto) -> onnx.ModelProto:

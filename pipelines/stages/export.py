@@ -1,6 +1,6 @@
 """Stage ``export``: log the deployable model with MLflow, register a version, promote it with an alias.
 
-The logged model is an MLflow pyfunc model (:mod:`pipelines.serving_model`, logged as code: nothing pickled)
+The logged model is an MLflow pyfunc model (:mod:`pipelines.tracking.serving_model`, logged as code: nothing pickled)
 that runs ``deploy_model.onnx`` (raw features in, predictions in the target's units or class labels out) with
 onnxruntime. Its signature is column-based, with the data's feature names as float64 columns, so
 ``mlflow.pyfunc.load_model(...).predict(frame)`` and ``mlflow models serve`` match columns by name and cast
@@ -8,7 +8,8 @@ numbers; outputs are ``prediction`` (regression), or ``label`` and ``probabiliti
 example is five test rows; the pip requirements name the onnxruntime *training* package (MLflow's default for
 ONNX names plain ``onnxruntime``, which must never be installed beside it). Before logging, the graph is run on
 the whole test split: non-finite predictions fail the run and nothing is registered. The version takes
-``promotion.alias`` only when its ``promotion.metric`` beats the current holder's; see :mod:`pipelines.promotion`.
+``promotion.alias`` only when its ``promotion.metric`` beats the current holder's; see
+:mod:`pipelines.tracking.promotion`.
 
     python -m pipelines.export source.run_id=<evaluate run> promotion.metric=test_r2
 """
@@ -19,17 +20,17 @@ import importlib.metadata
 import warnings
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import onnx
 import onnxruntime
 import pandas as pd
 
-from .. import promotion
+from .. import tracking as tr
 from ..data import Split
-from ..lineage import logged_model_name
+from ..tracking import promotion
+from ..tracking.lineage import logged_model_name
+from ..predictions import check_finite_predictions, onnx_predict
 from ..runner import StageContext, in_multirun
-from .evaluate import check_finite_predictions, onnx_predict
 
 
 def pip_requirements() -> list[str]:
@@ -49,7 +50,7 @@ def pip_requirements() -> list[str]:
 
 
 def model_config(split: Split) -> dict:
-    """What :class:`pipelines.serving_model.DeployedOnnxModel` reads at load time (plain JSON values)."""
+    """What :class:`pipelines.tracking.serving_model.DeployedOnnxModel` reads at load time (plain JSON values)."""
     config = {"features": [str(f) for f in split.feature_names], "task": split.task}
     if split.task == "classification":
         config["classes"] = split.classes.tolist()
@@ -66,12 +67,12 @@ def log_deploy_model(ctx: StageContext, split: Split, graph_path: Path):
     """Log the pyfunc model around the deploy graph; MLflow infers the signature by running it on the example
     (column-based inputs from the named float64 frame; outputs from the model's answer), so the example
     round-trips before anything is registered."""
-    from .. import serving_model
+    from ..tracking import serving_model
 
     with warnings.catch_warnings():  # the signature is given by the example (see serving_model.predict)
         warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
-        return ctx.tracking.call(
-            mlflow.pyfunc.log_model, name=logged_model_name(ctx.cfg), python_model=Path(serving_model.__file__),
+        return tr.log_code_model(
+            ctx.tracking, logged_model_name(ctx.cfg), Path(serving_model.__file__),
             artifacts={serving_model.GRAPH: str(graph_path)}, model_config=model_config(split),
             input_example=input_example(split), pip_requirements=pip_requirements(),
         )

@@ -23,12 +23,11 @@ import ortflow
 
 from .. import plots
 from .. import tracking as tr
-from ..checkpoints import MarkResumed, MlflowCheckpoint, resume_point
+from ..tracking.checkpoints import MarkResumed, MlflowCheckpoint, resume_point
 from ..config import TRAINERS, learning_rate, loss, trainer_verbose
 from ..data import Split
+from ..models import penalty_spec
 from ..runner import StageContext
-from ..tracking import MlflowMetricsCallback
-from .add_loss import penalty_spec
 
 
 def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
@@ -63,7 +62,7 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
     split = Split.load(ctx.bundle.path("split", ctx.name))
     full = str(cfg.trainer.name) == "full"
     graph = ctx.bundle.load_onnx("model_with_loss" if full else "model", ctx.name)
-    logger = MlflowMetricsCallback(ctx.tracking, ctx.run_id, flush_every=int(cfg.mlflow.metrics_flush_every),
+    logger = tr.MlflowMetricsCallback(ctx.tracking, ctx.run_id, flush_every=int(cfg.mlflow.metrics_flush_every),
                                    flush_seconds=float(cfg.mlflow.metrics_flush_seconds))
     trainer_callbacks = [logger, *callbacks]
     if cfg.trainer.checkpoint_every > 0:
@@ -100,7 +99,7 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
                                title=f"{cfg.model.name} / trainer={cfg.trainer.name}")
     with _kept_locally_if_store_lost(ctx, logger):
         if hasattr(estimator, "n_threads_"):  # the threads fit chose (n_threads=None: by the work)
-            ctx.tracking.client.log_param(ctx.run_id, "trainer.n_threads_", estimator.n_threads_)
+            tr.log_param(ctx.tracking, ctx.run_id, "trainer.n_threads_", estimator.n_threads_)
         for name, path in sorted(paths.items()):
             ctx.log_file(path, "graphs", entry="trained_model" if name == "trained_model" else None)
         ctx.log_file(ctx.work_dir / "history.json", "history")
@@ -135,7 +134,7 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
 
 
 @contextlib.contextmanager
-def _kept_locally_if_store_lost(ctx: StageContext, logger: MlflowMetricsCallback) -> Iterator[None]:
+def _kept_locally_if_store_lost(ctx: StageContext, logger: tr.MlflowMetricsCallback) -> Iterator[None]:
     """Turn a tracking store that stays away into a :class:`TrackingUnavailableError` that says where the
     trained model, the graphs and the epoch metrics not stored were kept."""
     try:

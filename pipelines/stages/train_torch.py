@@ -25,7 +25,7 @@ import ortflow
 from ortflow import graph as g
 
 from ..config import ConfigError
-from .add_loss import penalty_spec
+from ..models import penalty_spec
 
 LOSSES = ("square", "absolute", "elastic", "log")
 OPTIMIZERS = ("sgd", "nesterov", "adam", "adamw")

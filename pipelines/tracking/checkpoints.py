@@ -36,8 +36,9 @@ import ortflow
 from ortflow.callbacks import Callback
 from ortflow.checkpoint import sha256
 
-from . import tracking as tr
-from .config import to_container
+from .. import tracking as tr
+from ..config import to_container
+from .records import download_artifacts
 
 _log = logging.getLogger("pipelines.checkpoints")
 
@@ -261,13 +262,10 @@ def checkpoint_uri(resume_from: str) -> str | None:
 
 
 def _download(uri: str, dest: Path, tracking_uri: str) -> Path | None:
-    import mlflow
-
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     try:
-        return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(dest),
-                                                        tracking_uri=tracking_uri))
+        return download_artifacts(artifact_uri=uri, dst_path=dest, tracking_uri=tracking_uri)
     except Exception as exc:  # noqa: BLE001 - "nothing there" has many shapes across artifact stores
         _log.debug("no artifacts at %s: %s", uri, exc)
         return None

@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 from omegaconf import DictConfig
 
-from .config import DataKind, data_loader
+from ..config import DataKind, data_loader
+from ..stages import DATA_PARTS
 
 if TYPE_CHECKING:
-    from .data import Split
-    from .tracking import Tracking
+    from ..data import Split
+    from .store import Tracking
 
-#: the parts of the split each stage reads (the stages not named read no data)
-STAGE_INPUTS = {"convert": ("train", "validation", "test"), "train": ("train", "validation"),
-                "evaluate": ("test",), "export": ("test",)}
+#: the parts of the split each stage reads (the stages not named read no data), from the stage table
+STAGE_INPUTS = DATA_PARTS
 #: MLflow's names of the parts (the ``mlflow.data.context`` input tag)
 CONTEXTS = {"train": "training", "validation": "validation", "test": "testing"}
 #: the code that makes the built-in data sets (the source of their dataset inputs)
@@ -42,7 +42,7 @@ def data_source(data: DictConfig):
     if loader == DataKind.file.value:
         from mlflow.data.dataset_source_registry import resolve_dataset_source
 
-        from .paths import user_path
+        from ..paths import user_path
 
         with warnings.catch_warnings():  # "file" and "" both name MLflow's local source
             warnings.simplefilter("ignore")

@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
-from .tracking import Tracking, file_lock, is_finite, lock_path, log_metrics, set_tags, sqlite_path
+from .locks import file_lock, lock_path, sqlite_path
+from .records import is_finite, log_metrics, set_tags
+from .store import Tracking
 
 MAXIMIZED = ("r2", "accuracy", "roc_auc", "auc", "f1", "precision", "recall")
 TAG = "ortflow.promotion."

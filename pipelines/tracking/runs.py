@@ -1,0 +1,183 @@
+"""Run lifecycles: a stage's run (the fluent active run) and the runs that group others (the chain, a sweep job),
+tagged with the process that runs them (and a heartbeat), ended FAILED (KILLED on Ctrl-C) with the reason."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+from ..errors import TrackingUnavailableError
+from ..mlproject import OUTER_RUN_ENV
+from .lineage import source_tags
+from .records import set_tags
+from .store import Tracking
+
+FAILURE_TAG = "ortflow.failure_reason"
+#: the tag naming a run's parent
+PARENT_TAG = MLFLOW_PARENT_RUN_ID
+
+
+def failure_reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:4900]
+
+
+HOST_TAG, PID_TAG, PID_START_TAG = "ortflow.host", "ortflow.pid", "ortflow.pid_start"
+HEARTBEAT_TAG = "ortflow.heartbeat"
+#: a stage run's ``ortflow.heartbeat`` tag is refreshed this often; three missed beats mean its process is gone
+HEARTBEAT_SECONDS = 30.0
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (Linux ``/proc``), None when unknown; a
+    zombie counts as gone ("Z")."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return "Z" if fields[0] in ("Z", "X") else fields[19]
+
+
+def process_tags() -> dict[str, str]:
+    """Where this run's process lives (host, pid, pid start time) and a first heartbeat: what :func:`is_alive`
+    reads."""
+    import socket
+
+    tags = {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid()), HEARTBEAT_TAG: f"{time.time():.0f}"}
+    start = _process_start(os.getpid())
+    if start:
+        tags[PID_START_TAG] = start
+    return tags
+
+
+def is_alive(run: Any, now: float | None = None) -> bool:
+    """Whether the process that ran ``run`` (an MLflow Run) still lives: on this host, its pid (with the same
+    start time); elsewhere, a heartbeat younger than three beats. Runs without these tags count as gone."""
+    import socket
+
+    tags = run.data.tags
+    if HOST_TAG not in tags or PID_TAG not in tags:
+        return False
+    if tags[HOST_TAG] == socket.gethostname():
+        pid = int(tags[PID_TAG])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        start = _process_start(pid)
+        return start != "Z" and (start is None or tags.get(PID_START_TAG) in (None, start))
+    try:
+        beat = float(tags.get(HEARTBEAT_TAG, "0"))
+    except ValueError:
+        return False
+    return (now if now is not None else time.time()) - beat < 3 * HEARTBEAT_SECONDS
+
+
+@contextlib.contextmanager
+def heartbeat(tracking: Tracking, run_id: str, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
+    """Refresh the run's ``ortflow.heartbeat`` tag every ``every`` seconds from a thread while the body runs
+    (one attempt each, no retries: a missed beat only makes the run look older)."""
+    import threading
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            with contextlib.suppress(Exception):
+                tracking.client._client.set_tag(run_id, HEARTBEAT_TAG, f"{time.time():.0f}")
+
+    thread = threading.Thread(target=beat, name="ortflow-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
+def _open_run(tracking: Tracking, run_name: str, run_id: str | None, parent_run_id: str | None,
+              tags: Mapping[str, str] | None) -> str:
+    """A new run (nested under ``parent_run_id``, with the source tags ``mlflow run`` would set:
+    :func:`pipelines.tracking.lineage.source_tags`), or the existing ``run_id`` with ``tags`` added; both tagged with this
+    process (:func:`process_tags`)."""
+    if run_id is not None:
+        set_tags(tracking, run_id, {**(tags or {}), **process_tags()})
+        return run_id
+    all_tags = {**source_tags(), **(tags or {}), **process_tags()}
+    if parent_run_id:
+        all_tags[MLFLOW_PARENT_RUN_ID] = parent_run_id
+    run_id = tracking.client.create_run(tracking.experiment_id, run_name=run_name, tags=all_tags).info.run_id
+    if not parent_run_id:
+        link_mlflow_run(tracking, run_id)
+    return run_id
+
+
+def link_mlflow_run(tracking: Tracking, run_id: str) -> None:
+    """Under ``mlflow run`` given no experiment (see :mod:`pipelines.mlproject`), tag mlflow run's run
+    (``ortflow.pipeline_run``, ``ortflow.pipeline_experiment``) and the top-level run ``run_id`` of the pipelines
+    (``ortflow.mlflow_run``) with each other."""
+    outer = os.environ.get(OUTER_RUN_ENV)
+    if outer:
+        set_tags(tracking, outer, {"ortflow.pipeline_run": run_id, "ortflow.pipeline_experiment":
+                                   f"{tracking.experiment_name} (id {tracking.experiment_id})"})
+        set_tags(tracking, run_id, {"ortflow.mlflow_run": outer})
+
+
+def _mark_failed(tracking: Tracking, run_id: str, exc: BaseException, fluent: bool) -> None:
+    """Tag the reason and end the run FAILED (KILLED on Ctrl-C). When the store itself is lost, one attempt
+    each, without retries: the error must reach the user now, not after minutes of waiting."""
+    lost = isinstance(exc, TrackingUnavailableError)
+    client = tracking.client._client if lost else tracking.client
+    with contextlib.suppress(Exception):
+        client.set_tag(run_id, FAILURE_TAG, failure_reason(exc))
+    with contextlib.suppress(Exception):
+        if fluent:  # pops the active run even when the store does not answer
+            (mlflow.end_run if lost else functools.partial(tracking.call, mlflow.end_run))(status=_status_of(exc))
+        else:
+            client.set_terminated(run_id, _status_of(exc))
+
+
+def _status_of(exc: BaseException) -> str:
+    return "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+
+
+@contextlib.contextmanager
+def parent_run(tracking: Tracking, run_name: str, run_id: str | None = None, parent_run_id: str | None = None,
+               tags: Mapping[str, str] | None = None) -> Iterator[str]:
+    """A run that groups others (the chain, a sweep job); not the fluent active run. Ends FAILED on errors."""
+    run_id = _open_run(tracking, run_name, run_id, parent_run_id, tags)
+    try:
+        yield run_id
+    except BaseException as exc:
+        _mark_failed(tracking, run_id, exc, fluent=False)
+        raise
+    tracking.client.set_terminated(run_id, "FINISHED")
+
+
+@contextlib.contextmanager
+def stage_run(tracking: Tracking, run_name: str, parent_run_id: str | None = None, run_id: str | None = None,
+              tags: Mapping[str, str] | None = None, system_metrics: bool = False) -> Iterator[str]:
+    """The fluent active run of one stage (``mlflow.onnx.log_model`` needs one); with ``system_metrics``, MLflow
+    samples CPU, memory, disk and network into it while it is active (``mlflow.system_metrics``, needs psutil).
+
+    A new run is created under ``parent_run_id`` unless ``run_id`` names an existing one (``mlflow run``'s run).
+    On an exception the run gets the reason as the tag ``ortflow.failure_reason`` and ends FAILED.
+    """
+    run_id = _open_run(tracking, run_name, run_id, parent_run_id, tags)
+    tracking.call(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None,
+                  log_system_metrics=True if system_metrics else None)  # None: MLflow's own setting
+    try:
+        with heartbeat(tracking, run_id):
+            yield run_id
+    except BaseException as exc:
+        _mark_failed(tracking, run_id, exc, fluent=True)
+        raise
+    tracking.call(mlflow.end_run, status="FINISHED")
