@@ -126,7 +126,12 @@ class Emitter:
                 return self.unbroadcast_at_run_time(grad, operand)
         if kept:
             grad = self.reduce_sum(grad, kept, keepdims=True)
-        if lead:
+        if lead == 1 and len(out) == 2 and not kept and isinstance(out[0], int) and self.dtype(grad) in _MATMUL_SUM:
+            # a bias's gradient, (N, k) summed over its rows: as ones(N) @ grad, which onnxruntime's CPU computes
+            # ~20x faster than a ReduceSum over the first axis at 256 x 256
+            ones = self.const(np.ones(out[0]), dtype=self.dtype(grad))
+            grad = self.op("MatMul", [ones, grad])
+        elif lead:
             grad = self.reduce_sum(grad, list(range(lead)), keepdims=False)
         if kept or lead:
             self.info[grad] = self.info.get(operand, ValueInfo())
@@ -145,6 +150,10 @@ class Emitter:
         axes = self.op("Reshape", [self.op("NonZero", [differs]), self.ints([-1])])
         summed = self.reduce_sum(grad, axes, keepdims=True)
         return self.op("Reshape", [summed, shape], like=operand)
+
+
+#: element types whose row sums :meth:`Emitter.unbroadcast` computes with MatMul
+_MATMUL_SUM = (TensorProto.FLOAT, TensorProto.DOUBLE)
 
 
 def _others_follow(dim, axis_from_end: int, others: list) -> bool:

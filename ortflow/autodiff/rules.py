@@ -136,9 +136,10 @@ def _neg(n: NodeGrad):
 
 @rule("Relu")
 def _relu(n: NodeGrad):
-    # Sign of the output is 1 where x > 0 and 0 elsewhere: the mask in one node (Where is a slow scalar select on
-    # onnxruntime's CPU)
-    return [n.op("Mul", [n.dy, n.e.op("Sign", [n.y], like=n.y)])]
+    # the mask from the output (relu(x) > 0 exactly where x > 0), so the forward pass may fuse Gemm + Relu; on
+    # onnxruntime's CPU, Cast(Greater) is vectorized where Sign (2x slower) and Where (8x) are scalar loops
+    positive = n.e.op("Greater", [n.y, n.e.const(0.0, like=n.y)])
+    return [n.op("Mul", [n.dy, n.e.op("Cast", [positive], like=n.y, to=n.e.dtype(n.y))])]
 
 
 @rule("LeakyRelu")
