@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ortflow.runtime import THREADS_WORK_THRESHOLD, all_cores
+from ortflow.runtime import STEP_GRAPH_THREADS_THRESHOLD, THREADS_WORK_THRESHOLD, all_cores
 
 from .cases import Case, default_cases, make_data
 from .engines import train
@@ -64,7 +64,6 @@ def measure(case: Case, repeats: int) -> dict:
     settings = {"1": 1, "all": cores, "default": None}
     out = {"case": case.key, "title": case.title, "batch_size": case.batch_size, "weights": weights_of(case),
            "work": case.batch_size * weights_of(case), "rows": len(data.X), "trainers": {}}
-    out["above_threshold"] = out["work"] >= THREADS_WORK_THRESHOLD
     for trainer in TRAINERS:
         times = {k: [] for k in settings}
         picks = []
@@ -93,16 +92,22 @@ def measure(case: Case, repeats: int) -> dict:
     return out
 
 
+#: the threshold each trainer's default uses (full training runs ortflow's step graphs by default)
+IN_CODE = {"ortflow-full": STEP_GRAPH_THREADS_THRESHOLD, "ortflow-fwbw": THREADS_WORK_THRESHOLD}
+
+
 def calibrate(results: list[dict]) -> dict:
-    """The threshold separating the cases one thread wins from those all cores win (both trainers)."""
-    ones = [r["work"] for r in results for t in r["trainers"].values() if t["winner"] == "1"]
-    alls = [r["work"] for r in results for t in r["trainers"].values() if t["winner"] == "all"]
-    low, high = max(ones, default=None), min(alls, default=None)
-    threshold = None
-    if low is not None and high is not None and low < high:
-        threshold = float(np.sqrt(low * high))
-    return {"largest_work_1_wins": low, "smallest_work_all_wins": high, "separable": threshold is not None,
-            "calibrated_threshold": threshold, "threshold_in_code": THREADS_WORK_THRESHOLD}
+    """Per trainer, the threshold separating the cases one thread wins from those all cores win."""
+    out = {}
+    for trainer in TRAINERS:
+        runs = [(r["work"], r["trainers"][trainer]["winner"]) for r in results if trainer in r["trainers"]]
+        low = max((w for w, winner in runs if winner == "1"), default=None)
+        high = min((w for w, winner in runs if winner == "all"), default=None)
+        threshold = float(np.sqrt(low * high)) if low is not None and high is not None and low < high else None
+        out[trainer] = {"largest_work_1_wins": low, "smallest_work_all_wins": high,
+                        "separable": threshold is not None, "calibrated_threshold": threshold,
+                        "threshold_in_code": IN_CODE[trainer]}
+    return out
 
 
 def table(results: list[dict], cores: int) -> str:

@@ -40,7 +40,7 @@ from .exceptions import ConvergenceError
 from .learning_rates import BaseLearningRate, LearningRateSGD
 from .parameters import check_parameters
 from .registry import select
-from .runtime import OnnxFunction, make_session_options, threads_for_work
+from .runtime import THREADS_WORK_THRESHOLD, OnnxFunction, make_session_options, threads_for_work
 from .convert import graph_classes
 from .validation import (
     check_device,
@@ -452,7 +452,11 @@ class BaseTrainer(BaseEstimator):
             return int(self.n_threads)
         n_weights = sum(int(np.prod(init.dims)) for init in model.graph.initializer
                         if init.data_type in g.FLOAT_TYPES)
-        return threads_for_work(self.batch_size, n_weights, self.device)
+        return threads_for_work(self.batch_size, n_weights, self.device, self._threads_threshold())
+
+    def _threads_threshold(self) -> int:
+        """The work under which one thread beats all cores for this trainer (:mod:`ortflow.runtime`)."""
+        return THREADS_WORK_THRESHOLD
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "history_"):

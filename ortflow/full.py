@@ -25,6 +25,7 @@ from .full_step import STATE_FILE, StepGraphRuntime
 from .learning_rates import BaseLearningRate
 from .parameters import FULL, MODEL, SHARED, WEIGHTS, init_from
 from .registry import select
+from .runtime import STEP_GRAPH_THREADS_THRESHOLD, THREADS_WORK_THRESHOLD
 from .validation import resolve_device
 
 ORT_CHECKPOINT = "ort_checkpoint"
@@ -83,6 +84,9 @@ class OrtGradientOptimizer(BaseTrainer):
             prediction_outputs=predictions,
             trained_output=trained if trained in predictions else (predictions[0] if predictions else None),
         )
+
+    def _threads_threshold(self) -> int:
+        return THREADS_WORK_THRESHOLD if self.gradients == "onnxruntime" else STEP_GRAPH_THREADS_THRESHOLD
 
     def _loss_object(self):
         meta = _loss_metadata(self._model)

@@ -160,6 +160,10 @@ def _c_value(value):
 #: ``python -m bench.threads`` (docs/PERFORMANCE.md, round 2): the geometric mean of the largest work one thread
 #: wins (83,565: case A, batch 15) and the smallest work all cores win (23.5M: case D-wide, batch 256).
 THREADS_WORK_THRESHOLD = 1_400_000
+#: The same for full training on ortflow's step graphs (one session run per batch, every node of forward,
+#: backward and update in it): one thread won every case up to 5.9M (MLP (256,256), batch 64: 1.6x faster than two
+#: threads, 2 runs of ``python -m bench.threads``, round 3) and tied on D-wide (23.5M); the geometric mean.
+STEP_GRAPH_THREADS_THRESHOLD = 12_000_000
 
 
 def all_cores() -> int:
@@ -170,15 +174,16 @@ def all_cores() -> int:
         return os.cpu_count() or 1
 
 
-def threads_for_work(batch_size: int, n_weights: int, device: str = "cpu") -> int:
+def threads_for_work(batch_size: int, n_weights: int, device: str = "cpu",
+                     threshold: int = THREADS_WORK_THRESHOLD) -> int:
     """Intra-op threads for batches of ``batch_size`` rows through a graph of ``n_weights`` float weights: one
-    thread when ``batch_size * n_weights`` is under :data:`THREADS_WORK_THRESHOLD` (a batch too small to split:
+    thread when ``batch_size * n_weights`` is under ``threshold`` (a batch too small to split:
     waking a second thread costs more than it saves), all cores above it and on CUDA. The rule depends on the work
     only, so a fit picks the same count, and gives the same numbers, whatever else the machine runs."""
     cores = all_cores()
     if resolve_device(device) != "cpu":
         return cores
-    return 1 if int(batch_size) * int(n_weights) < THREADS_WORK_THRESHOLD else cores
+    return 1 if int(batch_size) * int(n_weights) < threshold else cores
 
 
 def make_session_options(n_threads: int | None = None) -> SessionOptions:

@@ -5,7 +5,8 @@ import pytest
 from sklearn.neural_network import MLPRegressor
 
 from ortflow import OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer, add_loss_output, to_onnx
-from ortflow.runtime import THREADS_WORK_THRESHOLD, all_cores, threads_for_work
+import ortflow
+from ortflow.runtime import STEP_GRAPH_THREADS_THRESHOLD, THREADS_WORK_THRESHOLD, all_cores, threads_for_work
 
 
 @pytest.fixture(scope="module")
@@ -18,6 +19,20 @@ def test_small_work_runs_on_one_thread_and_large_work_on_every_core():
     assert threads_for_work(15, 5_000) == 1
     assert threads_for_work(1, THREADS_WORK_THRESHOLD - 1) == 1
     assert threads_for_work(256, THREADS_WORK_THRESHOLD) == all_cores()
+    assert threads_for_work(1, STEP_GRAPH_THREADS_THRESHOLD - 1, threshold=STEP_GRAPH_THREADS_THRESHOLD) == 1
+
+
+def test_full_training_on_step_graphs_keeps_one_thread_longer(regression_data):
+    """2M multiply-adds per batch: above forward-backward's threshold, under the step graphs'."""
+    X, y = regression_data
+    mlp = to_onnx(MLPRegressor(hidden_layer_sizes=(500,), max_iter=1, random_state=0).fit(X[:50], y[:50]))
+    assert THREADS_WORK_THRESHOLD < 400 * 5001 < STEP_GRAPH_THREADS_THRESHOLD
+    common = dict(max_iter=1, batch_size=400, shuffle=False)
+    assert OrtGradientOptimizer(add_loss_output(mlp), **common).fit(X, y).n_threads_ == 1
+    assert OrtGradientForwardBackwardOptimizer(mlp, **common).fit(X, y).n_threads_ == all_cores()
+    if ortflow.backend() == "training":  # onnxruntime's artifacts keep forward-backward's threshold
+        full = OrtGradientOptimizer(add_loss_output(mlp), gradients="onnxruntime", **common).fit(X, y)
+        assert full.n_threads_ == all_cores()
 
 
 @pytest.mark.parametrize("trainer", ["full", "fwbw"])
