@@ -23,10 +23,10 @@ def test_small_work_runs_on_one_thread_and_large_work_on_every_core():
 
 
 def test_full_training_on_step_graphs_keeps_one_thread_longer(regression_data):
-    """2M multiply-adds per batch: above forward-backward's threshold, under the step graphs'."""
+    """4M multiply-adds per batch: above forward-backward's threshold, under the step graphs'."""
     X, y = regression_data
-    mlp = to_onnx(MLPRegressor(hidden_layer_sizes=(500,), max_iter=1, random_state=0).fit(X[:50], y[:50]))
-    assert THREADS_WORK_THRESHOLD < 400 * 5001 < STEP_GRAPH_THREADS_THRESHOLD
+    mlp = to_onnx(MLPRegressor(hidden_layer_sizes=(1000,), max_iter=1, random_state=0).fit(X[:50], y[:50]))
+    assert THREADS_WORK_THRESHOLD < 400 * 10001 < STEP_GRAPH_THREADS_THRESHOLD
     common = dict(max_iter=1, batch_size=400, shuffle=False)
     assert OrtGradientOptimizer(add_loss_output(mlp), **common).fit(X, y).n_threads_ == 1
     assert OrtGradientForwardBackwardOptimizer(mlp, **common).fit(X, y).n_threads_ == all_cores()
