@@ -51,7 +51,7 @@ def make_timer():
 
 
 def bench_mlflow_callback(mode: str):
-    """The bench's minimal MLflow callback (used when pipelines/tracking.py offers none).
+    """The bench's minimal MLflow callback (used when pipelines/tracking/epoch_metrics.py offers none).
 
     ``sync``: ``mlflow.log_metrics(..., step=epoch)`` after every epoch (one database transaction each).
     ``async``: the same with ``synchronous=False`` (a background thread writes; flushed at the end).
@@ -88,7 +88,7 @@ def bench_mlflow_callback(mode: str):
 
 
 def pipeline_callback_factory(tmp: str):
-    """A function returning the pipelines' epoch-metrics callback (pipelines/tracking.py) bound to the active
+    """A function returning the pipelines' epoch-metrics callback (pipelines/tracking/epoch_metrics.py) bound to the active
     run, or None when the pipelines do not offer one."""
     try:
         import importlib
