@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 from sklearn.neural_network import MLPRegressor
 
 from ortflow import OrtGradientOptimizer, add_loss_output, to_onnx
-from ortflow.graph import get_initializers, relu_as_mask, trainable_initializers
+from ortflow.graph import get_initializers, relu_as_mask, row_sums_as_matmul, trainable_initializers
 
 
 def _relu_graph(elem_type: int, extra_name: str = "ortflow_relu_zero") -> onnx.ModelProto:
@@ -83,3 +83,31 @@ def test_full_training_matches_the_raw_loop_on_the_unrewritten_graph(regression_
     for name, value in trained.items():
         np.testing.assert_allclose(value, state.parameters[name].data, rtol=1e-4, atol=1e-6, err_msg=name)
     assert not np.allclose(trained["coef_0"], get_initializers(graph)["coef_0"])  # it did train
+
+
+@pytest.mark.parametrize("opset,keepdims", [(17, 0), (17, 1), (11, 0)])
+def test_row_sums_become_a_matmul_by_ones_on_static_matrices(opset, keepdims):
+    """row_sums_as_matmul (bias gradients of static training graphs): same values, a MatMul instead."""
+    if opset >= 13:
+        node = helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=keepdims)
+        inits = [onnx.numpy_helper.from_array(np.array([0], dtype=np.int64), "axes")]
+    else:
+        node = helper.make_node("ReduceSum", ["x"], ["y"], axes=[0], keepdims=keepdims)
+        inits = []
+    other = helper.make_node("ReduceSum", ["z"], ["w"], axes=[0], keepdims=0) if opset < 13 else \
+        helper.make_node("ReduceSum", ["z", "axes"], ["w"], keepdims=0)
+    graph = helper.make_graph([node, other], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 4]),
+                                                   helper.make_tensor_value_info("z", TensorProto.FLOAT, [None, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4] if keepdims else [4]),
+                               helper.make_tensor_value_info("w", TensorProto.FLOAT, [4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    new = row_sums_as_matmul(model)
+    onnx.checker.check_model(new)
+    assert [n.op_type for n in new.graph.node] == ["MatMul", "ReduceSum"]  # the symbolic (None, 4) one is kept
+    x = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    before, after = (ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {
+        "x": x, "z": x})[0] for m in (model, new))
+    assert after.shape == before.shape == ((1, 4) if keepdims else (4,))
+    np.testing.assert_allclose(after, before, rtol=1e-6)
+    del model.graph.node[0]
+    assert row_sums_as_matmul(model) is model

@@ -145,7 +145,9 @@ class OrtGradientForwardBackward:
         except RuntimeError as exc:
             raise explain_gradient_failure(exc) from exc
         model = g.fused_matmul_for_double(onnx.load_from_string(builder.get_gradient_model()))
-        _, providers = check_device(self.device)
+        kind, providers = check_device(self.device)
+        if kind == "cpu" and input_shapes is not None:  # the bias gradients' row sums, see g.row_sums_as_matmul
+            model = g.row_sums_as_matmul(model)
         sess = InferenceSession(model.SerializeToString(), options, providers=providers)
         self._sessions.append(sess)
         info = builder.get_graph_info()
