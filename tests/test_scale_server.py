@@ -107,3 +107,42 @@ def test_submitit_launcher_two_jobs_on_postgres(postgres_server, clean_mlflow_en
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert any((tmp_path / "sweep" / ".submitit").iterdir())  # each job ran in its own submitit process
     _check_sweep(MlflowClient(postgres_server.url), "scale-submitit", "scale-submitit-smoke", 2)
+
+
+def test_a_dataset_inserted_by_a_concurrent_run_is_linked(postgres_server, clean_mlflow_env, compose_pipeline,
+                                                          tmp_path):
+    """Seen: one trial of a 3-worker sweep on PostgreSQL failed with a unique-key violation on ``datasets``: MLflow
+    looks a dataset up, then inserts it, and another worker inserted the same dataset in between. Injected here: a
+    second connection commits the same row just before MLflow's INSERT runs; the stage's inputs are still logged."""
+    import sqlalchemy
+
+    from pipelines.data import Split, make_split
+    from pipelines.tracking import setup
+    from pipelines.tracking.lineage import log_split_inputs
+
+    uri = postgres_server.postgres.uri  # the server's own database, through MLflow's SQLAlchemy store
+    cfg = compose_pipeline(f"mlflow.tracking_uri={uri}", f"mlflow.root={tmp_path}",
+                           "mlflow.experiment_name=dataset-race", "data.name=race")
+    tracking = setup(cfg)
+    split = Split.load(make_split(cfg.data).save(tmp_path / "split.npz"))
+    run_id = tracking.client.create_run(tracking.experiment_id).info.run_id
+    engine = tracking.client._tracking_client.store.engine
+    other = sqlalchemy.create_engine(engine.url)
+    injected = []
+
+    def concurrent_writer(conn, cursor, statement, parameters, context, executemany):
+        if not injected and statement.lstrip().upper().startswith("INSERT INTO DATASETS"):
+            with other.begin() as writer:  # the other worker's transaction, committed first
+                writer.exec_driver_sql(statement, parameters)
+            injected.append(statement)
+
+    sqlalchemy.event.listen(engine, "before_cursor_execute", concurrent_writer)
+    try:
+        contexts = log_split_inputs(tracking, run_id, split, cfg.data, "train")
+    finally:
+        sqlalchemy.event.remove(engine, "before_cursor_execute", concurrent_writer)
+        other.dispose()
+    assert injected, "MLflow inserted no dataset: the race was not exercised"
+    assert contexts == ["training", "validation"]
+    logged = tracking.client.get_run(run_id).inputs.dataset_inputs
+    assert sorted(d.dataset.name for d in logged) == ["race-train", "race-validation"]
