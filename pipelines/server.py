@@ -115,6 +115,25 @@ class Postgres:
                            capture_output=True)
 
 
+def wait_ready(proc: subprocess.Popen, url: str, timeout: float, log: Path, what: str,
+               interval: float = 0.3) -> None:
+    """Wait until ``url`` answers 200 while ``proc`` runs; :class:`ServerError` naming ``what`` with the tail of
+    ``log`` when ``proc`` exits or ``timeout`` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise ServerError(f"{what} exited ({proc.returncode}): {log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise ServerError(f"{what} not ready after {timeout:g} s: {log.read_text()[-3000:]}")
+        time.sleep(interval)
+
+
 class MlflowServer:
     """``mlflow server`` on 127.0.0.1:``port`` over ``backend_store_uri``, serving artifacts from
     ``folder/artifacts``; stopped as a whole process group (it forks uvicorn workers)."""
@@ -145,20 +164,11 @@ class MlflowServer:
         with open(self.log, "a") as log:
             self.proc = subprocess.Popen(self.command(), cwd=self.folder, env=self.environment(), stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise ServerError(f"mlflow server exited ({self.proc.returncode}): {self.log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{self.url}{self.ready_path}", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise ServerError(f"mlflow server not ready after {timeout:g} s: {self.log.read_text()[-3000:]}")
-            time.sleep(0.3)
+        try:
+            wait_ready(self.proc, f"{self.url}{self.ready_path}", timeout, self.log, "mlflow server")
+        except ServerError:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc is None:

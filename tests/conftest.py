@@ -159,10 +159,8 @@ def postgres_server():
     import signal
     import subprocess
     import tempfile
-    import time
-    import urllib.request
 
-    from pipelines.server import TeamServer, free_port
+    from pipelines.server import TeamServer, free_port, wait_ready
 
     folder = _Path(tempfile.mkdtemp(prefix="ortflow-pg-"))
     server = TeamServer(folder, free_port(), free_port())  # the ports the command is given
@@ -171,20 +169,8 @@ def postgres_server():
            "--pg-port", str(server.postgres.port)]
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"pipelines.server exited ({proc.returncode}): "
-                                   f"{(folder.parent / f'{folder.name}.log').read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"{server.url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("pipelines.server not ready after 240 s")
-            time.sleep(0.5)
+        wait_ready(proc, f"{server.url}/health", 240, folder.parent / f"{folder.name}.log", "pipelines.server",
+                   interval=0.5)
         yield server
     finally:
         proc.send_signal(signal.SIGTERM)  # the command stops mlflow server and PostgreSQL, then exits
