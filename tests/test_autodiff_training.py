@@ -98,3 +98,27 @@ def test_bad_settings_are_refused(regression_data):
         training_step(loss, optimizer="adam", weight_decay=0.1)
     with pytest.raises(ValueError, match="loss output 'variable' has rank 2; training_step needs a scalar loss"):
         training_step(loss, loss_output="variable")
+
+
+@pytest.mark.parametrize("rows", [None, 3])
+def test_a_double_loss_over_float_weights_takes_plain_sgd_steps(rows):
+    """The learning rate (float) seeds the backward pass of float losses only; a double loss is scaled at the end."""
+    from onnx import TensorProto, helper, numpy_helper
+    from ortflow._ort import InferenceSession
+
+    W = np.array([[0.5], [-1.0]], dtype=np.float32)
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["p"]), helper.make_node("Cast", ["p"], ["pd"], to=TensorProto.DOUBLE),
+             helper.make_node("Sub", ["pd", "y"], ["d"]), helper.make_node("Mul", ["d", "d"], ["dd"]),
+             helper.make_node("ReduceMean", ["dd"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 2]),
+                                           helper.make_tensor_value_info("y", TensorProto.DOUBLE, [None, 1])],
+                              [helper.make_tensor_value_info("loss", TensorProto.DOUBLE, [])],
+                              [numpy_helper.from_array(W, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    step = training_step(model, batch_rows=rows)
+    session = InferenceSession(step.SerializeToString(), providers=["CPUExecutionProvider"])
+    X, y = np.array([[1, 2], [3, 4], [5, 6]], dtype=np.float32), np.array([[1.0], [2.0], [3.0]])
+    loss, updated = session.run(None, {"X": X, "y": y, "W": W, "learning_rate": np.array(0.1, dtype=np.float32)})
+    residual = (X @ W).astype(np.float64) - y
+    assert loss == pytest.approx(float((residual ** 2).mean()))
+    np.testing.assert_allclose(updated, W - 0.1 * 2 * X.T.astype(np.float64) @ residual / 3, rtol=1e-5)

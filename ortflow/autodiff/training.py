@@ -72,19 +72,22 @@ def training_step(
     clash = sorted(new_names & all_names(model))
     if clash:
         raise ValueError(f"training_step adds the names {clash}, which already exist in the graph; rename them")
-    # SGD seeds the backward pass with the learning rate: the gradients come out already scaled and each update
-    # is one Sub (one Mul per weight fewer)
-    seed = LEARNING_RATE if optimizer == "sgd" else None
-    gradients = build_gradients(model, weights, loss, seed=seed, taken=new_names)
+    # SGD seeds the backward pass with the (float) learning rate when the loss is float too: the gradients come out
+    # already scaled and each update is one Sub (one Mul per weight fewer)
+    scaled = optimizer == "sgd" and declared.elem_type == TensorProto.FLOAT
+    gradients = build_gradients(model, weights, loss, seed=LEARNING_RATE if scaled else None, taken=new_names)
     refuse_unreached(model, [w for w in weights if gradients.grads[w] is None], loss)
     e = gradients.emitter
     grads = dict(gradients.grads)
     for name in scalars + moments:
         e.info[name] = ValueInfo(TensorProto.FLOAT, [] if name in scalars else e.info[name[:-2]].shape)
-    if optimizer == "sgd":
+    if scaled:
         for w in weights:
             if not _update_in_gemm(e, w, grads[w]):
                 e.op_named("Sub", [w, grads[w]], w + UPDATED)
+    elif optimizer == "sgd":  # a loss of another type (e.g. double over float weights): scaled at the end
+        for w in weights:
+            e.op_named("Sub", [w, e.op("Mul", [grads[w], LEARNING_RATE])], w + UPDATED)
     else:
         _adam(e, weights, grads, betas, epsilon, weight_decay)
     outputs = [value_info(s + UPDATED, e.info[s]) for s in state]
