@@ -34,11 +34,12 @@ class StepGraphRuntime:
                  device: str, options: SessionOptions):
         self.device = device
         self.weights = list(weights)
-        self._build = dict(loss_model=loss_graph, weights=self.weights, loss_output=loss_name, **rate.step_options())
+        update = rate.step_options()
+        self._build = dict(loss_model=loss_graph, weights=self.weights, loss_output=loss_name, **update)
         self._options = options
-        # what the graphs are built from: the same graph fitted again reuses them and their sessions
-        self._key = (loss_graph.SerializeToString(), self.weights, loss_name, sorted(rate.step_options().items()),
-                     device, options.intra_op_num_threads)
+        # what the graphs are built from, hashed once: the same graph fitted again reuses them and their sessions
+        self._key = STEP_GRAPHS.key(loss_graph.SerializeToString(), self.weights, loss_name, sorted(update.items()),
+                                    device, options.intra_op_num_threads)
         # the graph with a symbolic batch axis: what is saved, and the names every batch shape's graph shares
         self.step_model = self._cached(None)[0]
         self.input_names = [i.name for i in self.step_model.graph.input]
@@ -83,7 +84,7 @@ class StepGraphRuntime:
     def _cached(self, rows: int | None) -> tuple:
         """(step graph, its OnnxFunction) for batches of ``rows`` rows, (symbolic graph, None) for None; built
         once per process for a given graph and settings (:data:`~ortflow.artifact_cache.STEP_GRAPHS`)."""
-        key = STEP_GRAPHS.key(*self._key, rows)
+        key = f"{self._key}/{rows}"
         entry = STEP_GRAPHS.get(key)
         if entry is None:
             model = training_step(**self._build, batch_rows=rows)

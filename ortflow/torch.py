@@ -7,8 +7,9 @@ owns the weights as ``nn.Parameter`` objects, so its optimizers, LR schedulers, 
 Tensors cross between torch and onnxruntime through DLPack. Per batch, when the inputs and the output gradients
 are contiguous tensors of the graph's dtype on the module's device, the inputs and the parameters are viewed as
 OrtValues and onnxruntime allocates the gradients, which torch views; the one copy is of the outputs in training
-(batch x outputs values): onnxruntime's backward pass reuses their buffers. A non-contiguous tensor (a strided slice, an expanded gradient such as the one of ``y.sum()``) is
-copied once by ``.contiguous()``, since onnxruntime reads dense row-major buffers only.
+(batch x outputs values): onnxruntime's backward pass reuses their buffers. A non-contiguous tensor (a strided
+slice, an expanded gradient such as the one of ``y.sum()``) is copied once by ``.contiguous()``, since onnxruntime
+reads dense row-major buffers only.
 
 This module needs torch (``pip install 'ortflow[torch]'``); ``import ortflow`` does not import it.
 """

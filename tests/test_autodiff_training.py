@@ -38,16 +38,21 @@ def test_sgd_steps_reproduce_full_training(regression_data, score, penalty):
         assert not np.allclose(value, ortflow.get_initializers(loss)[name])  # it trained
 
 
-@pytest.mark.parametrize("optimizer,weight_decay", [("adam", 0.0), ("adamw", 0.1)])
-def test_adam_steps_reproduce_full_training(regression_data, optimizer, weight_decay):
-    """Adam divides each gradient by its running magnitude, so float32 rounding of tiny gradient components is
-    amplified: the weights agree to 1e-5 absolute after 30 steps (they moved by ~0.2)."""
+def _mlp_loss(regression_data):
+    """95 rows (batches of 10 end with one of 5) and the squared-error graph of a small MLP fitted on them."""
     X, y = regression_data
     X, y = X[:95], y[:95].reshape(-1, 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = ortflow.to_onnx(MLPRegressor(hidden_layer_sizes=(4,), max_iter=2, random_state=0).fit(X, y.ravel()))
-    loss = ortflow.add_loss_output(model)
+    return X, y, ortflow.add_loss_output(model)
+
+
+@pytest.mark.parametrize("optimizer,weight_decay", [("adam", 0.0), ("adamw", 0.1)])
+def test_adam_steps_reproduce_full_training(regression_data, optimizer, weight_decay):
+    """Adam divides each gradient by its running magnitude, so float32 rounding of tiny gradient components is
+    amplified: the weights agree to 1e-5 absolute after 30 steps (they moved by ~0.2)."""
+    X, y, loss = _mlp_loss(regression_data)
     step = training_step(loss, optimizer=optimizer, weight_decay=weight_decay)
     inputs = [i.name for i in step.graph.input]
     assert inputs[-2:] == ["learning_rate", "step"] and "coef_0_m" in inputs and "coef_0_v" in inputs
@@ -69,12 +74,7 @@ def test_adam_steps_reproduce_full_training(regression_data, optimizer, weight_d
 def test_full_training_runs_one_graph_per_batch_shape_with_the_symbolic_graphs_results(regression_data):
     """Full training builds a step graph per batch size it meets (10 rows, and the last batch of 5), whose counts
     are constants; it ends with the weights of the one graph with a symbolic batch axis."""
-    X, y = regression_data
-    X, y = X[:95], y[:95].reshape(-1, 1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = ortflow.to_onnx(MLPRegressor(hidden_layer_sizes=(4,), max_iter=2, random_state=0).fit(X, y.ravel()))
-    loss = ortflow.add_loss_output(model)
+    X, y, loss = _mlp_loss(regression_data)
     symbolic, fixed = training_step(loss), training_step(loss, batch_rows=10)
     ops = [[n.op_type for n in m.graph.node] for m in (symbolic, fixed)]
     assert "Size" in ops[0] and "Size" not in ops[1] and len(ops[1]) < len(ops[0])
