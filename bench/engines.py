@@ -328,7 +328,8 @@ def torch_sequential(case: Case, data: CaseData):
 
 def train_ortflow_torch(case: Case, data: CaseData, epochs: int, threads: int) -> Run:
     """The model's ONNX graph as one :class:`ortflow.torch.OnnxModule` layer, trained by :func:`torch_loop`
-    (onnxruntime runs the forward and backward passes at ``threads`` intra-op threads, torch the loss and SGD)."""
+    (onnxruntime runs the forward and backward passes, torch the loss and SGD, with ``threads`` set as torch's
+    count, which the layer follows by default: one onnxruntime thread for a batch too small to split)."""
     try:
         import torch
 
@@ -338,7 +339,7 @@ def train_ortflow_torch(case: Case, data: CaseData, epochs: int, threads: int) -
 
     begin = time.perf_counter()
     torch.set_num_threads(threads)
-    return torch_loop(OnnxModule(prediction_graph(data), n_threads=threads), case, data, epochs, begin)
+    return torch_loop(OnnxModule(prediction_graph(data)), case, data, epochs, begin)
 
 
 def torch_loop(model, case: Case, data: CaseData, epochs: int, begin: float) -> Run:

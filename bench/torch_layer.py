@@ -4,7 +4,9 @@
 
 Each round builds both models afresh from the case's initial weights and times ``steps`` consecutive training
 steps of each (``zero_grad``, MSE loss, ``backward``, ``torch.optim.SGD.step`` over the case's batches in order),
-the two engines in alternation, at the same thread count (torch's and onnxruntime's). It prints the 10th
+the two engines in alternation, at the same thread count: ``torch.set_num_threads``, which the layer follows by
+default (``OnnxModule(n_threads=None)``: torch's count, one onnxruntime thread for a batch too small to split, as
+torch does not split small ops either). It prints the 10th
 percentile and the median of the step times. On a machine shared with other jobs the epoch times of
 ``python -m bench.run`` swing by 2-10x from one repeat to the next; the low percentile of many single steps is the
 figure those jobs distort least.
@@ -52,7 +54,7 @@ def build(engine: str, case, data, threads: int):
     torch.set_num_threads(threads)
     if engine == "torch":
         return torch_sequential(case, data)
-    return OnnxModule(prediction_graph(data), n_threads=threads)
+    return OnnxModule(prediction_graph(data))
 
 
 def measure(cases: list[str], threads: list[int], rounds: int, steps: int) -> list[dict]:

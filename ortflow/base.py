@@ -450,9 +450,8 @@ class BaseTrainer(BaseEstimator):
         ``batch_size`` rows through ``model``'s float weights."""
         if self.n_threads is not None:
             return int(self.n_threads)
-        n_weights = sum(int(np.prod(init.dims)) for init in model.graph.initializer
-                        if init.data_type in g.FLOAT_TYPES)
-        return threads_for_work(self.batch_size, n_weights, self.device, self._threads_threshold())
+        return threads_for_work(self.batch_size, g.float_weight_count(model), self.device,
+                                self._threads_threshold())
 
     def _threads_threshold(self) -> int:
         """The work under which one thread beats all cores for this trainer (:mod:`ortflow.runtime`)."""

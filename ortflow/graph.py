@@ -180,6 +180,11 @@ def trainable_initializers(model: onnx.ModelProto) -> list[str]:
     return [init.name for init in model.graph.initializer if init.data_type in FLOAT_TYPES]
 
 
+def float_weight_count(model: onnx.ModelProto) -> int:
+    """How many values the float initializers of the main graph hold together."""
+    return sum(int(np.prod(init.dims)) for init in model.graph.initializer if init.data_type in FLOAT_TYPES)
+
+
 def replace_initializers(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:
     """Copy of ``model`` whose initializers named in ``values`` hold the new values (dtype and shape kept)."""
     new = onnx.ModelProto()

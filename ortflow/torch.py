@@ -17,6 +17,7 @@ This module needs torch (``pip install 'ortflow[torch]'``); ``import ortflow`` d
 from __future__ import annotations
 
 import keyword
+import operator
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -36,10 +37,10 @@ from torch.utils.dlpack import to_dlpack
 _from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
 
 from . import graph as g
-from ._ort import OrtValueVector, ort
+from ._ort import OrtValueVector, SessionOptions, ort
 from .exceptions import UnsupportedModelError
 from .fwbw.forward_backward import OrtGradientForwardBackward
-from .runtime import OnnxFunction, make_session_options
+from .runtime import THREADS_WORK_THRESHOLD, OnnxFunction, make_session_options
 from .validation import check_weights_to_train
 
 _C = ort.capi._pybind_state
@@ -74,7 +75,8 @@ def parameter_name(initializer: str, taken: set[str] | frozenset = frozenset()) 
 
 def _capsule(tensor: torch.Tensor):
     """A DLPack capsule viewing ``tensor`` (made contiguous first when it is not: onnxruntime reads dense buffers)."""
-    tensor = tensor.detach()
+    if tensor.requires_grad:
+        tensor = tensor.detach()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
     return to_dlpack(tensor)
@@ -113,10 +115,11 @@ def _vector(tensors: Sequence[torch.Tensor], values: Sequence = ()) -> OrtValueV
     return vector
 
 
-def _to_torch(vector: OrtValueVector) -> list[torch.Tensor]:
-    """Torch tensors viewing every OrtValue of ``vector`` (one C++ call; the tensors own the values)."""
+def _to_torch(vector: OrtValueVector, bools: Sequence[int] | None = None) -> list[torch.Tensor]:
+    """Torch tensors viewing every OrtValue of ``vector`` (one C++ call; the tensors own the values). ``bools``:
+    the positions of the boolean tensors when the caller knows them (else they are looked up)."""
     tensors = vector.to_dlpacks(_from_dlpack)
-    for i in _bool_indices(vector):  # DLPack may carry booleans as uint8
+    for i in _bool_indices(vector) if bools is None else bools:  # DLPack may carry booleans as uint8
         tensors[i] = tensors[i].to(torch.bool)
     return tensors
 
@@ -136,22 +139,49 @@ def _device_string(device: torch.device) -> str:
     raise ValueError(f"OnnxModule runs on cpu or cuda tensors, not {device}")
 
 
+def _output_dtypes(model: onnx.ModelProto) -> list[torch.dtype | None]:
+    """The torch dtype of each graph output (None for a type torch has no dtype for)."""
+    return [_TORCH_DTYPES.get(o.type.tensor_type.elem_type) for o in model.graph.output]
+
+
 class _Runtime:
     """The onnxruntime side of an :class:`OnnxModule` on one device: one forward-backward object per set of
     inputs needing a gradient (built on first use), their static-shape agents, and an inference function."""
 
-    def __init__(self, module: OnnxModule, device: str):
+    def __init__(self, module: OnnxModule, device: torch.device):
         self.module = module
-        self.device = device
-        threads = module.n_threads or torch.get_num_threads()
-        self.options = make_session_options(threads)
+        self.torch_device = device
+        self.device = _device_string(device)
+        self.threads = module.n_threads or torch.get_num_threads()
+        self.options = self._options(self.threads)
+        self._small_batch_options: SessionOptions | None = None
+        self._param_views: list = [None] * len(module.weights_to_train_)
+        self._param_pointers: list[int | None] = [None] * len(module.weights_to_train_)
+        self._plans: dict[tuple[str, ...], _Plan] = {}
+        self._calls: dict[tuple, tuple[_Plan, tuple]] = {}
+        self._n_static: dict[tuple[str, ...], int] = {}
+        self._inference: OnnxFunction | None = None
+
+    def _options(self, threads: int) -> SessionOptions:
+        options = make_session_options(threads)
         # torch's and onnxruntime's thread pools take turns on the same cores: a pool spinning while it waits
         # for work steals them from the other (4x slower batches on case A of the bench with 2 threads each).
-        self.options.add_session_config_entry("session.intra_op.allow_spinning", "1" if module.spinning else "0")
-        self._param_views: list[tuple[int, Any] | None] = [None] * len(module.weights_to_train_)
-        self._plans: dict[tuple[str, ...], _Plan] = {}
-        self._agents: dict[tuple[str, ...], dict[tuple, tuple]] = {}
-        self._inference: OnnxFunction | None = None
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.module.spinning else "0")
+        return options
+
+    def static_options(self, shapes: tuple) -> SessionOptions | None:
+        """The options of the static-shape agent for these input shapes: one thread for a batch whose work
+        (rows x float weights) is under :data:`ortflow.runtime.THREADS_WORK_THRESHOLD` unless ``n_threads`` was
+        given (waking a second thread for each small node costs more than it saves, and torch does not split such
+        ops either), else the runtime's options."""
+        if self.module.n_threads is not None or self.threads == 1 or self.device != "cpu":
+            return None
+        rows = shapes[0][0] if shapes and len(shapes[0]) else 1
+        if rows * self.module._n_weights >= THREADS_WORK_THRESHOLD:
+            return None
+        if self._small_batch_options is None:
+            self._small_batch_options = self._options(1)
+        return self._small_batch_options
 
     def plan(self, inputs_with_grad: tuple[str, ...]) -> _Plan:
         """The plan of the forward-backward object computing the gradients of ``inputs_with_grad`` and of the
@@ -161,36 +191,40 @@ class _Runtime:
             fb = OrtGradientForwardBackward(
                 self.module.onnx_model_, weights_to_train=self.module.weights_to_train_,
                 input_names_to_train=list(inputs_with_grad), device=self.device, session_options=self.options)
-            plan = self._plans[inputs_with_grad] = _Plan(self.module, fb, inputs_with_grad)
-            self._agents[inputs_with_grad] = {}
+            plan = self._plans[inputs_with_grad] = _Plan(self.module, fb, inputs_with_grad, self.torch_device)
         return plan
 
-    def agent(self, plan: _Plan, key: tuple[str, ...], inputs: Sequence[torch.Tensor]) -> tuple:
-        """(agent, cache): the static-shape agent for these input shapes while fewer than ``static_shapes``
-        exist, else the agent for any shape."""
-        agents = self._agents[key]
-        shapes = tuple(tuple(t.shape) for t in inputs)
-        found = agents.get(shapes)
+    def call(self, inputs_with_grad: tuple[str, ...], shapes: tuple) -> tuple[_Plan, tuple]:
+        """(plan, (agent, cache)) for these inputs needing a gradient and these input shapes: the static-shape
+        agent while fewer than ``static_shapes`` exist for the plan, else the plan's agent for any shape."""
+        key = (inputs_with_grad, shapes)
+        found = self._calls.get(key)
         if found is None:
-            fb = plan.fb
-            if len(agents) < self.module.static_shapes:
-                found = agents[shapes] = fb.static_agent(shapes)
-            else:
-                found = (fb.agent_, fb.cache_)
+            plan = self.plan(inputs_with_grad)
+            n_static = self._n_static.get(inputs_with_grad, 0)
+            if n_static < self.module.static_shapes:
+                self._n_static[inputs_with_grad] = n_static + 1
+                found = plan, plan.fb.static_agent(tuple(tuple(shape) for shape in shapes),
+                                                   self.static_options(shapes))
+                self._calls[key] = found
+            else:  # not kept: an unbounded number of shapes may come
+                found = plan, (plan.fb.agent_, plan.fb.cache_)
         return found
 
     def param_views(self, params: Sequence[torch.Tensor], device: torch.device) -> list:
-        """C OrtValues viewing the parameters, kept while a parameter's storage stays where it is (optimizers and
-        ``load_state_dict`` write in place): a DLPack export costs a few microseconds per tensor and batch. A
-        parameter is checked (device, dtype) when its storage moves, which ``.to()`` and ``.double()`` do."""
-        views = []
-        for i, param in enumerate(params):
-            cached = self._param_views[i]
-            if cached is None or cached[0] != param.data_ptr():
-                self.module._check_parameter(i, param, device)
-                cached = self._param_views[i] = (param.data_ptr(), _to_ort(param))
-            views.append(cached[1])
-        return views
+        """C OrtValues viewing the parameters, kept while the parameters' storages stay where they are (optimizers
+        and ``load_state_dict`` write in place): a DLPack export costs a few microseconds per tensor and batch. A
+        parameter is checked (device, dtype) when its storage moves, which ``.to()`` and ``.double()`` do. The
+        list returned is never changed afterwards (a move makes a new one)."""
+        pointers = [param.data_ptr() for param in params]
+        if pointers != self._param_pointers:
+            views = list(self._param_views)
+            for i, (param, pointer) in enumerate(zip(params, pointers)):
+                if pointer != self._param_pointers[i]:
+                    self.module._check_parameter(i, param, device)
+                    views[i] = _to_ort(param)
+            self._param_views, self._param_pointers = views, pointers
+        return self._param_views
 
     def infer(self, feeds: dict[str, Any], device: torch.device) -> list:
         if self._inference is None:
@@ -206,32 +240,42 @@ class _Runtime:
 
 
 class _Plan:
-    """Where the module's tensors sit in the feeds and fetches of one forward-backward object."""
+    """Where the module's tensors sit in the feeds and fetches of one forward-backward object, and what its
+    forward and backward passes need on each call (computed once)."""
 
-    def __init__(self, module: OnnxModule, fb: OrtGradientForwardBackward, input_grads: tuple[str, ...]):
+    def __init__(self, module: OnnxModule, fb: OrtGradientForwardBackward, input_grads: tuple[str, ...],
+                 device: torch.device):
         if fb.feed_names_ != module.feed_names_:  # OrtGradientForwardBackward puts the weights after the inputs
             raise UnsupportedModelError(f"the training graph's inputs {fb.feed_names_} are not the graph inputs "
                                         f"then the trained weights {module.feed_names_}")
         position = {name: i for i, name in enumerate(fb.grad_names_)}
         self.fb = fb
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.n_inputs = len(module.input_names_)
         self.n_outputs = len(module.output_names_)
+        self.output_dtypes = module._output_dtypes
+        self.output_bools = [i for i, dtype in enumerate(self.output_dtypes) if dtype == torch.bool]
         self.non_differentiable = set(fb.non_differentiable_)
-        self.input_grads = [position[name + "_grad"] if name in input_grads else None
-                            for name in module.input_names_]
-        self.weight_grads = [position[name + "_grad"] for name in module.weights_to_train_]
+        # what backward returns for (plan, agent_cache, param_views, *inputs, *parameters): None for the first
+        # three, then the position of each gradient among the fetches of run_backward (None: no gradient)
+        self.grad_positions = [None, None, None,
+                               *(position[name + "_grad"] if name in input_grads else None
+                                 for name in module.input_names_),
+                               *(position[name + "_grad"] for name in module.weights_to_train_)]
 
-
-def _run_forward(plan: _Plan, agent_cache, inputs: Sequence[torch.Tensor], param_views: Sequence,
-                 device: torch.device):
-    """(output tensors, execution state) of the training graph's forward pass."""
-    agent, cache = agent_cache
-    fetches = OrtValueVector()
-    state = plan.fb.new_state()  # onnxruntime's PartialGraphExecutionState, or ortflow's own graphs' state
-    feeds = _vector(inputs, param_views)
-    _synchronize(device)
-    agent.run_forward(feeds, fetches, state, cache)
-    _synchronize(device)
-    return _to_torch(fetches)[: plan.n_outputs], state
+    def run_forward(self, agent_cache: tuple, tensors: Sequence[torch.Tensor], param_views: Sequence) -> tuple:
+        """(output tensors, execution state) of the training graph's forward pass on the inputs ``tensors``."""
+        agent, cache = agent_cache
+        fetches = OrtValueVector()
+        state = self.fb.new_state()  # onnxruntime's PartialGraphExecutionState, or ortflow's own graphs' state
+        feeds = _vector(tensors, param_views)
+        if self.cuda:
+            _synchronize(self.device)
+        agent.run_forward(feeds, fetches, state, cache)
+        if self.cuda:
+            _synchronize(self.device)
+        return _to_torch(fetches, self.output_bools)[: self.n_outputs], state
 
 
 class _OnnxFunction(torch.autograd.Function):
@@ -240,44 +284,58 @@ class _OnnxFunction(torch.autograd.Function):
     pass: a second one (``retain_graph=True``, ``gradcheck``) runs the forward pass again on the saved tensors."""
 
     @staticmethod
-    def forward(ctx, plan: _Plan, agent_cache, param_views: list, n_inputs: int, *tensors):
-        device = tensors[-1].device
-        outputs, ctx.state = _run_forward(plan, agent_cache, tensors[:n_inputs], param_views, device)
+    def forward(ctx, plan: _Plan, agent_cache: tuple, param_views: list, *tensors):
+        outputs, state = plan.run_forward(agent_cache, tensors[: plan.n_inputs], param_views)
         # onnxruntime's memory plan lets the backward pass reuse the buffers of the forward outputs: the outputs
         # handed to torch are copies (batch x outputs values), or they would change under the caller at backward
         outputs = [o.clone() for o in outputs]
-        ctx.plan, ctx.agent_cache, ctx.n_inputs, ctx.device = plan, agent_cache, n_inputs, device
-        ctx.dtypes = [o.dtype for o in outputs]
-        # kept for a second backward pass only (retain_graph, gradcheck), with their versions to refuse tensors
-        # changed in place since: save_for_backward's bookkeeping costs microseconds per tensor and batch
-        ctx.tensors, ctx.versions = tensors, [t._version for t in tensors]
+        # the tensors are kept for a second backward pass only (retain_graph, gradcheck), with their versions to
+        # refuse tensors changed in place since: save_for_backward's bookkeeping costs microseconds per tensor
+        ctx.run = [plan, agent_cache, state, tensors, [t._version for t in tensors]]
         if plan.non_differentiable:
             ctx.mark_non_differentiable(*(outputs[i] for i in plan.non_differentiable))
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        plan = ctx.plan
-        state, ctx.state = ctx.state, None
+        run = ctx.run
+        plan, agent_cache, state, tensors, versions = run
+        run[2] = None
         if state is None:
-            saved = ctx.tensors
-            changed = [i for i, (t, v) in enumerate(zip(saved, ctx.versions)) if t._version != v]
+            changed = [i for i, (t, v) in enumerate(zip(tensors, versions)) if t._version != v]
             if changed:
                 raise RuntimeError(f"OnnxModule: a second backward pass needs the forward pass's tensors, but "
                                    f"tensors {changed} (inputs, then parameters) were modified in place since")
-            views = [_to_ort(t) for t in saved[ctx.n_inputs:]]
-            _, state = _run_forward(plan, ctx.agent_cache, saved[: ctx.n_inputs], views, ctx.device)
-        grads = [grad if grad.dtype == dtype else grad.to(dtype) for grad, dtype in zip(grad_outputs, ctx.dtypes)]
+            views = [_to_ort(t) for t in tensors[plan.n_inputs:]]
+            _, state = plan.run_forward(agent_cache, tensors[: plan.n_inputs], views)
+        grads = [grad if grad.dtype == dtype or dtype is None else grad.to(dtype)
+                 for grad, dtype in zip(grad_outputs, plan.output_dtypes)]
         if plan.non_differentiable:
             grads = [grad for i, grad in enumerate(grads) if i not in plan.non_differentiable]
         fetches = OrtValueVector()
         feeds = _vector(grads)
-        _synchronize(ctx.device)
-        ctx.agent_cache[0].run_backward(feeds, fetches, state)
-        _synchronize(ctx.device)
-        tensors = _to_torch(fetches)
-        return (None, None, None, None, *(None if i is None else tensors[i] for i in plan.input_grads),
-                *(tensors[i] for i in plan.weight_grads))
+        if plan.cuda:
+            _synchronize(plan.device)
+        agent_cache[0].run_backward(feeds, fetches, state)
+        if plan.cuda:
+            _synchronize(plan.device)
+        fetched = fetches.to_dlpacks(_from_dlpack)  # gradients are float tensors: no boolean to convert
+        return tuple(None if i is None else fetched[i] for i in plan.grad_positions)
+
+
+# Function.apply's Python wrapper (signature binding, functorch checks) costs about 6 µs per call: without an
+# active functorch transform (vmap, grad...) the module calls the C implementation the wrapper ends in.
+_apply_c = super(torch.autograd.Function, _OnnxFunction).apply
+_unwrap_if_dead = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
+
+
+def _apply(plan: _Plan, agent_cache: tuple, param_views: list, inputs: Sequence[torch.Tensor],
+           params: Sequence[torch.Tensor]) -> tuple:
+    if _unwrap_if_dead is None or torch._C._are_functorch_transforms_active():
+        return _OnnxFunction.apply(plan, agent_cache, param_views, *inputs, *params)
+    if len(inputs) == 1:
+        return _apply_c(plan, agent_cache, param_views, _unwrap_if_dead(inputs[0]), *params)
+    return _apply_c(plan, agent_cache, param_views, *map(_unwrap_if_dead, inputs), *params)
 
 
 class OnnxModule(nn.Module):
@@ -290,7 +348,9 @@ class OnnxModule(nn.Module):
     (:attr:`input_names_`), and returns one tensor, or a tuple when the graph has several outputs. Gradients reach
     the parameters and every float input that requires one.
 
-    ``n_threads``: onnxruntime intra-op threads (default: ``torch.get_num_threads()`` when the sessions are built).
+    ``n_threads``: onnxruntime intra-op threads (default: ``torch.get_num_threads()`` when the sessions are built,
+    and one for the shape-specialized graph of a batch too small to split, rows x float weights under
+    :data:`ortflow.runtime.THREADS_WORK_THRESHOLD`).
     ``static_shapes``: how many distinct input shapes get their own shape-specialized training graph (faster
     backward bookkeeping, built on first use of a shape); other shapes share one graph for any shape.
     ``spinning``: let onnxruntime's idle threads spin (off by default: they would take the cores from torch's).
@@ -322,9 +382,11 @@ class OnnxModule(nn.Module):
             self.parameter_names_[name] = attr
             self.register_parameter(attr, nn.Parameter(torch.from_numpy(np.array(inits[name]))))
         self._param_dtypes = [p.dtype for p in self._parameters.values()]
+        self._output_dtypes = _output_dtypes(model)
+        self._n_weights = g.float_weight_count(model)
         # The graph without the trained values (torch owns them); get_trained_onnx puts them back.
         self.onnx_model_ = model
-        self._runtimes: dict[str, _Runtime] = {}
+        self._runtimes: dict[torch.device, _Runtime] = {}
 
     @staticmethod
     def _spec(value: onnx.ValueInfoProto) -> tuple:
@@ -336,7 +398,11 @@ class OnnxModule(nn.Module):
         dims = None
         if tensor.HasField("shape"):
             dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
-        return value.name, dtype, dims
+        # the declared dimensions: an itemgetter reading them from a shape, and their values
+        known = [(i, d) for i, d in enumerate(dims or ()) if d is not None]
+        fixed = operator.itemgetter(*(i for i, _ in known)) if known else None
+        values = fixed(tuple(d or 0 for d in dims)) if known else None
+        return value.name, dtype, dims, fixed, values
 
     # --- torch ---
     def parameters_by_initializer(self) -> dict[str, nn.Parameter]:
@@ -345,40 +411,45 @@ class OnnxModule(nn.Module):
 
     def forward(self, *inputs: torch.Tensor):
         params = list(self._parameters.values())
-        device = self._check_inputs(inputs, params[0].device)
-        runtime = self._runtime(device)
-        grad = torch.is_grad_enabled()
-        input_grads = tuple(name for name, t in zip(self.input_names_, inputs)
-                            if grad and t.requires_grad and t.is_floating_point())
+        device = params[0].device
+        shapes = self._check_inputs(inputs, device)
+        runtime = self._runtimes.get(device) or self._runtime(device)
         views = runtime.param_views(params, device)
-        if not grad or not (input_grads or any(p.requires_grad for p in params)):
-            feeds = dict(zip(self.feed_names_, [_to_ort(t) for t in inputs] + views))
-            outputs = _to_torch(runtime.infer(feeds, device))
-        else:
-            plan = runtime.plan(input_grads)
-            agent = runtime.agent(plan, input_grads, inputs)
-            outputs = _OnnxFunction.apply(plan, agent, views, len(inputs), *inputs, *params)
+        if torch.is_grad_enabled():
+            input_grads = ()
+            for name, tensor in zip(self.input_names_, inputs):
+                if tensor.requires_grad and tensor.is_floating_point():
+                    input_grads += (name,)
+            if input_grads or params[0].requires_grad or any(p.requires_grad for p in params):
+                plan, agent = runtime.call(input_grads, shapes)
+                outputs = _apply(plan, agent, views, inputs, params)
+                return outputs[0] if len(outputs) == 1 else outputs
+        feeds = dict(zip(self.feed_names_, [_to_ort(t) for t in inputs] + views))
+        outputs = _to_torch(runtime.infer(feeds, device))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _check_inputs(self, inputs: Sequence[torch.Tensor], device: torch.device) -> torch.device:
+    def _check_inputs(self, inputs: Sequence[torch.Tensor], device: torch.device) -> tuple:
+        """The inputs' shapes, once their number, types, dtypes, shapes and device are checked."""
         if len(inputs) != len(self.input_names_):
             raise TypeError(f"OnnxModule.forward takes {len(self.input_names_)} tensors {self.input_names_}, "
                             f"got {len(inputs)}")
-        for (name, dtype, dims), tensor in zip(self._input_specs, inputs):
+        shapes = []
+        for (name, dtype, dims, fixed, values), tensor in zip(self._input_specs, inputs):
             if not isinstance(tensor, torch.Tensor):
                 raise TypeError(f"input {name!r} must be a torch.Tensor, got {type(tensor).__name__}")
             if tensor.dtype != dtype:
                 raise TypeError(f"input {name!r} has dtype {tensor.dtype}, the graph expects {dtype}")
-            if dims is not None and (tensor.dim() != len(dims) or any(
-                    d is not None and d != s for d, s in zip(dims, tensor.shape))):
+            shape = tensor.shape
+            if dims is not None and (len(shape) != len(dims) or fixed is not None and fixed(shape) != values):
                 shown = ", ".join("?" if d is None else str(d) for d in dims)
                 expected = f"({shown},)" if len(dims) == 1 else f"({shown})"
-                raise ValueError(f"input {name!r} has shape {tuple(tensor.shape)}, the graph expects {expected} "
+                raise ValueError(f"input {name!r} has shape {tuple(shape)}, the graph expects {expected} "
                                  f"(rank {len(dims)})")
             if tensor.device != device:
                 raise ValueError(f"input {name!r} is on {tensor.device}, the module's parameters on {device}; "
                                  "move them to the same device")
-        return device
+            shapes.append(shape)
+        return tuple(shapes)
 
     def _check_parameter(self, index: int, param: torch.Tensor, device: torch.device) -> None:
         name, expected = self.weights_to_train_[index], self._param_dtypes[index]
@@ -389,10 +460,9 @@ class OnnxModule(nn.Module):
                             "graph's dtypes are fixed (convert the ONNX graph instead of calling .double())")
 
     def _runtime(self, device: torch.device) -> _Runtime:
-        key = _device_string(device)
-        if key not in self._runtimes:
-            self._runtimes[key] = _Runtime(self, key)
-        return self._runtimes[key]
+        if device not in self._runtimes:
+            self._runtimes[device] = _Runtime(self, device)
+        return self._runtimes[device]
 
     # --- export ---
     def get_trained_onnx(self) -> onnx.ModelProto:

@@ -184,6 +184,27 @@ def test_train_eval_no_grad_and_changing_batch_size(regression_data):
     torch.testing.assert_close(evaluated, ref(X).detach(), rtol=1e-5, atol=1e-6)
 
 
+def static_session_threads(layer, rows):
+    """Intra-op threads of the session behind the layer's shape-specialized graph for a batch of ``rows``."""
+    out = layer(torch.zeros(rows, 8))
+    out.sum().backward()
+    fb = next(iter(layer._runtimes.values()))._plans[()].fb
+    return fb._sessions[-1].get_session_options().intra_op_num_threads  # the last graph built: this shape's
+
+
+def test_threads_follow_torch_but_small_batches_get_one():
+    onx = to_onnx(fitted_mlp(hidden=(64,)))  # 8*64 + 64 + 64 + 1 = 641 float weights
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        layer = OnnxModule(onx)
+        assert static_session_threads(layer, 16) == 1  # 16 x 641 values: far under the threshold
+        assert static_session_threads(layer, 6000) == 2  # 3.8M: over it, torch's count
+        assert static_session_threads(OnnxModule(onx, n_threads=2), 16) == 2  # an explicit count is kept
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_wrong_inputs_name_the_input():
     layer = OnnxModule(to_onnx(fitted_mlp()))
     with pytest.raises(TypeError, match=r"input 'X' has dtype torch.float64, the graph expects torch.float32"):
