@@ -7,7 +7,10 @@ at a time: a file lock next to a sqlite storage, a PostgreSQL advisory lock on a
 (in-memory storage: one process, nothing to lock). Under it:
 
 - :func:`claim_trials` counts the study's trials and asks only what is left of ``n_trials``: the trials requested
-  run exactly once in total, however many workers join;
+  run exactly once in total, however many workers join. A worker records a heartbeat for each trial it runs
+  (:func:`beating`); a trial whose worker missed three beats (the worker was killed, its machine lost) is failed
+  and asked again once, with the same parameters, by the next worker that claims trials (Optuna's heartbeat and
+  ``RetryHeartbeatStaleTrialCallback``): the retry takes the failed trial's place in ``n_trials``;
 - :func:`once` reads or sets a study attribute (the sweep's MLflow run id: the first worker creates the run, the
   others nest under it);
 - :func:`claim_close` lets exactly one worker close the sweep: the first that finds every trial finished.
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
+import warnings
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -28,12 +33,16 @@ from typing import Any, Callable
 
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_stale_trials
+from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import TrialState
 
 from .tracking import file_lock, lock_path, sqlite_path
 
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 CLOSED_ATTR = "ortflow.sweep_closed"
+#: a worker records a heartbeat for each trial it runs this often (seconds); three missed beats fail the trial
+HEARTBEAT_SECONDS = 20
 
 
 class SearchSpaceError(ValueError):
@@ -96,11 +105,62 @@ def describe(dimensions: list[Dimension]) -> dict[str, str]:
 
 
 def open_study(storage: str | None, study_name: str, direction: str,
-               sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
-    """Create the study, or load it when another worker made it first."""
+               sampler: optuna.samplers.BaseSampler | None = None, heartbeat: int = HEARTBEAT_SECONDS) -> optuna.Study:
+    """Create the study, or load it when another worker made it first. On a database ``storage`` the trials get
+    heartbeats every ``heartbeat`` seconds (the workers of one study must agree on it)."""
     with study_lock(storage, study_name):
-        return optuna.create_study(storage=storage, study_name=study_name, direction=direction, sampler=sampler,
-                                   load_if_exists=True)
+        return optuna.create_study(storage=_storage(storage, heartbeat), study_name=study_name, direction=direction,
+                                   sampler=sampler, load_if_exists=True)
+
+
+def _storage(url: str | None, heartbeat: int) -> RDBStorage | None:
+    """The study's storage: a trial whose heartbeat is 3 x ``heartbeat`` seconds old is failed and retried once."""
+    if not url:
+        return None
+    with _quiet():
+        return RDBStorage(url, heartbeat_interval=heartbeat, grace_period=3 * heartbeat,
+                          heartbeat_stale_trial_callback=RetryHeartbeatStaleTrialCallback(max_retry=1))
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Without Optuna's warnings that its heartbeat API is experimental and meant for ``Study.optimize`` (the
+    sweeper asks and tells trials itself)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
+        yield
+
+
+def _heartbeats(study: optuna.Study) -> BaseHeartbeat | None:
+    storage = study._storage  # where Optuna's own fail_stale_trials looks too
+    if isinstance(storage, BaseHeartbeat) and storage.get_heartbeat_interval():
+        return storage
+    return None
+
+
+@contextlib.contextmanager
+def beating(study: optuna.Study, trials: list[optuna.Trial]) -> Iterator[None]:
+    """Record a heartbeat for ``trials`` every heartbeat interval while the body runs (a thread; nothing without
+    heartbeats, e.g. in memory)."""
+    storage = _heartbeats(study)
+    if storage is None or not trials:
+        yield
+        return
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(storage.get_heartbeat_interval()):
+            for trial in trials:
+                storage.record_heartbeat(trial._trial_id)
+
+    thread = threading.Thread(target=beat, name="ortflow-trial-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 @contextlib.contextmanager
@@ -142,13 +202,20 @@ def _key(study_name: str) -> int:
 
 def claim_trials(study: optuna.Study, storage: str | None, n_trials: int, batch: int,
                  dimensions: list[Dimension]) -> list[tuple[optuna.Trial, list[str]]]:
-    """Ask up to ``batch`` new trials, never more than what is left of ``n_trials`` in the whole study; each with
-    its sampled values as overrides."""
+    """Ask up to ``batch`` trials, never more than what is left of ``n_trials`` in the whole study; each with its
+    sampled values as overrides. Trials whose worker stopped beating are failed first; their retries (same
+    parameters) are asked before new trials and take their places in ``n_trials``."""
     space = {d.key: d.distribution for d in dimensions}
-    with study_lock(storage, study.study_name):
-        left = n_trials - len(study.get_trials(deepcopy=False))
-        trials = [study.ask(space) for _ in range(max(0, min(batch, left)))]
-    return [(trial, [d.override(trial.params[d.key]) for d in dimensions]) for trial in trials]
+    with study_lock(storage, study.study_name), _quiet():
+        fail_stale_trials(study)
+        trials = study.get_trials(deepcopy=False)
+        retried = {RetryHeartbeatStaleTrialCallback.retried_trial_number(t) for t in trials} - {None}
+        used = sum(1 for t in trials if t.number not in retried and t.state != TrialState.WAITING)
+        asked = [study.ask(space) for _ in range(max(0, min(batch, n_trials - used)))]  # waiting retries first
+        heartbeats = _heartbeats(study)
+        for trial in asked if heartbeats is not None else ():
+            heartbeats.record_heartbeat(trial._trial_id)
+    return [(trial, [d.override(trial.params[d.key]) for d in dimensions]) for trial in asked]
 
 
 def once(study: optuna.Study, storage: str | None, key: str, make: Callable[[], str]) -> str:
@@ -187,4 +254,4 @@ def results(study: optuna.Study) -> dict[str, Any]:
 
 
 __all__ = ["Dimension", "SearchSpaceError", "parse_space", "describe", "open_study", "study_lock", "claim_trials",
-           "once", "claim_close", "results"]
+           "beating", "once", "claim_close", "results"]

@@ -4,6 +4,10 @@ by processes sharing one study."""
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
+import threading
+import time
 
 import optuna
 import pytest
@@ -67,3 +71,48 @@ def test_workers_sharing_a_study_run_each_trial_once_and_one_closes_it(tmp_path)
     loaded = optuna.load_study(study_name=name, storage=storage)
     assert [t.state for t in loaded.trials] == [optuna.trial.TrialState.COMPLETE] * n_trials
     assert st.results(loaded)["best_value"] == min(t.value for t in loaded.trials)
+
+
+def _killed_worker(storage: str, name: str, n_trials: int, claimed) -> None:
+    """Claim two trials, finish the first, then hang in the second until killed."""
+    dimensions, _ = st.parse_space({"x": "interval(0.0, 1.0)"})
+    study = st.open_study(storage, name, "minimize", heartbeat=1)
+    (first, _), (second, _) = st.claim_trials(study, storage, n_trials, 2, dimensions)
+    study.tell(first, first.params["x"])
+    with st.beating(study, [second]):
+        claimed.put(second.params["x"])
+        threading.Event().wait(120)
+
+
+def test_a_trial_whose_worker_is_killed_is_failed_and_run_again_once(tmp_path):
+    """A worker SIGKILLed in the middle of a trial leaves it RUNNING: without heartbeats the study never ends (its
+    trial never finishes, so no worker closes the sweep and registers the best)."""
+    storage, name, n_trials = f"sqlite:///{tmp_path / 'optuna.db'}", "killed", 3
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    st.open_study(storage, name, "minimize", heartbeat=1)
+    context = multiprocessing.get_context("fork")
+    claimed = context.Queue()
+    worker = context.Process(target=_killed_worker, args=(storage, name, n_trials, claimed))
+    worker.start()
+    x_of_killed_trial = claimed.get(timeout=60)
+    time.sleep(1.5)  # beats recorded while it runs: not stale yet
+    study = st.open_study(storage, name, "minimize", heartbeat=1)
+    dimensions, _ = st.parse_space({"x": "interval(0.0, 1.0)"})
+    mine = st.claim_trials(study, storage, n_trials, 5, dimensions)
+    assert len(mine) == 1  # the one trial left: none failed
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.join(timeout=30)
+    with st.beating(study, [trial for trial, _ in mine]):  # this worker lives: its trial stays
+        time.sleep(3.5)  # three missed beats of the killed one
+        again = st.claim_trials(study, storage, n_trials, 5, dimensions)
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    assert trials[1].state == optuna.trial.TrialState.FAIL  # the killed worker's trial
+    assert [t.params["x"] for t, _ in again] == [x_of_killed_trial]  # run again, with its parameters, once
+    assert not st.claim_close(study, storage, n_trials)
+    for trial, _ in again:
+        study.tell(trial, trial.params["x"])
+    for trial, _ in mine:
+        study.tell(trial, trial.params["x"])
+    assert st.claim_trials(study, storage, n_trials, 5, dimensions) == []
+    assert st.claim_close(study, storage, n_trials)
+    assert st.results(study)["trials"]["complete"] == 3 and st.results(study)["trials"]["fail"] == 1

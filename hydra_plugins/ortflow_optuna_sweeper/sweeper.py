@@ -6,7 +6,8 @@ the study), ``n_jobs`` (trials per batch handed to the launcher), ``sampler`` (a
 ``postgresql://...``: shared), ``study_name`` and ``params`` (key -> ``choice(...)``, ``range(...)``,
 ``interval(...)``, ``tag(log, interval(...))`` or a fixed value). Sweep overrides on the command line join the
 search space. Worker processes started with the same ``storage`` and ``study_name`` share one study: together they
-run ``n_trials`` trials, each exactly once (see pipelines.study). Each worker writes ``search_space.yaml`` and, at
+run ``n_trials`` trials, each exactly once, except that a trial whose worker was killed (no heartbeat for a
+minute) is failed and run once more by the next worker that claims trials (see pipelines.study). Each worker writes ``search_space.yaml`` and, at
 the end, ``optimization_results.yaml`` (the whole study's best) into its sweep folder.
 
 This module is imported whenever Hydra starts (plugin discovery): Optuna is imported only when a sweep runs.
@@ -89,7 +90,8 @@ class OrtflowOptunaSweeper(Sweeper):
                 break
             batch = [fixed + overrides for _, overrides in claimed]
             self.validate_batch_is_legal(batch)
-            returns = self.launcher.launch(batch, initial_job_idx=self.job_idx)
+            with st.beating(study, [trial for trial, _ in claimed]):  # a worker killed here: its trials are retried
+                returns = self.launcher.launch(batch, initial_job_idx=self.job_idx)
             self.job_idx += len(returns)
             for (trial, _), ret in zip(claimed, returns):
                 value = ret.return_value if ret.status == JobStatus.COMPLETED else None
