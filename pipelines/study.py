@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 import warnings
 import zlib
 from collections.abc import Iterator, Mapping
@@ -37,6 +36,7 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_s
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import TrialState
 
+from . import periodic
 from .tracking import file_lock, lock_path, sqlite_path
 
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
@@ -139,28 +139,18 @@ def _heartbeats(study: optuna.Study) -> BaseHeartbeat | None:
     return None
 
 
-@contextlib.contextmanager
-def beating(study: optuna.Study, trials: list[optuna.Trial]) -> Iterator[None]:
+def beating(study: optuna.Study, trials: list[optuna.Trial]) -> contextlib.AbstractContextManager:
     """Record a heartbeat for ``trials`` every heartbeat interval while the body runs (a thread; nothing without
     heartbeats, e.g. in memory)."""
     storage = _heartbeats(study)
     if storage is None or not trials:
-        yield
-        return
-    done = threading.Event()
+        return contextlib.nullcontext()
 
     def beat() -> None:
-        while not done.wait(storage.get_heartbeat_interval()):
-            for trial in trials:
-                storage.record_heartbeat(trial._trial_id)
+        for trial in trials:
+            storage.record_heartbeat(trial._trial_id)
 
-    thread = threading.Thread(target=beat, name="ortflow-trial-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
+    return periodic.every(storage.get_heartbeat_interval(), beat, "ortflow-trial-heartbeat")
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from typing import Any
 import mlflow
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
+from .. import periodic
 from ..errors import TrackingUnavailableError
 from ..mlproject import OUTER_RUN_ENV
 from .lineage import source_tags
@@ -82,25 +83,11 @@ def is_alive(run: Any, now: float | None = None) -> bool:
     return (now if now is not None else time.time()) - beat < 3 * HEARTBEAT_SECONDS
 
 
-@contextlib.contextmanager
-def heartbeat(tracking: Tracking, run_id: str, every: float = HEARTBEAT_SECONDS) -> Iterator[None]:
+def heartbeat(tracking: Tracking, run_id: str, every: float = HEARTBEAT_SECONDS) -> contextlib.AbstractContextManager:
     """Refresh the run's ``ortflow.heartbeat`` tag every ``every`` seconds from a thread while the body runs
     (one attempt each, no retries: a missed beat only makes the run look older)."""
-    import threading
-
-    stop = threading.Event()
-
-    def beat() -> None:
-        while not stop.wait(every):
-            with contextlib.suppress(Exception):
-                tracking.client._client.set_tag(run_id, HEARTBEAT_TAG, f"{time.time():.0f}")
-
-    thread = threading.Thread(target=beat, name="ortflow-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
+    return periodic.every(every, lambda: tracking.client._client.set_tag(run_id, HEARTBEAT_TAG, f"{time.time():.0f}"),
+                          "ortflow-heartbeat")
 
 
 def _open_run(tracking: Tracking, run_name: str, run_id: str | None, parent_run_id: str | None,
