@@ -54,6 +54,33 @@ def model_with_outside_data(tmp_path, regression_data):
     return folder
 
 
+@pytest.fixture
+def two_output_graph():
+    """a (N,3), b (N,2) -> y = relu(a @ W + c) * b @ V (N,1), z = a @ W + frozen (N,2), idx = argmax(z) (int64):
+    two inputs, two float outputs and one without gradient, initializers W, c, V and frozen."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name) for name, shape in
+             (("layer.0/W", (3, 2)), ("c", (2,)), ("V", (2, 1)), ("frozen", (2,)))]
+    nodes = [
+        helper.make_node("MatMul", ["a", "layer.0/W"], ["aw"]),
+        helper.make_node("Add", ["aw", "c"], ["pre"]),
+        helper.make_node("Relu", ["pre"], ["h"]),
+        helper.make_node("Mul", ["h", "b"], ["hb"]),
+        helper.make_node("MatMul", ["hb", "V"], ["y"]),
+        helper.make_node("Add", ["aw", "frozen"], ["z"]),
+        helper.make_node("ArgMax", ["z"], ["idx"], axis=1, keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes, "two", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [None, 3]),
+                       helper.make_tensor_value_info("b", TensorProto.FLOAT, [None, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [None, 2]),
+         helper.make_tensor_value_info("idx", TensorProto.INT64, [None])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 # --- pipelines (tests/test_pipeline*.py): a real MLflow server, sqlite stores, Hydra composition -------------
 
 import os as _os

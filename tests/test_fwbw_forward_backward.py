@@ -173,3 +173,25 @@ def test_static_agent_drops_broadcast_bookkeeping_and_keeps_gradients(small, tmp
     assert (12, 7) in next(iter(fb.static_failures_))
     with pytest.raises(ValueError, match="expects 1 shapes"):
         fb.static_agent([X.shape, X.shape])
+
+
+def test_own_graphs_differentiate_several_outputs(two_output_graph):
+    """Both float outputs take an upstream gradient; the int64 one (ArgMax) is non-differentiable. Checked against
+    the gradients written out by hand in numpy."""
+    fb = OrtGradientForwardBackward(two_output_graph, weights_to_train=["layer.0/W", "c", "V"],
+                                    input_names_to_train=["a"], gradients="ortflow")
+    assert fb.non_differentiable_ == [2] and fb.grad_names_ == ["a_grad", "layer.0/W_grad", "c_grad", "V_grad"]
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((5, 2)).astype(np.float32)
+    gy, gz = rng.standard_normal((5, 1)).astype(np.float32), rng.standard_normal((5, 2)).astype(np.float32)
+    y, z, idx = (o.numpy() for o in fb.forward([a, b], training=True))
+    da, dW, dc, dV = (g.numpy() for g in fb.backward([gy, gz]))
+    w = {i.name: numpy_helper.to_array(i) for i in two_output_graph.graph.initializer}
+    pre = a @ w["layer.0/W"] + w["c"]
+    hb = np.maximum(pre, 0) * b
+    np.testing.assert_allclose(y, hb @ w["V"], rtol=1e-5)
+    np.testing.assert_array_equal(idx, np.argmax(a @ w["layer.0/W"] + w["frozen"], axis=1))
+    dpre = (gy @ w["V"].T) * b * (pre > 0)
+    daw = dpre + gz  # both outputs read a @ W
+    for got, expected in ((dV, hb.T @ gy), (dc, dpre.sum(0)), (dW, a.T @ daw), (da, daw @ w["layer.0/W"].T)):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -192,6 +192,7 @@ def static_session_threads(layer, rows):
     return fb._sessions[-1].get_session_options().intra_op_num_threads  # the last graph built: this shape's
 
 
+@pytest.mark.training_build  # ortflow's own graphs (plain build) serve every shape from one session
 def test_threads_follow_torch_but_small_batches_get_one():
     onx = to_onnx(fitted_mlp(hidden=(64,)))  # 8*64 + 64 + 64 + 1 = 641 float weights
     before = torch.get_num_threads()
@@ -221,33 +222,9 @@ def test_wrong_inputs_name_the_input():
         layer.double()(torch.zeros(3, 8))
 
 
-def two_in_two_out() -> onnx.ModelProto:
-    """a (N,3), b (N,2) -> y = relu(a @ W + c) * b @ V (N,1), z = a @ W + bias.frozen (N,2), idx = argmax(z)."""
-    rng = np.random.default_rng(1)
-    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name) for name, shape in
-             (("layer.0/W", (3, 2)), ("c", (2,)), ("V", (2, 1)), ("frozen", (2,)))]
-    nodes = [
-        helper.make_node("MatMul", ["a", "layer.0/W"], ["aw"]),
-        helper.make_node("Add", ["aw", "c"], ["pre"]),
-        helper.make_node("Relu", ["pre"], ["h"]),
-        helper.make_node("Mul", ["h", "b"], ["hb"]),
-        helper.make_node("MatMul", ["hb", "V"], ["y"]),
-        helper.make_node("Add", ["aw", "frozen"], ["z"]),
-        helper.make_node("ArgMax", ["z"], ["idx"], axis=1, keepdims=0),
-    ]
-    graph = helper.make_graph(
-        nodes, "two", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [None, 3]),
-                       helper.make_tensor_value_info("b", TensorProto.FLOAT, [None, 2])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1]),
-         helper.make_tensor_value_info("z", TensorProto.FLOAT, [None, 2]),
-         helper.make_tensor_value_info("idx", TensorProto.INT64, [None])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
-@pytest.mark.training_build  # several outputs: ortflow's own gradient graphs differentiate one output
 @pytest.mark.parametrize("declared", [False, True])
-def test_several_inputs_and_outputs_frozen_initializer(declared):
-    onx = two_in_two_out()
+def test_several_inputs_and_outputs_frozen_initializer(declared, two_output_graph):
+    onx = two_output_graph
     if declared:  # older graphs list initializers among the inputs too, here before the real inputs
         onx.graph.input.insert(0, helper.make_tensor_value_info("V", TensorProto.FLOAT, [2, 1]))
     layer = OnnxModule(onx, weights_to_train=["layer.0/W", "c", "V"])

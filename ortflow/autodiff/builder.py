@@ -47,31 +47,41 @@ def opset_of(model: onnx.ModelProto) -> int:
 
 
 def build_gradients(
-    model: onnx.ModelProto, sources: Sequence[str], target: str, seed: str | None = None, taken: set | None = None
+    model: onnx.ModelProto, sources: Sequence[str], target: str | Sequence[str],
+    seed: str | None | Sequence[str | None] = None, taken: set | None = None
 ) -> Gradients:
     """Nodes computing the gradient of ``target`` with respect to each of ``sources`` (initializers or inputs).
 
     ``seed`` names the tensor holding the gradient flowing into ``target`` (shaped like it); without one it is
-    ones (the gradient of ``sum(target)``, of the target itself when it is a scalar). ``taken`` holds names the new
-    nodes must avoid besides the graph's own.
+    ones (the gradient of ``sum(target)``, of the target itself when it is a scalar). Several targets (a list, with
+    a list of seeds) give the gradient of the sum of their seeded products. ``taken`` holds names the new nodes
+    must avoid besides the graph's own.
     """
+    targets = [target] if isinstance(target, str) else list(target)
+    seeds = [seed] * len(targets) if seed is None or isinstance(seed, str) else list(seed)
+    if len(seeds) != len(targets):
+        raise ValueError(f"build_gradients: {len(targets)} targets {targets} but {len(seeds)} seeds")
     info = value_infos(model)
-    if target not in info:
-        raise ValueError(f"{target!r} is not a value of the graph")
-    if info[target].elem_type not in FLOAT_TYPES:
-        raise ValueError(f"{target!r} is not a float tensor: it has no gradient")
+    for name in targets:
+        if name not in info:
+            raise ValueError(f"{name!r} is not a value of the graph")
+        if info[name].elem_type not in FLOAT_TYPES:
+            raise ValueError(f"{name!r} is not a float tensor: it has no gradient")
     e = Emitter(opset_of(model), all_names(model) | {n.name for n in model.graph.node} | set(taken or ()), info)
     nodes = list(model.graph.node)
     active = _active(nodes, set(sources), info)
-    path = _on_path(nodes, active, target)
+    path = _on_path(nodes, active, targets)
+    shown = targets[0] if len(targets) == 1 else targets
     for index in path:
         node = nodes[index]
         if node.domain not in DEFAULT_DOMAINS or node.op_type not in RULES:
             op = f"{node.domain}.{node.op_type}" if node.domain not in DEFAULT_DOMAINS else node.op_type
             raise NotDifferentiableError(
-                f"node {node_label(node, index)!r} (op {op}) has no gradient rule but lies between {target!r} and a "
+                f"node {node_label(node, index)!r} (op {op}) has no gradient rule but lies between {shown!r} and a "
                 "differentiated weight or input: leave those weights out, or add a rule in ortflow/autodiff/rules.py")
-    contributions: dict[str, list[str]] = {target: [seed if seed is not None else _ones(e, target)]}
+    contributions: dict[str, list[str]] = {}
+    for name, value in zip(targets, seeds):
+        contributions.setdefault(name, []).append(value if value is not None else _ones(e, name))
     for index in reversed(path):
         node = nodes[index]
         dys = [_total(e, contributions, out) for out in node.output]
@@ -124,9 +134,9 @@ def _active(nodes: list, sources: set, info: dict) -> set:
     return active
 
 
-def _on_path(nodes: list, active: set, target: str) -> list[int]:
-    """Indices, in graph order, of the nodes with an output both active and needed by ``target``."""
-    needed = {target}
+def _on_path(nodes: list, active: set, targets: Sequence[str]) -> list[int]:
+    """Indices, in graph order, of the nodes with an output both active and needed by ``targets``."""
+    needed = set(targets)
     path = []
     for index in range(len(nodes) - 1, -1, -1):
         node = nodes[index]

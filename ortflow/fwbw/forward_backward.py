@@ -53,7 +53,7 @@ class OrtGradientForwardBackward:
     ``gradients``: ``'onnxruntime'`` (training build only) builds the graphs with onnxruntime's
     ``OrtModuleGraphBuilder`` and runs them with its ``TrainingAgent`` (on CPU, Relu nodes are trained as
     ``x * (x > 0)``, :func:`ortflow.graph.relu_as_mask`); ``'ortflow'`` uses ortflow's own gradient graph
-    (:mod:`ortflow.fwbw.own_graphs`, a graph with one output); ``'auto'`` is onnxruntime's on the training build,
+    (:mod:`ortflow.fwbw.own_graphs`); ``'auto'`` is onnxruntime's on the training build,
     ortflow's on the plain build. ``gradients_`` says which.
     """
 
@@ -108,7 +108,8 @@ class OrtGradientForwardBackward:
                 raise (exc if TRAINING else with_training_build_hint(exc)) from exc
             self.agent_, self.cache_, self.gradient_model_ = own.agent, None, own.training
             self.forward_model_, self._backward_model, self.graph_info_ = own.forward, own.backward, None
-            self.feed_names_, self.grad_names_, self.non_differentiable_ = own.feed_names, own.grad_names, []
+            self.feed_names_, self.grad_names_ = own.feed_names, own.grad_names
+            self.non_differentiable_ = own.non_differentiable
             self.new_state = ForwardState
             return
         self.new_state = PartialGraphExecutionState

@@ -1,9 +1,10 @@
-"""Forward and backward passes from ortflow's own gradient graph (:func:`ortflow.onnx_derivative`), for any
-onnxruntime (the plain build has no ``TrainingAgent``).
+"""Forward and backward passes from ortflow's own gradient graph (the builder of :func:`ortflow.onnx_derivative`),
+for any onnxruntime (the plain build has no ``TrainingAgent``).
 
-The derivative graph of the trained output, with its upstream gradient ``<output>_grad`` as an input, is split in
-two: the nodes that do not depend on that gradient form the forward graph (the model's output plus the values the
-backward pass reuses, *saved*), the others the backward graph. :class:`GraphAgent` runs them with
+The derivative graph of the model's float outputs, with their upstream gradients ``<output>_grad`` as inputs, is
+split in two: the nodes that do not depend on those gradients form the forward graph (the model's outputs plus the
+values the backward pass reuses, *saved*), the others the backward graph. Outputs of other types (an ``ArgMax``)
+have no gradient: they are the non-differentiable outputs, as in onnxruntime-training. :class:`GraphAgent` runs them with
 ``TrainingAgent``'s interface (``run_forward`` keeps the saved values in the state that ``run_backward``
 consumes), so the trainer's batch loop is the same on both builds.
 """
@@ -17,9 +18,10 @@ import onnx
 import onnx.shape_inference
 from onnx import helper
 
-from ..autodiff import onnx_derivative
-from ..autodiff.builder import refuse_unreached, unreached
+from ..autodiff.builder import build_gradients, refuse_unreached, unreached
+from ..autodiff.derivative import assemble, value_info
 from ..exceptions import UnsupportedModelError
+from ..graph import FLOAT_TYPES, all_names
 from ..runtime import _C, InferenceSession, SessionOptions, ort_device
 from ..validation import check_device
 
@@ -45,23 +47,32 @@ class OwnGraphs:
     agent: GraphAgent
     feed_names: list[str]
     grad_names: list[str]
+    non_differentiable: list[int]  # positions of the outputs that take no upstream gradient
 
 
 def build_own_graphs(model: onnx.ModelProto, weights: Sequence[str], inputs: Sequence[str], device: str,
                      options: SessionOptions) -> OwnGraphs:
-    """Forward and backward graphs of ``model``'s only output with respect to ``inputs`` then ``weights``."""
+    """Forward and backward graphs of ``model``'s float outputs with respect to ``inputs`` then ``weights``."""
     outputs = [o.name for o in model.graph.output]
-    if len(outputs) != 1:
-        raise UnsupportedModelError(
-            f"ortflow's own gradient graphs differentiate one output; the graph has {outputs}: keep the trained "
-            "one (ortflow.graph.keep_outputs), or use onnxruntime-training (gradients='onnxruntime')")
-    output = outputs[0]
-    refuse_unreached(model, unreached(model, list(weights), output), output)
-    derivative = onnx_derivative(model, list(weights), list(inputs), output, fill_grad=False, keep_outputs=True)
-    seed = f"{output}_grad"
-    grad_names = [o.name for o in derivative.graph.output[1:]]
-    feed_names = [i.name for i in derivative.graph.input if i.name != seed]
-    tainted, forward, backward = {seed}, [], []
+    types = _value_types(model)
+    floats = [o for o in outputs if types[o].type.tensor_type.elem_type in FLOAT_TYPES]
+    if not floats:
+        raise UnsupportedModelError(f"the graph's outputs {outputs} are not float tensors: nothing to differentiate")
+    missing = [w for w in weights if all(w in unreached(model, [w], o) for o in floats)]
+    refuse_unreached(model, missing, floats[0])
+    sources = list(inputs) + list(weights)
+    seeds = [f"{o}_grad" for o in floats]
+    grad_outputs = {name: f"{name}_grad" for name in sources}
+    clash = sorted(n for n in [*seeds, *grad_outputs.values()] if n in all_names(model))
+    if clash:
+        raise UnsupportedModelError(f"ortflow names the gradients <name>_grad, but {clash} already exist in the graph")
+    gradients = build_gradients(model, sources, floats, seeds, taken={*seeds, *grad_outputs.values()})
+    seed_inputs = [value_info(seed, gradients.emitter.info[o]) for seed, o in zip(seeds, floats)]
+    derivative = assemble(model, gradients, grad_outputs, outputs, seed_inputs, list(weights))
+    n_out = len(outputs)
+    grad_names = [o.name for o in derivative.graph.output[n_out:]]
+    feed_names = [i.name for i in derivative.graph.input if i.name not in seeds]
+    tainted, forward, backward = set(seeds), [], []
     for node in derivative.graph.node:  # in graph order: a node after the ones it reads
         if tainted.intersection(node.input) or set(grad_names).intersection(node.output):
             backward.append(node)
@@ -70,27 +81,29 @@ def build_own_graphs(model: onnx.ModelProto, weights: Sequence[str], inputs: Seq
             forward.append(node)
     inits = {i.name: i for i in derivative.graph.initializer}
     bw_inputs = free_inputs(backward, inits)
-    saved = [n for n in bw_inputs if n != seed and n not in feed_names and n != output]
+    saved = [n for n in bw_inputs if n not in seeds and n not in feed_names and n not in outputs]
     types = _value_types(derivative)
-    fw_outputs = [derivative.graph.output[0]] + [types[n] for n in saved]
-    fw_inputs = [i for i in derivative.graph.input if i.name != seed]
+    fw_outputs = list(derivative.graph.output[:n_out]) + [types[n] for n in saved]
+    fw_inputs = [i for i in derivative.graph.input if i.name not in seeds]
     forward_model = _model(derivative, forward, "forward", fw_inputs, fw_outputs, inits)
     typed_inputs = {i.name: i for i in derivative.graph.input}
-    bw_declared = [typed_inputs.get(n) or types.get(n) or derivative.graph.output[0] for n in bw_inputs]
-    backward_model = _model(derivative, backward, "backward", bw_declared, list(derivative.graph.output[1:]), inits)
-    sources = []
+    bw_declared = [typed_inputs.get(n) or types[n] for n in bw_inputs]
+    backward_model = _model(derivative, backward, "backward", bw_declared, list(derivative.graph.output[n_out:]),
+                            inits)
+    sources_of_inputs = []
     for name in bw_inputs:
-        if name == seed:
-            sources.append(("seed", 0))
+        if name in seeds:
+            sources_of_inputs.append(("seed", seeds.index(name)))
         elif name in feed_names:
-            sources.append(("feed", feed_names.index(name)))
+            sources_of_inputs.append(("feed", feed_names.index(name)))
         else:
-            sources.append(("output", 0 if name == output else 1 + saved.index(name)))
+            sources_of_inputs.append(("output", outputs.index(name) if name in outputs else n_out + saved.index(name)))
     providers = check_device(device)[1]
     agent = GraphAgent(InferenceSession(forward_model.SerializeToString(), options, providers=providers),
                        InferenceSession(backward_model.SerializeToString(), options, providers=providers),
-                       sources, device)
-    return OwnGraphs(derivative, forward_model, backward_model, agent, feed_names, grad_names)
+                       sources_of_inputs, device, n_out)
+    non_differentiable = [i for i, o in enumerate(outputs) if o not in floats]
+    return OwnGraphs(derivative, forward_model, backward_model, agent, feed_names, grad_names, non_differentiable)
 
 
 def free_inputs(nodes: Sequence[onnx.NodeProto], initializers) -> list[str]:
@@ -124,24 +137,26 @@ class GraphAgent:
     """``TrainingAgent``'s ``run_forward`` / ``run_backward`` over the forward and backward sessions.
 
     ``run_forward(feeds, fetches, state, cache)``: ``feeds`` in feed order (model inputs, then weights); when
-    ``fetches`` already holds a value, the model output is written into it, else it is appended. ``run_backward(
-    feeds, fetches, state)``: ``feeds`` holds the output's gradient; gradients go into the values of ``fetches``
-    (same shapes) or are appended when it is empty.
+    ``fetches`` already holds values, the model outputs are written into them, else they are appended.
+    ``run_backward(feeds, fetches, state)``: ``feeds`` holds the differentiable outputs' gradients; gradients go
+    into the values of ``fetches`` (same shapes) or are appended when it is empty.
 
     With a ``cache`` (a dict, one per batch shape: what :meth:`OrtGradientForwardBackward.static_agent` returns)
     the IO bindings are built once per feeds vector and reused, so a batch of the trainer binds nothing: the saved
     values stay in the buffers onnxruntime allocated at the first run (checked by address at every backward pass,
     rebound if onnxruntime moved them)."""
 
-    def __init__(self, forward: InferenceSession, backward: InferenceSession, sources: list, device: str):
+    def __init__(self, forward: InferenceSession, backward: InferenceSession, sources: list, device: str,
+                 n_outputs: int = 1):
         self._fw, self._bw = forward._sess, backward._sess
+        self._n_outputs = n_outputs
         self._sessions = (forward, backward)
         self._fw_in = [i.name for i in forward.get_inputs()]
         self._fw_out = [o.name for o in forward.get_outputs()]
         self._bw_in = [i.name for i in backward.get_inputs()]
         self._bw_out = [o.name for o in backward.get_outputs()]
         self._sources = sources  # per backward input, in order: (kind, index)
-        self._saved = [index for kind, index in sources if kind == "output"]
+        self._saved = [index for kind, index in sources if kind == "output"]  # (model outputs may be read too)
         self._device = ort_device(device)
 
     def _forward_binding(self, feeds, fetches):
@@ -150,8 +165,8 @@ class GraphAgent:
             binding.bind_ortvalue_input(name, feeds[i])
         preset = len(fetches) > 0
         for i, name in enumerate(self._fw_out):
-            if i == 0 and preset:
-                binding.bind_ortvalue_output(name, fetches[0])
+            if preset and i < self._n_outputs:
+                binding.bind_ortvalue_output(name, fetches[i])
             else:
                 binding.bind_output(name, self._device)
         return binding, preset
@@ -166,11 +181,12 @@ class GraphAgent:
         self._fw.run_with_iobinding(binding, None)
         outputs = binding.get_outputs()
         if not preset:
-            fetches.push_back(outputs[0])
+            for i in range(self._n_outputs):
+                fetches.push_back(outputs[i])
         state.feeds, state.outputs, state.cache = feeds, outputs, cache
 
     def _backward_inputs(self, feeds, state: ForwardState) -> list:
-        return [feeds[0] if kind == "seed" else (state.feeds if kind == "feed" else state.outputs)[index]
+        return [(feeds if kind == "seed" else state.feeds if kind == "feed" else state.outputs)[index]
                 for kind, index in self._sources]
 
     def run_backward(self, feeds, fetches, state: ForwardState) -> None:
