@@ -93,12 +93,14 @@ class OrtflowOptunaSweeper(Sweeper):
             with st.beating(study, [trial for trial, _ in claimed]):  # a worker killed here: its trials are retried
                 returns = self.launcher.launch(batch, initial_job_idx=self.job_idx)
             self.job_idx += len(returns)
+            # skip_if_finished: a worker stalled for three heartbeats (a suspended machine) finds its trial failed and
+            # already retried by another worker; Optuna then warns instead of raising
             for (trial, _), ret in zip(claimed, returns):
                 value = ret.return_value if ret.status == JobStatus.COMPLETED else None
                 if isinstance(value, (int, float)) and math.isfinite(value):
-                    study.tell(trial, float(value))
+                    study.tell(trial, float(value), skip_if_finished=True)
                 else:  # a failed job (pipelines return +-inf for them) or no number: Optuna steers away
-                    study.tell(trial, state=TrialState.FAIL)
+                    study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
         found = st.results(study)
         OmegaConf.save(OmegaConf.create({"name": "ortflow_optuna", **found}), sweep_dir / "optimization_results.yaml")
         _log.info("Optuna study %s: %s", name, found)
