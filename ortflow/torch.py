@@ -40,7 +40,7 @@ from . import graph as g
 from ._ort import OrtValueVector, SessionOptions, ort
 from .exceptions import UnsupportedModelError
 from .fwbw.forward_backward import OrtGradientForwardBackward
-from .runtime import THREADS_WORK_THRESHOLD, OnnxFunction, make_session_options
+from .runtime import OnnxFunction, make_session_options, threads_for_work
 from .validation import check_weights_to_train
 
 _C = ort.capi._pybind_state
@@ -174,10 +174,9 @@ class _Runtime:
         (rows x float weights) is under :data:`ortflow.runtime.THREADS_WORK_THRESHOLD` unless ``n_threads`` was
         given (waking a second thread for each small node costs more than it saves, and torch does not split such
         ops either), else the runtime's options."""
-        if self.module.n_threads is not None or self.threads == 1 or self.device != "cpu":
-            return None
         rows = shapes[0][0] if shapes and len(shapes[0]) else 1
-        if rows * self.module._n_weights >= THREADS_WORK_THRESHOLD:
+        if (self.module.n_threads is not None or self.threads == 1
+                or threads_for_work(rows, self.module._n_weights, self.device) > 1):
             return None
         if self._small_batch_options is None:
             self._small_batch_options = self._options(1)

@@ -22,7 +22,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from .cli import CHAIN
+from .cli import CHAIN, app
 from .stages import names
 
 #: the MLproject file, at the repository root
@@ -77,8 +77,6 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     stage, rest = argv[0], [word for arg in argv[1:] for word in shlex.split(arg)]
     own_experiment()
-    from .cli import app
-
     sys.argv = [f"pipelines.{stage}", *rest]
     app(stage)()
 

@@ -46,22 +46,35 @@ def onnx_derivative(
     weights = pick_weights(model, weights)
     diff_inputs = _pick_inputs(model, feeds, inputs)
     target = pick_output(model, output)
-    sources = diff_inputs + weights
-    grad_names = {s: f"{s}_grad" for s in sources}
-    seed_name = f"{target}_grad"
-    clash = sorted(n for n in [seed_name, *grad_names.values()] if n in all_names(model))
-    if clash:
-        raise ValueError(f"onnx_derivative names its gradients <name>_grad, but {clash} already exist in the graph")
-    if target in sources:
-        raise ValueError(f"output {target!r} is also a differentiated input")
     declared = {v.name: v for v in model.graph.output}[target]
     scalar = declared.type.tensor_type.HasField("shape") and not declared.type.tensor_type.shape.dim
     fill = scalar if fill_grad is None else bool(fill_grad)
-    gradients = build_gradients(model, sources, target, seed=None if fill else seed_name,
-                                taken={seed_name, *grad_names.values()})
-    extra_inputs = [] if fill else [value_info(seed_name, gradients.emitter.info[target])]
-    outputs = output_names(model) if keep_outputs else []
-    return assemble(model, gradients, grad_names, outputs, extra_inputs, weights if weights_as_inputs else [])
+    return gradient_graph(model, diff_inputs + weights, [target], [None if fill else f"{target}_grad"],
+                          output_names(model) if keep_outputs else [], weights if weights_as_inputs else [])
+
+
+def gradient_graph(
+    model: onnx.ModelProto,
+    sources: Sequence[str],
+    targets: Sequence[str],
+    seeds: Sequence[str | None],
+    kept_outputs: Sequence[str],
+    weights_as_inputs: Sequence[str],
+) -> onnx.ModelProto:
+    """The graph of the gradients ``<source>_grad`` of ``targets`` (the sum of their seeded products) with respect
+    to each of ``sources``: per target, ``seeds`` names the input receiving its upstream gradient (shaped like it),
+    or is None for ones. ``kept_outputs`` and ``weights_as_inputs`` as in :func:`assemble`."""
+    grad_names = {s: f"{s}_grad" for s in sources}
+    seed_names = [s for s in seeds if s is not None]
+    clash = sorted(n for n in [*seed_names, *grad_names.values()] if n in all_names(model))
+    if clash:
+        raise ValueError(f"ortflow names the gradients <name>_grad, but {clash} already exist in the graph")
+    both = [t for t in targets if t in sources]
+    if both:
+        raise ValueError(f"output {both[0]!r} is also a differentiated input")
+    gradients = build_gradients(model, sources, targets, seeds, taken={*seed_names, *grad_names.values()})
+    seed_inputs = [value_info(seed, gradients.emitter.info[t]) for t, seed in zip(targets, seeds) if seed is not None]
+    return assemble(model, gradients, grad_names, kept_outputs, seed_inputs, weights_as_inputs)
 
 
 def assemble(

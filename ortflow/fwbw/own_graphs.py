@@ -4,9 +4,9 @@ for any onnxruntime (the plain build has no ``TrainingAgent``).
 The derivative graph of the model's float outputs, with their upstream gradients ``<output>_grad`` as inputs, is
 split in two: the nodes that do not depend on those gradients form the forward graph (the model's outputs plus the
 values the backward pass reuses, *saved*), the others the backward graph. Outputs of other types (an ``ArgMax``)
-have no gradient: they are the non-differentiable outputs, as in onnxruntime-training. :class:`GraphAgent` runs them with
-``TrainingAgent``'s interface (``run_forward`` keeps the saved values in the state that ``run_backward``
-consumes), so the trainer's batch loop is the same on both builds.
+have no gradient: they are the non-differentiable outputs, as in onnxruntime-training. :class:`GraphAgent` runs
+the two graphs with ``TrainingAgent``'s interface (``run_forward`` keeps the saved values in the state that
+``run_backward`` consumes), so the trainer's batch loop is the same on both builds.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import onnx
 import onnx.shape_inference
 from onnx import helper
 
-from ..autodiff.builder import build_gradients, refuse_unreached, unreached
-from ..autodiff.derivative import assemble, value_info
+from ..autodiff.builder import refuse_unreached, unreached
+from ..autodiff.derivative import gradient_graph
 from ..exceptions import UnsupportedModelError
-from ..graph import FLOAT_TYPES, all_names
+from ..graph import FLOAT_TYPES
 from ..runtime import _C, InferenceSession, SessionOptions, ort_device
 from ..validation import check_device
 
@@ -54,21 +54,13 @@ def build_own_graphs(model: onnx.ModelProto, weights: Sequence[str], inputs: Seq
                      options: SessionOptions) -> OwnGraphs:
     """Forward and backward graphs of ``model``'s float outputs with respect to ``inputs`` then ``weights``."""
     outputs = [o.name for o in model.graph.output]
-    types = _value_types(model)
-    floats = [o for o in outputs if types[o].type.tensor_type.elem_type in FLOAT_TYPES]
+    floats = [o.name for o in model.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
     if not floats:
         raise UnsupportedModelError(f"the graph's outputs {outputs} are not float tensors: nothing to differentiate")
-    missing = [w for w in weights if all(w in unreached(model, [w], o) for o in floats)]
-    refuse_unreached(model, missing, floats[0])
-    sources = list(inputs) + list(weights)
+    unreached_by_all = set(weights).intersection(*(unreached(model, list(weights), o) for o in floats))
+    refuse_unreached(model, [w for w in weights if w in unreached_by_all], floats[0])
     seeds = [f"{o}_grad" for o in floats]
-    grad_outputs = {name: f"{name}_grad" for name in sources}
-    clash = sorted(n for n in [*seeds, *grad_outputs.values()] if n in all_names(model))
-    if clash:
-        raise UnsupportedModelError(f"ortflow names the gradients <name>_grad, but {clash} already exist in the graph")
-    gradients = build_gradients(model, sources, floats, seeds, taken={*seeds, *grad_outputs.values()})
-    seed_inputs = [value_info(seed, gradients.emitter.info[o]) for seed, o in zip(seeds, floats)]
-    derivative = assemble(model, gradients, grad_outputs, outputs, seed_inputs, list(weights))
+    derivative = gradient_graph(model, list(inputs) + list(weights), floats, seeds, outputs, list(weights))
     n_out = len(outputs)
     grad_names = [o.name for o in derivative.graph.output[n_out:]]
     feed_names = [i.name for i in derivative.graph.input if i.name not in seeds]
