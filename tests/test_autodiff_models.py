@@ -12,7 +12,7 @@ from sklearn.neural_network import MLPClassifier, MLPRegressor
 import ortflow
 from ortflow._ort import InferenceSession
 from ortflow.fwbw import OrtGradientForwardBackward
-from tolerances import float32_sum_atol
+from tolerances import assert_close, float32_sum_atol
 
 REGRESSORS = {
     "linear": lambda: LinearRegression(),
@@ -77,12 +77,6 @@ def _compare(loss_model, feeds):
         atol = float32_sum_atol(terms[name], rows)
         assert_close(ours[name], expected, rtol=1e-5, atol=atol, err_msg=name)
     return ours
-
-
-def assert_close(actual, expected, rtol, atol, err_msg=""):
-    """``|actual - expected| <= atol + rtol * |expected|`` element-wise, ``atol`` an array of the same shape."""
-    excess = np.abs(np.asarray(actual, np.float64) - expected) - (atol + rtol * np.abs(expected))
-    assert np.all(excess <= 0), f"{err_msg}: max excess {excess.max():.3g} over the tolerance"
 
 
 def _off_target(y):

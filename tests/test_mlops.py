@@ -19,6 +19,7 @@ from ortflow import (
     trainable_initializers,
 )
 from ortflow.convert import graph_classes
+from tolerances import assert_close, matmul_atol
 
 OPSETS = {"": 17, "ai.onnx.ml": 3}
 
@@ -107,7 +108,9 @@ def test_binary_softmax_rows_match_onnxruntime_s_own_op():
     out = _run(make_trainable(original), X)
     np.testing.assert_array_equal(out["output_label"], expected["label"])
     np.testing.assert_allclose(out["output_probability"], expected["proba"], atol=1e-6)
-    np.testing.assert_allclose(out["raw_score"][:, 0], X @ [-0.4, 1.2, -2.3] - 0.75, rtol=1e-5, atol=1e-6)
+    w = np.array([-0.4, 1.2, -2.3, -0.75])
+    with_ones = np.hstack([X, np.ones((len(X), 1))])
+    assert_close(out["raw_score"][:, 0], with_ones @ w, atol=matmul_atol(with_ones, w[:, None])[:, 0])
 
 
 @pytest.mark.parametrize("coefficients, intercepts, transform, match", [
