@@ -63,14 +63,19 @@ def to_onnx(model: Any, X: np.ndarray | None = None, target_opset: int = 17) -> 
     linear = hasattr(model, "coef_") and hasattr(model, "intercept_")
     if linear and is_classifier(model):
         _check_multinomial(model)
-        layers = [(np.asarray(model.coef_).T, np.atleast_1d(model.intercept_))]
-        return _build(layers, None, model.classes_, target_opset)
+        return _build([_linear_layer(model)], None, model.classes_, target_opset)
     if linear and is_regressor(model):
-        coef = np.asarray(model.coef_)
-        coef = coef.reshape(-1, 1) if coef.ndim == 1 else coef.T
-        intercept = np.broadcast_to(np.asarray(model.intercept_, dtype=np.float64), (coef.shape[1],))
-        return _build([(coef, intercept)], None, None, target_opset)
+        return _build([_linear_layer(model)], None, None, target_opset)
     return _skl2onnx(model, X, target_opset)
+
+
+def _linear_layer(model: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(coef (n_features, n_outputs), intercept (n_outputs,))`` of a linear model: a 1-D ``coef_`` (one output,
+    as a binary RidgeClassifier or a LinearRegression on one target has it) is one column."""
+    coef = np.asarray(model.coef_)
+    coef = coef.reshape(-1, 1) if coef.ndim == 1 else coef.T
+    intercept = np.broadcast_to(np.asarray(model.intercept_, dtype=np.float64), (coef.shape[1],))
+    return coef, intercept
 
 
 def _check_multinomial(model: Any) -> None:

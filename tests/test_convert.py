@@ -181,3 +181,22 @@ def test_pipelines_default_penalty_follows_the_naming_rule(regression_data):
     mlp = to_onnx(_fit(MLPRegressor(hidden_layer_sizes=(3,), max_iter=2, random_state=0), X, y))
     assert penalty_spec(cfg, linear) == {"coef": {"l1": 0.1, "l2": 0.2}}
     assert list(penalty_spec(cfg, mlp)) == ["coef_0", "coef_1"]
+
+
+def test_binary_ridge_classifier_with_a_one_dimensional_coef_trains_and_predicts(classification_data):
+    """A binary RidgeClassifier keeps ``coef_`` 1-D: converted as one score column, its graph predicts its labels
+    before and after training (it was accepted, then failed in onnxruntime: "Concat head_scores: axis 1")."""
+    from sklearn.linear_model import RidgeClassifier
+
+    from ortflow import OrtGradientForwardBackwardOptimizer
+
+    X, y = classification_data
+    model = RidgeClassifier().fit(X, y)
+    assert np.ndim(model.coef_) == 1
+    onx = to_onnx(model)
+    label, raw = (_session(onx).run(None, {"X": X})[i] for i in (0, 2))
+    np.testing.assert_array_equal(label, model.predict(X))
+    assert raw.shape == (len(X), 1)
+    trainer = OrtGradientForwardBackwardOptimizer(onx, learning_loss="log", max_iter=3, batch_size=50).fit(X, y)
+    assert trainer.train_losses_[-1] < trainer.train_losses_[0]
+    assert (trainer.predict(X) == y).mean() > 0.8

@@ -174,3 +174,17 @@ def test_normalizer_that_changes_probabilities_is_refused(iris):
     next(a for a in normalizer.attribute if a.name == "norm").s = b"MAX"
     with pytest.raises(UnsupportedModelError, match="norm='MAX'; only L1"):
         make_trainable(onx)
+
+
+def test_own_gradient_graphs_train_a_pipeline_with_an_ml_scaler(regression_data):
+    """ortflow's own forward-backward graphs on a StandardScaler + LinearRegression pipeline: onnx cannot infer the
+    type of what the ai.onnx.ml Scaler writes, and the backward graph's saved inputs were left untyped
+    (KeyError 'grad_reshape_5' on the plain build)."""
+    from ortflow import OrtGradientForwardBackwardOptimizer, to_onnx
+
+    X, y = regression_data
+    pipeline = make_pipeline(StandardScaler(), LinearRegression()).fit(X[:20], np.zeros(20))
+    trainer = OrtGradientForwardBackwardOptimizer(to_onnx(pipeline, X[:5]), max_iter=5, batch_size=20,
+                                                  learning_rate=0.05, gradients="ortflow").fit(X, y)
+    assert trainer.gradients_ == "ortflow"
+    assert trainer.train_losses_[-1] < 0.1 * trainer.train_losses_[0]

@@ -75,9 +75,18 @@ def build_own_graphs(model: onnx.ModelProto, weights: Sequence[str], inputs: Seq
     bw_inputs = free_inputs(backward, inits)
     saved = [n for n in bw_inputs if n not in seeds and n not in feed_names and n not in outputs]
     types = _value_types(derivative)
-    fw_outputs = list(derivative.graph.output[:n_out]) + [types[n] for n in saved]
+    untyped = [n for n in saved if n not in types]  # after an op onnx cannot infer (an ai.onnx.ml Scaler)
+    fw_outputs = list(derivative.graph.output[:n_out]) + [types.get(n) or helper.ValueInfoProto(name=n)
+                                                          for n in saved]
     fw_inputs = [i for i in derivative.graph.input if i.name not in seeds]
     forward_model = _model(derivative, forward, "forward", fw_inputs, fw_outputs, inits)
+    providers = check_device(device)[1]
+    forward_session = InferenceSession(forward_model.SerializeToString(), options, providers=providers)
+    if untyped:  # onnxruntime's own inference types them: declare those types for the backward graph's inputs
+        resolved = {o.name: o.type for o in forward_session.get_outputs()}
+        for name in untyped:
+            types[name] = helper.make_tensor_value_info(name, _ORT_ELEMENT_TYPES[resolved[name]], None)
+            forward_model.graph.output[n_out + saved.index(name)].CopyFrom(types[name])
     typed_inputs = {i.name: i for i in derivative.graph.input}
     bw_declared = [typed_inputs.get(n) or types[n] for n in bw_inputs]
     backward_model = _model(derivative, backward, "backward", bw_declared, list(derivative.graph.output[n_out:]),
@@ -90,8 +99,7 @@ def build_own_graphs(model: onnx.ModelProto, weights: Sequence[str], inputs: Seq
             sources_of_inputs.append(("feed", feed_names.index(name)))
         else:
             sources_of_inputs.append(("output", outputs.index(name) if name in outputs else n_out + saved.index(name)))
-    providers = check_device(device)[1]
-    agent = GraphAgent(InferenceSession(forward_model.SerializeToString(), options, providers=providers),
+    agent = GraphAgent(forward_session,
                        InferenceSession(backward_model.SerializeToString(), options, providers=providers),
                        sources_of_inputs, device, n_out)
     non_differentiable = [i for i, o in enumerate(outputs) if o not in floats]
@@ -107,6 +115,13 @@ def free_inputs(nodes: Sequence[onnx.NodeProto], initializers) -> list[str]:
             if name and name not in produced and name not in initializers and name not in free:
                 free.append(name)
     return free
+
+
+#: onnxruntime's type strings of the tensors a gradient graph saves, as ONNX element types
+_ORT_ELEMENT_TYPES = {"tensor(float)": onnx.TensorProto.FLOAT, "tensor(double)": onnx.TensorProto.DOUBLE,
+                      "tensor(float16)": onnx.TensorProto.FLOAT16, "tensor(bfloat16)": onnx.TensorProto.BFLOAT16,
+                      "tensor(int64)": onnx.TensorProto.INT64, "tensor(int32)": onnx.TensorProto.INT32,
+                      "tensor(bool)": onnx.TensorProto.BOOL}
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
