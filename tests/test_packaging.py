@@ -1,0 +1,35 @@
+"""The environments the project declares agree: `mlflow run`'s python_env.yaml installs what pyproject's cpu and
+pipelines extras require, with the same version bounds."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _requirements(specs):
+    """name (normalised, extras dropped) -> version specifier, as written."""
+    parsed = {}
+    for spec in specs:
+        match = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)(\[[^\]]*\])?\s*(.*?)\s*", spec)
+        parsed[match.group(1).lower().replace("_", "-")] = match.group(3).replace(" ", "")
+    return parsed
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib is Python 3.11+")
+def test_python_env_mirrors_the_cpu_and_pipelines_extras():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    expected = _requirements(project["dependencies"])
+    for extra in ("cpu", "pipelines", "postgres"):
+        expected.update(_requirements(extras[extra]))  # the cpu extra's onnx bound wins over the core's
+    env = yaml.safe_load((ROOT / "python_env.yaml").read_text())
+    declared = _requirements(env["dependencies"])
+    assert declared == expected
+    assert re.fullmatch(r"3\.\d+", str(env["python"])), "a minor version: MLflow picks its newest patch release"
