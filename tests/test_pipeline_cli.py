@@ -137,3 +137,23 @@ def test_mlflow_run_local_env_manager(tmp_path, pipeline_subprocess_env):
     (convert,) = client.search_runs([client.get_experiment_by_name("mlproject").experiment_id])
     assert convert.data.tags["ortflow.stage"] == "convert" and convert.info.status == "FINISHED"
     assert convert.data.params["overrides"].strip("'").startswith("experiment=smoke")  # mlflow run's own run
+
+
+@pytest.mark.slow
+def test_a_launcher_that_cannot_start_ends_the_sweep_run_failed(tmp_path, pipeline_subprocess_env):
+    """Seen: ``-m hydra/launcher=slurm`` where there is no SLURM raised in the launcher's ``launch`` (submitit:
+    'Could not detect "srun"'); Hydra calls no callback then, so the sweep's parent run stayed RUNNING for ever,
+    and the command printed a 41-line traceback."""
+    cmd = [sys.executable, "-m", "pipelines.main", "-m", "experiment=smoke", "trainer.learning_rate=0.01,0.02",
+           "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+    proc, out = _run(cmd, tmp_path, pipeline_subprocess_env)
+    assert proc.returncode == 2, out[-4000:]
+    assert "Traceback" not in out
+    errors = [line for line in out.splitlines() if line.startswith("ortflow: error:")]
+    assert len(errors) == 1 and 'Could not detect "srun"' in errors[0] and "SlurmLauncher" in errors[0], out
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (sweep,) = client.search_runs([client.get_experiment_by_name("ortflow").experiment_id])
+    assert sweep.data.tags["ortflow.sweep"] == "true"
+    assert sweep.info.status == "FAILED"
+    assert sweep.data.tags["ortflow.failure_reason"].startswith('RuntimeError: Could not detect "srun"')
+    assert sweep.info.run_id in errors[0]
