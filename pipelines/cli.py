@@ -40,7 +40,8 @@ def app(name: str) -> Callable[[], Any]:
         return run_main(cfg) if name == CHAIN else run_stage(name, cfg)
 
     task.__module__ = f"pipelines.{name}"
-    return guarded(_closing_sweep(hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")(task)))
+    hydra_main = hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")(task)
+    return guarded(_closing_sweep(hydra_main))
 
 
 class SweepError(UserError, RuntimeError):

@@ -70,20 +70,20 @@ class MlflowRunParameterError(UserError, ValueError):
 
 def refuse_extra_parameters(stage: str, argv: list[str], environ: dict = os.environ) -> None:  # noqa: B006
     """Under ``mlflow run`` (``MLFLOW_RUN_ID`` set), ``argv`` is ``[overrides, --key, value, ...]``: MLflow appends
-    a ``--key value`` pair for each ``-P`` key the entry point does not declare. Refuse them, after discarding
-    marking the run mlflow run made with them (see the module's docstring)."""
+    a ``--key value`` pair for each ``-P`` key the entry point does not declare. Refuse them, after marking
+    the run mlflow run made with them (see the module's docstring)."""
     run_id = environ.get("MLFLOW_RUN_ID")
     if not run_id or len(argv) <= 1:
         return
     extra = argv[1:]
     if not all(key.startswith("--") for key in extra[::2]):  # not what mlflow run writes: left to the guard
         return
-    pairs = [f"{key[2:] if key.startswith('--') else key}={value}"
-             for key, value in zip(extra[::2], extra[1::2] + [""] * (len(extra) % 2))]
+    pairs = [f"{key[2:]}={value}" for key, value in zip(extra[::2], extra[1::2] + [""] * (len(extra) % 2))]
     given = " ".join([*shlex.split(argv[0]), *pairs]) if argv[0] else " ".join(pairs)
+    keys = ", ".join(repr(pair.split("=", 1)[0]) for pair in pairs)
     error = MlflowRunParameterError(
         f"mlflow run -P {' -P '.join(pairs)}: entry point {stage!r} takes one parameter, overrides (Hydra overrides "
-        f"in one string), not {', '.join(repr(p.split('=', 1)[0]) for p in pairs)}; write -P overrides={shlex.quote(given)}")
+        f"in one string), not {keys}; write -P overrides={shlex.quote(given)}")
     try:
         from .tracking import REFUSED_RUN_NAME, mark_refused_mlflow_run
 
