@@ -11,6 +11,7 @@ from onnx import TensorProto, helper
 
 from .graph import ModelLike, all_names, check_loadable, elem_type, load_model, pick_output, shape_of
 from .losses import BaseLearningLoss
+from .mlops import holds_linear_ops, make_trainable
 from .onnx_builder import GraphBuilder
 from .penalties import ElasticLearningPenalty
 from .registry import select
@@ -43,9 +44,16 @@ def add_loss_output(
     ``penalty`` maps initializer names to ``{'l1': a, 'l2': b}`` (or to ``b`` alone, meaning L2) and adds
     ``a * sum|w| + b * sum(w**2)`` for each. ``output_index`` picks the prediction by position or name (default: the
     only output, or ``raw_score`` when the graph has one). The original outputs are kept after the loss.
+
+    A graph straight from skl2onnx, whose ``ai.onnx.ml`` LinearRegressor / LinearClassifier keeps its weights in
+    attributes, is first made trainable with :func:`ortflow.make_trainable` (the rewrite is exact and unique, so
+    the loss is added where a trainer can reach the weights: ``coef``/``intercept``, and ``raw_score`` for a
+    classifier).
     """
     model = load_model(onx)
     check_loadable(model, "onx")
+    if holds_linear_ops(model):
+        model = make_trainable(model)
     loss = select("loss", score_name, "score_name", l1_weight=l1_weight, l2_weight=l2_weight)
     loss.check()
     output = pick_output(model, output_index, "output_index")

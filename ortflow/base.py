@@ -38,6 +38,7 @@ from ._ort import InferenceSession, SessionOptions
 from .callbacks import Callback, EarlyStopping, ProgressBar
 from .exceptions import ConvergenceError
 from .learning_rates import BaseLearningRate, LearningRateSGD
+from .mlops import make_trainable
 from .parameters import check_parameters
 from .registry import select
 from .runtime import THREADS_WORK_THRESHOLD, OnnxFunction, make_session_options, threads_for_work
@@ -97,10 +98,19 @@ class BaseTrainer(BaseEstimator):
 
         ``resume_from`` names a folder written by :meth:`save_checkpoint`: training continues after its last
         epoch with its weights, optimizer state and random state, up to ``max_iter`` epochs in all.
+
+        A graph straight from skl2onnx holds ``ai.onnx.ml`` LinearRegressor / LinearClassifier nodes whose weights
+        are attributes, out of any gradient's reach: ``fit`` trains :func:`ortflow.make_trainable`'s rewrite of it
+        (MatMul/Add with the initializers ``coef``/``intercept``; a classifier gets ``raw_score`` and a float
+        ``output_probability``), as a user handing over a scikit-learn model's graph expects. It does so on its
+        own because the rewrite is unambiguous: it predicts what the original graph predicts and there is one way
+        to write it; what cannot be rewritten (a tree ensemble, one-vs-rest scores) is refused naming the node.
+        ``model_onnx`` is left as given; :meth:`get_trained_onnx` returns the rewritten graph, trained.
         """
         check_parameters(self)
         model = g.load_model(self.model_onnx)
         g.check_loadable(model)
+        model = make_trainable(model, self.weights_to_train)  # the same graph when it holds no ai.onnx.ml linear op
         spec = self._graph_spec(model)
         spec.classes = _trained_classes(model, spec)
         _resolve_symbolic_width(model, spec, X)

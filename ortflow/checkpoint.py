@@ -1,8 +1,12 @@
 """Library checkpoints: a folder written atomically, every file listed with its SHA-256 in ``trainer.json``.
 
-A checkpoint is trusted only when its manifest reads, every listed file is there with its checksum, and it was
-written by the same trainer class for the same graph and weights (a fingerprint): a flipped bit, a truncated file
-or another model's checkpoint is a :class:`~ortflow.exceptions.CheckpointError` naming what is wrong.
+``trainer.json`` (the manifest: epoch, history, random state, the files' checksums) carries the SHA-256 of its own
+content (``"sha256"``, over the canonical JSON of every other key), so every byte a resume reads is verified. A
+checkpoint is trusted only when its manifest reads and matches its own checksum, every listed file is there with
+its checksum, and it was written by the same trainer class for the same graph and weights (a fingerprint): a
+flipped bit (in the state or in the manifest), a truncated file or another model's checkpoint is a
+:class:`~ortflow.exceptions.CheckpointError` naming the file or what is wrong. A manifest without its own checksum
+(written before ortflow checksummed it) is not trusted either.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ def write(folder: str | os.PathLike, save_state: Callable[[str], None], meta: di
     tmp.mkdir(parents=True)
     save_state(str(tmp))
     files = {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-    (tmp / META).write_text(json.dumps({**meta, "files": files}))
+    body = {**meta, "files": files}
+    (tmp / META).write_text(json.dumps({**body, "sha256": _digest(body)}))
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
         shutil.rmtree(old, ignore_errors=True)
@@ -54,18 +59,42 @@ def write(folder: str | os.PathLike, save_state: Callable[[str], None], meta: di
     return str(folder)
 
 
-def read(folder: str | os.PathLike, trainer: str, expected_fingerprint: str) -> dict[str, Any]:
-    """The manifest of the checkpoint in ``folder`` once every check passed."""
+def _digest(body: dict[str, Any]) -> str:
+    """SHA-256 of the manifest's content: its canonical JSON (sorted keys), which reads back to the same text."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
+    """``trainer.json`` of the checkpoint in ``folder`` once it matches its own checksum (the files it lists are
+    not checked: :func:`read` does)."""
     folder = Path(folder)
     path = folder / META
     if not path.is_file():
         raise FileNotFoundError(f"resume_from={str(folder)!r} holds no ortflow checkpoint ({META})")
     try:
         meta = json.loads(path.read_text())
+        digest = meta.pop("sha256", None)
         files, written_by = meta["files"], meta["trainer"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        if not isinstance(files, dict) or not isinstance(written_by, str):
+            raise TypeError(f"files is a {type(files).__name__}, trainer a {type(written_by).__name__}")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, AttributeError) as exc:
         raise CheckpointError(f"resume_from={str(folder)!r}: {META} is unreadable or has no file checksums "
                               f"({type(exc).__name__}: {exc}); the checkpoint is not trusted") from exc
+    if digest is None:
+        raise CheckpointError(f"resume_from={str(folder)!r}: {META} has no checksum of its own (written by an "
+                              "older ortflow, or edited): its epoch, history and random state cannot be verified; "
+                              "the checkpoint is not trusted")
+    if digest != _digest(meta):
+        raise CheckpointError(f"resume_from={str(folder)!r}: {META} does not match its checksum (corrupt or "
+                              "edited: its epoch, history or random state changed); the checkpoint is not trusted")
+    return meta
+
+
+def read(folder: str | os.PathLike, trainer: str, expected_fingerprint: str) -> dict[str, Any]:
+    """The manifest of the checkpoint in ``folder`` once every check passed."""
+    folder = Path(folder)
+    meta = read_manifest(folder)
+    files, written_by = meta["files"], meta["trainer"]
     if written_by != trainer:
         raise CheckpointError(f"resume_from={str(folder)!r} was written by {written_by}, not {trainer}")
     if meta.get("fingerprint") != expected_fingerprint:

@@ -51,8 +51,8 @@ def make_trainable(model: ModelLike, weights_to_train: Sequence[str] | None = No
     """
     model = load_model(model)
     nodes = list(model.graph.node)
-    regressors = [n for n in nodes if n.domain == ML_DOMAIN and n.op_type == "LinearRegressor"]
-    classifiers = [n for n in nodes if n.domain == ML_DOMAIN and n.op_type == "LinearClassifier"]
+    regressors = _linear_ops(nodes, "LinearRegressor")
+    classifiers = _linear_ops(nodes, "LinearClassifier")
     if weights_to_train is None:
         _refuse_untrainable(nodes)
     if not regressors and not classifiers:
@@ -63,6 +63,15 @@ def make_trainable(model: ModelLike, weights_to_train: Sequence[str] | None = No
             f"({[n.name for n in classifiers]}); a trainable graph has one classifier head"
         )
     return _rewrite(model, regressors, classifiers)
+
+
+def _linear_ops(nodes, op_type: str) -> list[onnx.NodeProto]:
+    return [n for n in nodes if n.domain == ML_DOMAIN and n.op_type == op_type]
+
+
+def holds_linear_ops(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` holds a LinearRegressor or LinearClassifier that :func:`make_trainable` rewrites."""
+    return any(_linear_ops(model.graph.node, op) for op in ("LinearRegressor", "LinearClassifier"))
 
 
 def _refuse_untrainable(nodes) -> None:

@@ -8,6 +8,10 @@ gives a job that failed before making a run a FAILED run with the reason, so no 
 ``on_multirun_end`` counts the jobs' runs, records the best trial by the optimized metric, registers its model
 once (the trials themselves register nothing) and ends the sweep run. Workers sharing one Optuna study
 (``hydra.sweeper.storage``) share one sweep run: the first creates it, the last to finish closes it.
+
+Hydra calls no callback when the sweeper or the launcher raises (``hydra/launcher=slurm`` where there is no
+SLURM): the entry point (:func:`pipelines.cli.app`) then calls :func:`fail_unclosed_sweep`, which ends the sweep
+run this process opened FAILED (KILLED on Ctrl-C) with the reason, instead of leaving it RUNNING.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from omegaconf import DictConfig
 #: file in the sweep directory holding the sweep run's id; environment variable with the same id
 SWEEP_RUN_FILE = ".mlflow_sweep_run_id"
 SWEEP_RUN_ENV = "ORTFLOW_SWEEP_RUN_ID"
+#: the sweep run this process opened and did not close (on_multirun_end not reached): [(config, run id)]
+_UNCLOSED: list[tuple[DictConfig, str]] = []
 #: file in a job's output directory holding the id of the run the job created
 JOB_RUN_FILE = ".mlflow_run_id"
 
@@ -63,6 +69,8 @@ class MlflowSweepCallback(Callback):
         os.environ[SWEEP_RUN_ENV] = self.run_id
         # a job started by MLFLOW_RUN_ID would log into that one run: the jobs nest under the sweep run instead
         self._outer = os.environ.pop("MLFLOW_RUN_ID", None)
+        if self.study is None:  # a study's run is shared: its last worker closes it, whatever this one does
+            _UNCLOSED[:] = [(config, self.run_id)]
         print(f"ortflow: sweep parent run {self.run_id} ({tracking.ui_hint(self.run_id)})")
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
@@ -96,6 +104,24 @@ class MlflowSweepCallback(Callback):
 
         tracking = tr.setup(config)
         close_sweep(tracking, config, run_id, self.study)
+        _UNCLOSED.clear()  # closed: a failure in close_sweep leaves it to fail_unclosed_sweep
+
+
+def fail_unclosed_sweep(exc: BaseException) -> str | None:
+    """End the sweep run this process opened and Hydra left open (the sweeper or the launcher raised ``exc``):
+    FAILED with ``ortflow.failure_reason``, KILLED on Ctrl-C. Returns what was closed, for the user (None when no
+    sweep run was open)."""
+    if not _UNCLOSED:
+        return None
+    config, run_id = _UNCLOSED.pop()
+    from .tracking.sweep import fail_sweep
+
+    launcher = config.hydra.launcher.get("_target_", "?")
+    try:
+        status = fail_sweep(config, run_id, exc)
+    except Exception as error:  # noqa: BLE001 - the sweep's own failure is what the user must see
+        return f"sweep run {run_id} could not be ended ({type(error).__name__}: {error}) (launcher {launcher})"
+    return f"sweep run {run_id} ended {status} (launcher {launcher})"
 
 
 def _shared_study(config: DictConfig) -> Any:

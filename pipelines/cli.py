@@ -8,6 +8,7 @@ a run would load (a missing file, a wrong target column, unusable labels fail he
 from __future__ import annotations
 
 import contextlib
+import functools
 import signal
 import sys
 import threading
@@ -16,7 +17,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
-from .errors import exit_if_expected
+from .errors import UserError, exit_if_expected
 
 #: what ``python -m pipelines`` runs besides the stages: the chain
 CHAIN = "main"
@@ -39,7 +40,36 @@ def app(name: str) -> Callable[[], Any]:
         return run_main(cfg) if name == CHAIN else run_stage(name, cfg)
 
     task.__module__ = f"pipelines.{name}"
-    return guarded(hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")(task))
+    hydra_main = hydra.main(config_path=CONFIG_DIR, config_name="config", version_base="1.3")(task)
+    return guarded(_closing_sweep(hydra_main))
+
+
+class SweepError(UserError, RuntimeError):
+    """A ``-m`` sweep stopped by its sweeper or launcher (not by a job); the message says why and which run
+    recorded it."""
+
+    hint = ("hydra/launcher=slurm needs a SLURM cluster (srun, sbatch); the default launcher runs the jobs here, "
+            "hydra/launcher=joblib in parallel")
+
+
+def _closing_sweep(main: Callable[[], Any]) -> Callable[[], Any]:
+    """``main`` (Hydra's entry point); when it raises after a sweep opened its parent run, that run ends FAILED
+    with the reason (Hydra calls no callback then, see :mod:`pipelines.callbacks`) and the error becomes a
+    :class:`SweepError` naming it: one line and status 2 instead of a traceback (``debug=true`` shows it)."""
+
+    @functools.wraps(main)
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return main(*args, **kwargs)
+        except BaseException as exc:
+            from .callbacks import fail_unclosed_sweep
+
+            closed = fail_unclosed_sweep(exc)
+            if closed is None or not isinstance(exc, Exception):
+                raise
+            raise SweepError(f"the sweep stopped: {type(exc).__name__}: {exc}; {closed}") from exc
+
+    return entry
 
 
 

@@ -12,6 +12,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
 from ortflow import (
+    OrtGradientForwardBackwardOptimizer,
     OrtGradientOptimizer,
     UnsupportedModelError,
     add_loss_output,
@@ -188,3 +189,37 @@ def test_own_gradient_graphs_train_a_pipeline_with_an_ml_scaler(regression_data)
                                                   learning_rate=0.05, gradients="ortflow").fit(X, y)
     assert trainer.gradients_ == "ortflow"
     assert trainer.train_losses_[-1] < 0.1 * trainer.train_losses_[0]
+
+
+def _trainer(cls, onx, task):
+    """``cls`` on ``onx`` as a user writes it: the full trainer on the graph with its loss added."""
+    params = dict(max_iter=3, random_state=0, learning_rate=0.01)
+    if cls is OrtGradientOptimizer:
+        return cls(add_loss_output(onx, score_name="log" if task == "classifier" else "squared_error"), **params)
+    return cls(onx, learning_loss="log" if task == "classifier" else "squared_error", **params)
+
+
+@pytest.mark.parametrize("cls", [OrtGradientOptimizer, OrtGradientForwardBackwardOptimizer])
+@pytest.mark.parametrize("task", ["regressor", "classifier"])
+def test_a_raw_skl2onnx_graph_given_to_a_trainer_is_made_trainable(classification_data, regression_data, cls, task):
+    """Seen: ``OrtGradientForwardBackwardOptimizer(skl2onnx_graph)`` with a LinearRegressor failed with "the graph
+    has no float initializer to train" (a LinearClassifier: "the graph has 2 outputs"; add_loss_output the same)."""
+    if task == "regressor":
+        X, y = regression_data
+        model = LinearRegression().fit(X, y)
+    else:
+        X, y = classification_data
+        model = LogisticRegression().fit(X, y)
+    raw = skl_to_onnx(model, X[:1], target_opset=OPSETS)  # ZipMap kept, as skl2onnx writes it by default
+    assert _ml_ops(raw)[0] == {"regressor": "LinearRegressor", "classifier": "LinearClassifier"}[task]
+    given = raw.SerializeToString()
+    auto = _trainer(cls, raw, task).fit(X, y)
+    explicit = _trainer(cls, make_trainable(raw), task).fit(X, y)
+    assert raw.SerializeToString() == given  # model_onnx is left as given
+    assert _ml_ops(auto.get_trained_onnx()) == []
+    state = auto.get_state()
+    assert {"coef", "intercept"} <= set(state)
+    assert np.abs(state["coef"].ravel() - model.coef_.ravel()).max() > 0  # it trained the weights
+    for name, value in explicit.get_state().items():  # the very training of the rewritten graph
+        np.testing.assert_array_equal(state[name], value, err_msg=name)
+    np.testing.assert_array_equal(auto.predict(X), explicit.predict(X))

@@ -137,3 +137,47 @@ def test_mlflow_run_local_env_manager(tmp_path, pipeline_subprocess_env):
     (convert,) = client.search_runs([client.get_experiment_by_name("mlproject").experiment_id])
     assert convert.data.tags["ortflow.stage"] == "convert" and convert.info.status == "FINISHED"
     assert convert.data.params["overrides"].strip("'").startswith("experiment=smoke")  # mlflow run's own run
+
+
+@pytest.mark.slow
+def test_a_launcher_that_cannot_start_ends_the_sweep_run_failed(tmp_path, pipeline_subprocess_env):
+    """Seen: ``-m hydra/launcher=slurm`` where there is no SLURM raised in the launcher's ``launch`` (submitit:
+    'Could not detect "srun"'); Hydra calls no callback then, so the sweep's parent run stayed RUNNING for ever,
+    and the command printed a 41-line traceback."""
+    cmd = [sys.executable, "-m", "pipelines.main", "-m", "experiment=smoke", "trainer.learning_rate=0.01,0.02",
+           "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+    proc, out = _run(cmd, tmp_path, pipeline_subprocess_env)
+    assert proc.returncode == 2, out[-4000:]
+    assert "Traceback" not in out
+    errors = [line for line in out.splitlines() if line.startswith("ortflow: error:")]
+    assert len(errors) == 1 and 'Could not detect "srun"' in errors[0] and "SlurmLauncher" in errors[0], out
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (sweep,) = client.search_runs([client.get_experiment_by_name("ortflow").experiment_id])
+    assert sweep.data.tags["ortflow.sweep"] == "true"
+    assert sweep.info.status == "FAILED"
+    assert sweep.data.tags["ortflow.failure_reason"].startswith('RuntimeError: Could not detect "srun"')
+    assert sweep.info.run_id in errors[0]
+
+
+@pytest.mark.slow
+def test_mlflow_run_with_an_undeclared_parameter_is_refused_and_its_run_marked(tmp_path, pipeline_subprocess_env):
+    """Seen: ``mlflow run . -P trainer.max_iter=5`` (a key other than ``overrides``) left a FAILED run in the
+    Default experiment recording ``trainer.max_iter=5`` as a parameter, with only the guard's generic refusal of the
+    flag ``--trainer.max_iter`` on the console. MLflow creates the run before the project starts and gives no way
+    to refuse a key first; a deleted run makes mlflow run itself fail (it ends the run after the command)."""
+    env = dict(pipeline_subprocess_env, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "--env-manager", "local", "-P", "trainer.max_iter=5",
+           "-P", "overrides=experiment=smoke"]
+    proc, out = _run(cmd, tmp_path, env)
+    assert proc.returncode != 0
+    assert "Traceback" not in out, out[-4000:]
+    (line,) = [line for line in out.splitlines() if line.startswith("ortflow: error:")]
+    assert "MlflowRunParameterError: mlflow run -P trainer.max_iter=5" in line
+    assert "write -P overrides='experiment=smoke trainer.max_iter=5'" in line
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    (run,) = client.search_runs(["0"])
+    assert run.info.run_id in line
+    assert run.info.status == "FAILED" and run.info.run_name == "refused-parameters"
+    assert run.data.tags["mlflow.note.content"].startswith("Refused before anything ran: MlflowRunParameterError")
+    assert run.data.tags["ortflow.failure_reason"].startswith("MlflowRunParameterError: mlflow run -P trainer.max_iter")
+    assert client.get_experiment_by_name("ortflow") is None  # nothing ran

@@ -2,6 +2,7 @@
 broadcast labels, corrupt or foreign checkpoints, warm starts that cannot hold, temporary folders."""
 
 import glob
+import json
 import os
 import tempfile
 import warnings
@@ -126,6 +127,54 @@ def test_corrupt_truncated_or_foreign_checkpoints_are_refused(tmp_path, regressi
         numpy_helper.to_array(other.graph.initializer[0]) + 1, other.graph.initializer[0].name))
     with pytest.raises(CheckpointError, match="written for another graph"):
         _make(cls, other, max_iter=3).fit(X, y, resume_from=folder)
+
+
+# every kind of runtime state a checkpoint holds: ortflow's step graph (step_state.npz), onnxruntime's own
+# checkpoint (ort_checkpoint), the forward-backward optimizer's weights and state (fwbw_state.npz)
+STATE_KINDS = [
+    pytest.param(OrtGradientOptimizer, "ortflow", id="full-step_state"),
+    pytest.param(OrtGradientOptimizer, "onnxruntime", id="full-ort_checkpoint", marks=pytest.mark.training_build),
+    pytest.param(OrtGradientForwardBackwardOptimizer, "ortflow", id="fwbw-ortflow"),
+    pytest.param(OrtGradientForwardBackwardOptimizer, "onnxruntime", id="fwbw-onnxruntime",
+                 marks=pytest.mark.training_build),
+]
+
+
+def flip_a_bit_in_the_random_state(meta_path) -> None:
+    """Flip the lowest bit of the first digit from the middle of ``trainer.json`` on: the middle lies in the saved
+    random state (624 key words fill most of the file), the file still parses, and the state it holds changed."""
+    text = bytearray(meta_path.read_bytes())
+    before = json.loads(text)
+    i = len(text) // 2
+    while not chr(text[i]).isdigit():
+        i += 1
+    start = text.index(b'"rng_state"')
+    assert start < i < text.index(b"]", start), "the middle of trainer.json is not in its random state"
+    text[i] ^= 0x01  # '0' <-> '1', '2' <-> '3', ...: still a digit
+    meta_path.write_bytes(bytes(text))
+    after = json.loads(meta_path.read_bytes())
+    assert after["rng_state"] != before["rng_state"] and after["files"] == before["files"]
+
+
+@pytest.mark.parametrize(("cls", "gradients"), STATE_KINDS)
+def test_a_flipped_bit_in_the_checkpoint_metadata_is_refused(tmp_path, regression_data, linear, cls, gradients):
+    """Seen: one bit flipped in the middle of trainer.json (in the saved random state) was accepted by
+    ``fit(resume_from=...)``, and training went on with another shuffle (coef 3.6e-4 away from an uninterrupted
+    run): trainer.json listed the other files' checksums but had none of its own."""
+    X, y = regression_data
+    params = dict(random_state=0, learning_rate=0.01, gradients=gradients)
+    folder = tmp_path / "ckpt"
+    _make(cls, linear, max_iter=2, **params).fit(X, y).save_checkpoint(folder)
+    flip_a_bit_in_the_random_state(folder / "trainer.json")
+    with pytest.raises(CheckpointError, match=r"trainer\.json does not match its checksum"):
+        _make(cls, linear, max_iter=4, **params).fit(X, y, resume_from=folder)
+    # a trainer.json without a checksum of its own (as ortflow wrote before) cannot be verified either
+    _make(cls, linear, max_iter=2, **params).fit(X, y).save_checkpoint(folder)
+    meta = json.loads((folder / "trainer.json").read_text())
+    del meta["sha256"]
+    (folder / "trainer.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match=r"trainer\.json has no checksum of its own"):
+        _make(cls, linear, max_iter=4, **params).fit(X, y, resume_from=folder)
 
 
 @pytest.mark.parametrize("cls", TRAINERS)

@@ -271,6 +271,27 @@ def test_a_logged_checkpoint_without_its_manifest_is_not_trusted(prepared, compo
         resolve(tracking, run_id, tmp_path / "logged")
 
 
+def test_a_local_checkpoint_whose_metadata_flipped_a_bit_is_refused_before_a_run_is_tagged(tmp_path,
+                                                                                           regression_data):
+    """Seen in the library (its trainer.json had no checksum of its own): the pipelines read a local folder's
+    epoch from it unverified, to tag the run ``ortflow.resumed_from_epoch``."""
+    from sklearn.linear_model import LinearRegression
+
+    from ortflow import OrtGradientOptimizer, add_loss_output, to_onnx
+    from pipelines.tracking.checkpoints import CheckpointError, checkpoint_epoch, resolve
+    from test_reliability_core import flip_a_bit_in_the_random_state
+
+    X, y = regression_data
+    folder = tmp_path / "ckpt"
+    OrtGradientOptimizer(add_loss_output(to_onnx(LinearRegression().fit(X, y))), max_iter=2,
+                         random_state=0).fit(X, y).save_checkpoint(folder)
+    assert checkpoint_epoch(folder) == 2
+    flip_a_bit_in_the_random_state(folder / "trainer.json")
+    assert checkpoint_epoch(folder) is None
+    with pytest.raises(CheckpointError, match=r"trainer\.json does not match its checksum"):
+        resolve(None, str(folder), tmp_path / "local")  # a local folder: no tracking store is asked
+
+
 @pytest.mark.slow
 def test_resuming_a_live_run_leaves_it_alone_and_sigterm_ends_it_killed(prepared, compose_pipeline, clean_mlflow_env,
                                                                          tmp_path, pipeline_subprocess_env):

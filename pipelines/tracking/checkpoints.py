@@ -34,7 +34,8 @@ from omegaconf import DictConfig
 
 import ortflow
 from ortflow.callbacks import Callback
-from ortflow.checkpoint import sha256
+from ortflow.checkpoint import read_manifest, sha256
+from ortflow.exceptions import CheckpointError as OrtflowCheckpointError
 
 from .. import tracking as tr
 from ..config import to_container
@@ -94,9 +95,10 @@ def check_folder(folder: str | Path) -> str:
 
 
 def checkpoint_epoch(folder: str | Path) -> int | None:
+    """The epoch ortflow's ``trainer.json`` holds, read only once it matches its own checksum."""
     try:
-        return int(json.loads((Path(folder) / META).read_text())["epoch"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return int(read_manifest(folder)["epoch"])
+    except (OSError, ValueError, KeyError, TypeError, OrtflowCheckpointError):
         return None
 
 
@@ -282,6 +284,10 @@ def resolve(tracking: tr.Tracking, resume_from: str | None, dest: Path) -> Resum
         if state in ("missing", "torn"):
             raise CheckpointError(f"trainer.resume_from={str(resume_from)!r}: {folder} holds no complete ortflow "
                                   f"checkpoint ({state})")
+        try:  # a local folder needs no manifest of ours, but ortflow's trainer.json must match its checksum
+            read_manifest(folder)
+        except OrtflowCheckpointError as exc:
+            raise CheckpointError(f"trainer.resume_from={str(resume_from)!r}: {exc}") from exc
         return ResumePoint(str(folder), str(folder), None, checkpoint_epoch(folder))
     match = _RUNS_URI.match(uri)
     run_id = match.group(1) if match else None

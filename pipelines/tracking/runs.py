@@ -107,6 +107,25 @@ def _open_run(tracking: Tracking, run_name: str, run_id: str | None, parent_run_
     return run_id
 
 
+#: the name a run of ``mlflow run`` gets when the project refused its parameters before anything ran
+REFUSED_RUN_NAME = "refused-parameters"
+
+
+def mark_refused_mlflow_run(run_id: str, reason: str) -> None:
+    """``mlflow run`` created run ``run_id``, logging the parameters it was given, before the project could refuse
+    them: the run is renamed :data:`REFUSED_RUN_NAME`, its reason is its description (``mlflow.note.content``) and
+    ``ortflow.failure_reason``, and it ends FAILED, so that it cannot read as a run of those settings.
+
+    It is not deleted: MLflow (3.x) then ends the run itself, and a deleted run makes it fail with a traceback of
+    its own ("must be in the 'active' state"). The store is mlflow run's (``MLFLOW_TRACKING_URI``)."""
+    client = mlflow.MlflowClient()
+    note = f"Refused before anything ran: {reason} The parameters of this run were never applied."
+    client.update_run(run_id, name=REFUSED_RUN_NAME)
+    client.set_tag(run_id, "mlflow.note.content", note[:4900])
+    client.set_tag(run_id, FAILURE_TAG, reason[:4900])
+    client.set_terminated(run_id, "FAILED")
+
+
 def link_mlflow_run(tracking: Tracking, run_id: str) -> None:
     """Under ``mlflow run`` given no experiment (see :mod:`pipelines.mlproject`), tag mlflow run's run
     (``ortflow.pipeline_run``, ``ortflow.pipeline_experiment``) and the top-level run ``run_id`` of the pipelines

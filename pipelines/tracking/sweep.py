@@ -17,6 +17,8 @@ from ..callbacks import JOB_RUN_FILE, SWEEP_RUN_ENV, SWEEP_RUN_FILE
 from . import promotion
 from .lineage import source_tags
 from .promotion import default_direction
+from .runs import _mark_failed as mark_failed
+from .runs import _status_of as status_of
 
 
 def create_sweep_run(tracking: tr.Tracking, name: str, tags: dict[str, str]) -> str:
@@ -85,6 +87,14 @@ def close_sweep(tracking: Any, config: DictConfig, run_id: str, study: Any = Non
     tr.log_metrics(tracking, run_id, summary)
     client.set_terminated(run_id, "FINISHED" if finished or not children else "FAILED")
     print(f"ortflow: sweep run {run_id}: {summary}")
+
+
+def fail_sweep(config: DictConfig, run_id: str, exc: BaseException) -> str:
+    """End the sweep run ``run_id`` that stopped on ``exc`` before its end (see
+    :func:`pipelines.callbacks.fail_unclosed_sweep`), with the reason; the status it ended with."""
+    tracking = tr.setup(config)
+    mark_failed(tracking, run_id, exc, fluent=False)
+    return status_of(exc)
 
 
 def _read(path: Path) -> str | None:
