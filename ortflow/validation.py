@@ -23,8 +23,11 @@ def check_array(name: str, value, ndim: Sequence[int], n_rows: int | None = None
     array = np.asarray(value)
     if array.dtype.kind == "c":
         raise ValueError(f"Complex data not supported: {name} has dtype {array.dtype}")
-    if array.dtype.kind == "O":  # numbers held as objects convert; anything else raises numpy's TypeError
-        array = array.astype(np.float64)
+    if array.dtype.kind == "O":  # numbers held as objects (a pandas object column) convert
+        try:
+            array = array.astype(np.float64)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} has dtype object holding a value that is not a number: {exc}") from exc
     if array.dtype.kind not in "biuf":
         raise TypeError(f"{name} has dtype {array.dtype}; a numeric (float) array is expected")
     if array.ndim not in ndim:
