@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils import check_random_state
+from sklearn.utils.metaestimators import available_if
 
 from . import checkpoint
 from . import graph as g
@@ -133,7 +134,7 @@ class BaseTrainer(BaseEstimator):
             self._build_runtime(model, spec, self._learning_rate())
             self.history_ = []
             self._append(None)
-        self.n_features_in_ = spec.n_features
+        self.n_features_in_ = spec.n_features if spec.n_features is not None else data.X.shape[1]
         self._predict_sess = None
         if resume_from is not None:
             rng = self._restore_checkpoint(resume_from, rng)
@@ -383,12 +384,11 @@ class BaseTrainer(BaseEstimator):
         pred = outputs[name]
         return pred.ravel() if pred.ndim == 2 and pred.shape[1] == 1 else pred
 
+    @available_if(lambda self: _has_probabilities(self))
     def predict_proba(self, X) -> np.ndarray:
-        """Class probabilities (classifier graphs with an ``output_probability`` output)."""
-        outputs = self._run_prediction(X)
-        if "output_probability" not in outputs:
-            raise AttributeError("predict_proba: the graph has no 'output_probability' output (not a classifier)")
-        return outputs["output_probability"]
+        """Class probabilities (classifier graphs with an ``output_probability`` output; a trainer of any other
+        graph has no ``predict_proba``, so ``hasattr`` tells scikit-learn's tools which it is)."""
+        return self._run_prediction(X)["output_probability"]
 
     def score(self, X, y, sample_weight=None) -> float:
         """Accuracy for a classifier graph, R² otherwise."""
@@ -503,6 +503,17 @@ def _targets(spec: GraphSpec, y):
         return y
     width = spec.label_shape[1] if len(spec.label_shape) == 2 and isinstance(spec.label_shape[1], int) else None
     return encode_labels(y, spec.classes, width)
+
+
+def _has_probabilities(trainer) -> bool:
+    """Whether the trainer's graph outputs ``output_probability`` (its prediction graph once fitted)."""
+    spec = getattr(trainer, "_spec", None)
+    if spec is not None:
+        return "output_probability" in spec.prediction_outputs
+    try:
+        return any(o.name == "output_probability" for o in g.load_model(trainer.model_onnx).graph.output)
+    except Exception:  # noqa: BLE001 - fit reports an unreadable graph with the reason
+        return False
 
 
 def _graph_is_classifier(model_onnx) -> bool:

@@ -157,7 +157,7 @@ def _c_value(value):
 
 #: Multiply-adds per batch (batch rows x float weights of the graph) under which one intra-op thread beats all
 #: cores: waking and joining the pool around every node costs more than the split saves. Calibrated by
-#: ``python -m bench.threads`` on the reference machine (docs/PERFORMANCE.md, round 3): the geometric mean of the
+#: ``python -m bench.threads`` on the reference machine (docs/PERFORMANCE.md, threads): the geometric mean of the
 #: largest work one thread won or tied in three runs (1.9M: MLP (128,128), batch 64) and the smallest work all
 #: cores won in all three (5.9M: MLP (256,256), batch 64). Forward-backward training and onnxruntime's artifacts.
 THREADS_WORK_THRESHOLD = 3_300_000

@@ -1,8 +1,8 @@
 """An ONNX graph as a PyTorch layer: :class:`OnnxModule`.
 
-The forward and backward passes run in onnxruntime (``TrainingAgent``, through
-:class:`ortflow.fwbw.OrtGradientForwardBackward`, whose training graph takes the trained weights as inputs); torch
-owns the weights as ``nn.Parameter`` objects, so its optimizers, LR schedulers, ``state_dict`` and pickling apply.
+The forward and backward passes run in onnxruntime (``TrainingAgent``, or ortflow's own graphs on the plain build,
+through :class:`ortflow.fwbw.OrtGradientForwardBackward`, whose training graph takes the trained weights as inputs);
+torch owns the weights as ``nn.Parameter`` objects, so its optimizers, LR schedulers, ``state_dict`` and pickling apply.
 
 Tensors cross between torch and onnxruntime through DLPack. Per batch, when the inputs and the output gradients
 are contiguous tensors of the graph's dtype on the module's device, the inputs and the parameters are viewed as

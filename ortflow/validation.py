@@ -17,13 +17,27 @@ def check_array(name: str, value, ndim: Sequence[int], n_rows: int | None = None
     """``value`` as a C-contiguous float32 array (copied only when needed), with finite values."""
     if value is None:
         raise ValueError(f"{name} is None")
+    if hasattr(value, "tocsr") or hasattr(value, "todense"):
+        raise TypeError(f"{name} is a sparse {type(value).__name__}: sparse input is not supported, pass a dense "
+                        "array (.toarray())")
     array = np.asarray(value)
+    if array.dtype.kind == "c":
+        raise ValueError(f"Complex data not supported: {name} has dtype {array.dtype}")
+    if array.dtype.kind == "O":  # numbers held as objects (a pandas object column) convert
+        try:
+            array = array.astype(np.float64)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} has dtype object holding a value that is not a number: {exc}") from exc
     if array.dtype.kind not in "biuf":
         raise TypeError(f"{name} has dtype {array.dtype}; a numeric (float) array is expected")
     if array.ndim not in ndim:
-        raise ValueError(f"{name} has shape {array.shape}; expected {' or '.join(f'{d}-D' for d in ndim)}")
+        hint = " (Reshape your data: a 1-D array is one feature, X.reshape(-1, 1), or one sample, X.reshape(1, -1))"
+        raise ValueError(f"{name} has shape {array.shape}; expected {' or '.join(f'{d}-D' for d in ndim)}"
+                         + (hint if array.ndim == 1 and 1 not in ndim else ""))
     if array.shape[0] == 0:
         raise ValueError(f"{name} is empty (shape {array.shape}): at least one sample is needed")
+    if array.ndim == 2 and array.shape[1] == 0:
+        raise ValueError(f"{name} has 0 feature(s) (shape={array.shape}) while a minimum of 1 is required.")
     if n_rows is not None and array.shape[0] != n_rows:
         raise ValueError(f"{name} has {array.shape[0]} rows but X has {n_rows}")
     array = np.ascontiguousarray(array, dtype=np.float32)

@@ -66,3 +66,18 @@ def test_bench_quick_tiny_writes_results(tmp_path):
     else:
         assert "ort_settings" not in results
     assert all(Path(p).is_file() for p in results["plots"])
+
+
+def test_the_generated_block_of_performance_md_is_replaced_in_place(tmp_path):
+    """``python -m bench.run`` rewrites only the block between its markers in docs/PERFORMANCE.md."""
+    from bench import report
+
+    text = (ROOT / "docs" / "PERFORMANCE.md").read_text()
+    assert text.count(report.BEGIN) == 1 and text.count(report.END) == 1
+    assert text.index(report.BEGIN) < text.index(report.END)
+    copy = tmp_path / "PERFORMANCE.md"
+    copy.write_text(text)
+    report.update_docs(copy, "Run: new figures")
+    new = copy.read_text()
+    before, after = text.split(report.BEGIN)[0], text.split(report.END)[1]
+    assert new == f"{before}{report.BEGIN}\n\nRun: new figures\n\n{report.END}{after}"

@@ -3,6 +3,7 @@
 import numpy as np
 import onnx
 import pytest
+import scipy.sparse
 from sklearn.linear_model import LinearRegression
 
 from ortflow import (
@@ -37,6 +38,12 @@ def graph(regression_data):
         (lambda X, y, w: (X[:0], y[:0], w[:0]), "X is empty"),
         (lambda X, y, w: (X, y, -w), "sample_weight has negative values"),
         (lambda X, y, w: (X, np.stack([y, y], axis=1), w), r"y has shape \(400, 2\); the model predicts 1"),
+        (lambda X, y, w: (X[:, :0], y, w), r"X has 0 feature\(s\) \(shape=\(400, 0\)\)"),
+        (lambda X, y, w: (X + 1j, y, w), "Complex data not supported: X has dtype complex"),
+        (lambda X, y, w: (np.where(np.arange(8) == 3, "a", X.astype(object)), y, w),
+         "X has dtype object holding a value that is not a number: could not convert string to float: 'a'"),
+        (lambda X, y, w: (scipy.sparse.csr_matrix(X), y, w),
+         "X is a sparse csr_matrix: sparse input is not supported"),
     ],
 )
 def test_bad_data(regression_data, graph, change, match):

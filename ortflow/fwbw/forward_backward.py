@@ -164,7 +164,7 @@ class OrtGradientForwardBackward:
         """(TrainingAgent, OrtValueCache) of a training graph built for inputs of exactly ``input_shapes`` (one
         per model input). Knowing the shapes, onnxruntime resolves the broadcast bookkeeping of the backward
         pass (Shape, BroadcastGradientArgs, Reshape nodes) when it builds the graph instead of at every batch:
-        a third less time per batch on an MLP at batch 15 (docs/PERFORMANCE.md). Built once per shape; feeds
+        a third less time per batch on an MLP at batch 15 (docs/CHANGELOG.md, round 1). Built once per shape; feeds
         and fetches are ordered as for :attr:`agent_`; ``session_options`` (default: those of :attr:`agent_`) apply
         to the first call for a shape. Falls back to :attr:`agent_` (reason in ``static_failures_``) when
         onnxruntime cannot build the graph for these shapes."""

@@ -1,5 +1,5 @@
-"""``OrtGradientForwardBackwardOptimizer``: forward and backward in onnxruntime's ``TrainingAgent``, the loss and
-the weight update in small ONNX graphs of their own.
+"""``OrtGradientForwardBackwardOptimizer``: forward and backward passes in onnxruntime (its ``TrainingAgent`` or
+ortflow's own gradient graphs), the loss and the weight update in small ONNX graphs of their own.
 
 Per batch: copy the rows into the batch buffers, ``run_forward``, run the loss graph, ``run_backward``, run the
 update graph. Every tensor of that path lives in a buffer allocated once (per batch size) and every binding is

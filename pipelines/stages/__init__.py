@@ -41,7 +41,7 @@ TABLE: list[Stage] = [
           {"split": "split.npz", "sklearn_reference": "sklearn_reference.npz", "model": "model.onnx"},
           ("train", "validation", "test")),
     Stage("add_loss", "append the loss (and penalty) to the graph", {"model_with_loss": "model_with_loss.onnx"}),
-    Stage("train", "train the graph with onnxruntime-training",
+    Stage("train", "train the graph with the configured ortflow trainer",
           {"trained_model": "trained_model.onnx", "train_summary": "train_summary.json"}, ("train", "validation")),
     Stage("evaluate", "test metrics and plots of the deployable graph",
           {"deploy_model": "deploy_model.onnx", "evaluation": "evaluation.json"}, ("test",)),

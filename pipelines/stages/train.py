@@ -1,4 +1,4 @@
-"""Stage ``train``: train the ONNX graph with onnxruntime-training, starting from the scikit-learn weights.
+"""Stage ``train``: train the ONNX graph with ortflow's trainer (``trainer=``), from the scikit-learn weights.
 
 ``trainer=full`` trains ``model_with_loss.onnx`` with :class:`ortflow.OrtGradientOptimizer`; ``trainer=fwbw``
 trains ``model.onnx`` with :class:`ortflow.OrtGradientForwardBackwardOptimizer` and the configured loss.

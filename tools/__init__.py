@@ -1,0 +1,1 @@
+"""Maintenance scripts of the repository (not installed): ``python -m tools.<name>``."""
