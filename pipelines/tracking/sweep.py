@@ -74,7 +74,7 @@ def close_sweep(tracking: Any, config: DictConfig, run_id: str, study: Any = Non
         if candidate is None:
             tags["ortflow.registered"] = "false (the best trial exported no model)"
         else:
-            version, decision = promotion.register(tracking, candidate)
+            version, decision = promotion.register(tracking, candidate, sweep=True)
             tags.update({"ortflow.registered_model": candidate.name, "ortflow.registered_version": str(version)})
             if decision is not None:
                 tags.update(decision.tags())

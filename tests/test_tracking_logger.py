@@ -1,0 +1,90 @@
+"""MLflow for library users: ``MlflowLogger`` records a fit made in a notebook (no pipelines, no Hydra) into a real
+sqlite store: parameters, per-epoch curves, and the trained graph as an ONNX model with a signature."""
+
+import mlflow
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+from sklearn.linear_model import LogisticRegression
+
+from ortflow import OrtGradientOptimizer, add_loss_output, to_onnx
+from pipelines.tracking.logger import MlflowLogger
+
+
+@pytest.fixture
+def store(tmp_path, clean_mlflow_env):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield uri
+    finally:
+        mlflow.set_tracking_uri(previous)
+
+
+def _classifier(classification_data):
+    X, y = classification_data
+    start = LogisticRegression(max_iter=1).fit(X[:40], y[:40])
+    return add_loss_output(to_onnx(start, X[:1]), "log"), X, y
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_logger_records_params_curves_and_the_trained_graph(store, classification_data):
+    graph, X, y = _classifier(classification_data)
+    logger = MlflowLogger(input_example=X[:3])
+    trainer = OrtGradientOptimizer(graph, max_iter=4, learning_rate=0.05, callbacks=[logger])
+    trainer.fit(X, y, validation_data=(X[:50], y[:50]))
+
+    client = MlflowClient(store)
+    run = client.get_run(logger.run_id_)
+    assert run.info.status == "FINISHED" and mlflow.active_run() is None  # its own run, ended
+    assert run.data.params["trainer"] == "OrtGradientOptimizer"
+    assert run.data.params["max_iter"] == "4" and run.data.params["learning_rate"] == "0.05"
+    assert run.data.params["model_onnx"].startswith("ModelProto ")
+    for key, recorded in (("train_loss", "train_loss"), ("validation_loss", "validation_loss")):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [m.step for m in history] == [1, 2, 3, 4]
+        assert [m.value for m in history] == [r[recorded] for r in trainer.history_]
+
+    # the trained graph: an ONNX model whose signature is the graph's, answering as the trainer does
+    info = logger.model_info_
+    assert info is not None and info.flavors.keys() >= {"onnx", "python_function"}
+    inputs = info.signature.inputs.to_dict()
+    assert inputs == [{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": (-1, X.shape[1])}, "name": "X"}]
+    outputs = [o.name for o in trainer.get_trained_onnx().graph.output]
+    assert [o["name"] for o in info.signature.outputs.to_dict()] == outputs
+    assert {"output_label", "output_probability"} <= set(outputs)
+    requirements = mlflow.pyfunc.get_model_dependencies(info.model_uri)
+    text = open(requirements).read()
+    assert "onnxruntime>=" in text and "onnxruntime-training" not in text
+    loaded = mlflow.onnx.load_model(info.model_uri)
+    assert loaded.SerializeToString() == trainer.get_trained_onnx().SerializeToString()
+    answers = mlflow.pyfunc.load_model(info.model_uri).predict({"X": X[:20]})
+    np.testing.assert_array_equal(answers["output_label"], trainer.predict(X[:20]))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_logger_writes_into_the_active_run_and_leaves_it_open(store, classification_data):
+    graph, X, y = _classifier(classification_data)
+    with mlflow.start_run() as run:
+        logger = MlflowLogger(model_name=None)
+        OrtGradientOptimizer(graph, max_iter=2, callbacks=[logger]).fit(X, y)
+        assert logger.run_id_ == run.info.run_id and mlflow.active_run().info.run_id == run.info.run_id
+    data = MlflowClient(store).get_run(run.info.run_id).data
+    assert "train_loss" in data.metrics and logger.model_info_ is None
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_logger_ends_a_diverged_fit_failed_without_a_model(store, regression_data):
+    from sklearn.linear_model import LinearRegression
+
+    X, y = regression_data
+    graph = add_loss_output(to_onnx(LinearRegression().fit(X[:20], y[:20])))
+    logger = MlflowLogger()
+    trainer = OrtGradientOptimizer(graph, max_iter=5, learning_rate=1e4, batch_size=8, callbacks=[logger],
+                                   exc=False)
+    trainer.fit(X, y * 1e3)
+    assert trainer.diverged_
+    run = MlflowClient(store).get_run(logger.run_id_)
+    assert run.info.status == "FAILED" and run.data.tags["ortflow.model"] == "not logged: training FAILED"
+    assert logger.model_info_ is None
