@@ -1,5 +1,8 @@
 """MLflow for library users: ``MlflowLogger`` records a fit made in a notebook (no pipelines, no Hydra) into a real
-sqlite store: parameters, per-epoch curves, and the trained graph as an ONNX model with a signature."""
+sqlite store: parameters, per-epoch curves, and the trained graph as an ONNX model with a signature; what the docs
+say of ``mlflow.sklearn.log_model``; system metrics sampled at an interval that fits short stages."""
+
+import os
 
 import mlflow
 import numpy as np
@@ -88,3 +91,37 @@ def test_logger_ends_a_diverged_fit_failed_without_a_model(store, regression_dat
     run = MlflowClient(store).get_run(logger.run_id_)
     assert run.info.status == "FAILED" and run.data.tags["ortflow.model"] == "not logged: training FAILED"
     assert logger.model_info_ is None
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_mlflow_sklearn_log_model_is_refused_as_the_docs_say(store, regression_data):
+    """docs/PIPELINES.md: MLflow's default (skops) format refuses the estimator, which holds an onnx.ModelProto; the
+    supported way is the trained graph (MlflowLogger). If MLflow starts accepting it, the docs must change."""
+    from sklearn.linear_model import LinearRegression
+
+    X, y = regression_data
+    trainer = OrtGradientOptimizer(add_loss_output(to_onnx(LinearRegression().fit(X[:20], y[:20]))), max_iter=1)
+    trainer.fit(X, y)
+    with mlflow.start_run(), pytest.raises(mlflow.exceptions.MlflowException, match="onnx.onnx_ml_pb2.ModelProto"):
+        mlflow.sklearn.log_model(trainer, name="estimator")
+
+
+def test_system_metrics_are_sampled_at_the_configured_interval(store, tmp_path, monkeypatch):
+    """``mlflow.system_metrics_interval`` reaches the run's monitor (MLflow's default, 10 s, outlasts most stages),
+    the environment's setting wins, and neither leaks into the runs after."""
+    from mlflow.tracking.fluent import run_id_to_system_metrics_monitor
+
+    from pipelines.tracking import runs
+    from pipelines.tracking.retries import RetryingClient
+    from pipelines.tracking.store import Tracking
+
+    client = RetryingClient(MlflowClient(store))
+    experiment = client.create_experiment("system-metrics")
+    tracking = Tracking(store, client, experiment, "system-metrics", tmp_path, retries=2)
+    monkeypatch.delenv(runs.SAMPLING_INTERVAL_ENV, raising=False)
+    with runs.stage_run(tracking, "sampled", system_metrics=True, system_metrics_interval=0.5) as run_id:
+        assert run_id_to_system_metrics_monitor[run_id].sampling_interval == 0.5
+    assert runs.SAMPLING_INTERVAL_ENV not in os.environ
+    monkeypatch.setenv(runs.SAMPLING_INTERVAL_ENV, "3")
+    with runs.stage_run(tracking, "env wins", system_metrics=True, system_metrics_interval=0.5) as run_id:
+        assert run_id_to_system_metrics_monitor[run_id].sampling_interval == 3
