@@ -332,3 +332,21 @@ def test_served_model_needs_only_the_plain_onnxruntime(registry, clean_mlflow_en
         assert status == 400 and all(phrase in answer["message"] for phrase in phrases), answer
     finally:
         server.stop()
+
+
+def test_requirements_name_the_plain_onnxruntime_that_runs_the_graph_opsets():
+    from onnx import helper
+
+    from pipelines.tracking.deploy import onnxruntime_floor, pip_requirements
+
+    def graph(*opsets):
+        return helper.make_model(helper.make_graph([], "g", [], []),
+                                 opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+
+    assert onnxruntime_floor(graph(("", 17))) == "1.12"  # what ortflow's converters write
+    assert onnxruntime_floor(graph(("", 15), ("ai.onnx.ml", 4))) == "1.15"
+    assert onnxruntime_floor(graph(("", 21), ("ai.onnx.ml", 3), ("com.microsoft", 1))) == "1.18"
+    newer = onnxruntime_floor(graph(("", 99)))  # beyond the table: the installed runtime's release
+    assert newer == ".".join(onnxruntime.__version__.split(".")[:3])
+    requirements = pip_requirements(graph(("", 17)))
+    assert requirements[0] == "onnxruntime>=1.12" and not [r for r in requirements if "training" in r]

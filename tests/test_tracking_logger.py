@@ -15,10 +15,14 @@ from pipelines.tracking.logger import MlflowLogger
 
 
 @pytest.fixture
-def store(tmp_path, clean_mlflow_env):
+def store(tmp_path, clean_mlflow_env, monkeypatch):
+    """A sqlite store whose current experiment keeps its artifacts under ``tmp_path`` (the Default experiment's
+    would be ./mlruns, in the directory the tests run from)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
+    experiment = MlflowClient(uri).create_experiment("notebook", artifact_location=str(tmp_path / "artifacts"))
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", experiment)
     try:
         yield uri
     finally:
@@ -32,7 +36,7 @@ def _classifier(classification_data):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-def test_logger_records_params_curves_and_the_trained_graph(store, classification_data):
+def test_logger_records_params_curves_and_the_trained_graph(store, classification_data, tmp_path):
     graph, X, y = _classifier(classification_data)
     logger = MlflowLogger(input_example=X[:3])
     trainer = OrtGradientOptimizer(graph, max_iter=4, learning_rate=0.05, callbacks=[logger])
@@ -41,6 +45,7 @@ def test_logger_records_params_curves_and_the_trained_graph(store, classificatio
     client = MlflowClient(store)
     run = client.get_run(logger.run_id_)
     assert run.info.status == "FINISHED" and mlflow.active_run() is None  # its own run, ended
+    assert run.info.artifact_uri.startswith(str(tmp_path)) or run.info.artifact_uri.startswith(f"file://{tmp_path}")
     assert run.data.params["trainer"] == "OrtGradientOptimizer"
     assert run.data.params["max_iter"] == "4" and run.data.params["learning_rate"] == "0.05"
     assert run.data.params["model_onnx"].startswith("ModelProto ")
@@ -116,7 +121,7 @@ def test_system_metrics_are_sampled_at_the_configured_interval(store, tmp_path, 
     from pipelines.tracking.store import Tracking
 
     client = RetryingClient(MlflowClient(store))
-    experiment = client.create_experiment("system-metrics")
+    experiment = client.create_experiment("system-metrics", artifact_location=str(tmp_path / "system"))
     tracking = Tracking(store, client, experiment, "system-metrics", tmp_path, retries=2)
     monkeypatch.delenv(runs.SAMPLING_INTERVAL_ENV, raising=False)
     with runs.stage_run(tracking, "sampled", system_metrics=True, system_metrics_interval=0.5) as run_id:

@@ -10,7 +10,6 @@ first release that runs the graph's opsets (never the training build: the graph 
 
 from __future__ import annotations
 
-import importlib.metadata
 import warnings
 from pathlib import Path
 from typing import Any
@@ -36,28 +35,20 @@ def _version(text: str) -> tuple[int, ...]:
 
 
 def onnxruntime_floor(graph: onnx.ModelProto) -> str:
-    """The first plain onnxruntime release that runs ``graph``'s opsets; the installed one for an opset newer
-    than the table knows."""
+    """The first plain onnxruntime release that runs ``graph``'s opsets (the installed one for an opset newer than
+    :data:`ORT_FOR_OPSET` knows)."""
+    import onnxruntime
+
     floor = "1.7"
     for opset in graph.opset_import:
         known = ORT_FOR_OPSET.get(opset.domain or "")
-        if known is None:
+        if known is None:  # another domain (ortflow's graphs use none): the runtime's own
             continue
-        needed = known.get(opset.version)
-        if needed is None and opset.version > max(known):
-            needed = importlib.metadata.version("onnxruntime-training-cpu" if _has("onnxruntime-training-cpu")
-                                                else "onnxruntime")
+        needed = known.get(opset.version) or (".".join(map(str, _version(onnxruntime.__version__)))
+                                              if opset.version > max(known) else None)
         if needed and _version(needed) > _version(floor):
             floor = needed
     return floor
-
-
-def _has(package: str) -> bool:
-    try:
-        importlib.metadata.version(package)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
 
 
 def pip_requirements(graph: onnx.ModelProto) -> list[str]:

@@ -54,13 +54,13 @@ def feature_matrix(model_input, features: list[str]) -> np.ndarray:
     """The feature columns of ``model_input`` as a float32 matrix in the graph's order; :func:`invalid` naming
     the columns and rows when a column is missing or a cell is not a finite number within float32's range."""
     frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
-    frame.columns = [str(c) for c in frame.columns]
-    missing = [f for f in features if f not in frame.columns]
+    by_name = {str(c): c for c in frame.columns}  # the caller's frame is read, never changed
+    missing = [f for f in features if f not in by_name]
     if missing:
         raise invalid(f"the input lacks the feature columns {missing}; the model takes the columns {features}")
     columns, problems = [], []
     for name in features:
-        raw = frame[name]
+        raw = frame[by_name[name]]
         values = pd.to_numeric(raw, errors="coerce").to_numpy(np.float64, na_value=np.nan)
         absent = pd.isna(raw).to_numpy()
         bad = np.flatnonzero(~np.isfinite(values) | (np.abs(values) > FLOAT32_MAX))
