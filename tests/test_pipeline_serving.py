@@ -25,6 +25,7 @@ from pipelines.data import Split
 from pipelines.server import ModelServer
 from pipelines.tracking.serving_model import probability_columns
 
+REPO = Path(__file__).resolve().parent.parent
 REGRESSOR = "ortflow-smoke-regression-mlp_regressor"
 CLASSIFIER = "ortflow-digits-mlp_classifier"
 
@@ -254,10 +255,13 @@ def test_mlflow_evaluate_takes_the_registered_model(registry, clean_mlflow_env, 
     mlflow.set_tracking_uri(uri)
     answers = mlflow.pyfunc.load_model(f"models:/{name}@champion").predict(frame)  # the target column is ignored
     _check(answers, expected)
-    with mlflow.start_run(run_name=f"evaluate-{name}"):
+    client = MlflowClient(uri)  # the evaluation run beside the model's own (its artifacts in the registry's folder)
+    experiment = client.get_run(client.get_model_version_by_alias(name, "champion").run_id).info.experiment_id
+    with mlflow.start_run(run_name=f"evaluate-{name}", experiment_id=experiment) as run:
         result = mlflow.models.evaluate(f"models:/{name}@champion", frame, targets="target",
                                         model_type="classifier" if split.task == "classification" else "regressor",
                                         evaluator_config={"log_model_explainability": False})
+    assert str(folder) in client.get_run(run.info.run_id).info.artifact_uri
     # the same float64 computation on the same answers: at most one rounding per summed row apart
     rel = len(truth) * np.finfo(np.float64).eps
     if split.task == "classification":
@@ -268,7 +272,6 @@ def test_mlflow_evaluate_takes_the_registered_model(registry, clean_mlflow_env, 
         assert result.metrics["mean_squared_error"] == pytest.approx(mse, rel=rel)
 
 
-REPO = Path(__file__).resolve().parent.parent
 PLAIN_PYTHON = REPO / ".venv313" / "bin" / "python"  # Python 3.13 with the plain onnxruntime (no training build)
 
 
