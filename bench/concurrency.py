@@ -69,6 +69,9 @@ def run_chains(n: int, tracking_uri: str, work_dir: Path, experiment: str, model
     for i in range(n):
         cmd = [sys.executable, "-m", "pipelines.main", "experiment=smoke", f"mlflow.experiment_name={experiment}",
                f"mlflow.registered_model_name={model}", f"trainer.learning_rate={0.005 * (i + 1):g}",
+               # every chain registers (the default registers only what takes the alias): the audit counts the
+               # versions that racing registrations and promotions leave
+               "promotion.register=always",
                f"mlflow.root={work_dir}", f"hydra.run.dir={work_dir / f'chain{i}'}",
                # the 5 s default preflight of /health gave up on a busy server (1 of 4 chains, 2 shared cores)
                f"mlflow.connect_timeout={connect_timeout:g}"]

@@ -88,6 +88,8 @@ def report(result: ChainResult, cfg: DictConfig) -> str:
         lines.append(f"  model: models:/{m['registered_model']}/{m['registered_version']}"
                      + (f" ({m['promotion_decision']} @{cfg.promotion.alias}: {m['promotion_reason']})"
                         if "promotion_decision" in m else ""))
+    elif "not_registered" in m:
+        lines.append(f"  model: not registered: {m['not_registered']}")
     lines.append(f"  {cfg.optimized_metric} = {result.value}")
     lines.append(f"  MLflow UI: {result.tracking.ui_hint(result.run_id)}")
     return "\n".join(lines)

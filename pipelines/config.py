@@ -115,6 +115,14 @@ class Direction(_Choice):
     maximize = "maximize"
 
 
+class RegisterPolicy(_Choice):
+    """Which exported models become registry versions (``promotion.register``)."""
+
+    always = "always"  # every chain's model, and a sweep's best trial
+    if_promoted = "if_promoted"  # only a model that takes the alias (chains and a sweep's best trial alike)
+    best_of_sweep = "best_of_sweep"  # only a sweep's best trial (through the gate); single chains register nothing
+
+
 MODEL_TASK = {
     ModelKind.linear: Task.regression,
     ModelKind.mlp_regressor: Task.regression,
@@ -234,8 +242,11 @@ class MlflowConfig:
     retry_seconds: float = 60.0
     # a tracking server must answer its /health within this many seconds at start, or nothing runs
     connect_timeout: float = 5.0
-    # MLflow's system metrics (CPU, memory, disk, network; GPU with pynvml) on every stage run
+    # MLflow's system metrics (CPU, memory, disk, network; GPU with pynvml) on every stage run ...
     system_metrics: bool = False
+    # ... sampled every this many seconds (MLflow's default, 10 s, outlasts most stages; a stage shorter than one
+    # interval records none); MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL in the environment wins
+    system_metrics_interval: float = 1.0
 
 
 @dataclass
@@ -246,6 +257,8 @@ class PromotionConfig:
     alias: str = "champion"
     # compare only with a holder evaluated on the same test rows (a fingerprint of the test split)
     require_same_data: bool = True
+    # which models become registry versions: if_promoted keeps the registry to the versions that took the alias
+    register: RegisterPolicy = RegisterPolicy.if_promoted
 
 
 @dataclass

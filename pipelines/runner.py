@@ -67,7 +67,8 @@ def execute_stage(name: str, fn: StageFn, cfg: DictConfig, tracking: tr.Tracking
     tags = {"ortflow.stage": name, "ortflow.task": task_of(cfg), "ortflow.trainer": str(cfg.trainer.name),
             **dict(cfg.mlflow.tags)}
     with tr.stage_run(tracking, name, parent_run_id=parent_run_id, run_id=run_id, tags=tags,
-                      system_metrics=bool(cfg.mlflow.system_metrics)) as rid:
+                      system_metrics=bool(cfg.mlflow.system_metrics),
+                      system_metrics_interval=float(cfg.mlflow.get("system_metrics_interval") or 0) or None) as rid:
         if on_start is not None:
             on_start(rid)
         ctx = StageContext(name, cfg, tracking, rid, work_dir, bundle)

@@ -72,6 +72,7 @@ def test_optuna_search_config_composes(compose_pipeline):
     ("data.n_samples=1.5", "data.n_samples"),
     ("model.activation=gelu", "model.activation"),
     ("promotion.direction=up", "promotion.direction"),
+    ("promotion.register=sometimes", "promotion.register"),
     ("trainer.early_stopping=maybe", "trainer.early_stopping"),
 ])
 def test_wrong_typed_value_fails_at_composition_naming_the_key(compose_pipeline, override, key):

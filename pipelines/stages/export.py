@@ -1,52 +1,32 @@
 """Stage ``export``: log the deployable model with MLflow, register a version, promote it with an alias.
 
-The logged model is an MLflow pyfunc model (:mod:`pipelines.tracking.serving_model`, logged as code: nothing pickled)
-that runs ``deploy_model.onnx`` (raw features in, predictions in the target's units or class labels out) with
-onnxruntime. Its signature is column-based, with the data's feature names as float64 columns, so
-``mlflow.pyfunc.load_model(...).predict(frame)`` and ``mlflow models serve`` match columns by name and cast
-numbers; outputs are ``prediction`` (regression), or ``label`` and ``probabilities`` (classification). The input
-example is five test rows; the pip requirements name the onnxruntime *training* package (MLflow's default for
-ONNX names plain ``onnxruntime``, which must never be installed beside it). Before logging, the graph is run on
-the whole test split: non-finite predictions fail the run and nothing is registered. The version takes
-``promotion.alias`` only when its ``promotion.metric`` beats the current holder's; see
-:mod:`pipelines.tracking.promotion`.
+The logged model (:mod:`pipelines.tracking.deploy`) has two flavors over one file, ``deploy_model.onnx`` (raw
+features in, predictions in the target's units or class labels out): an MLflow pyfunc
+(:mod:`pipelines.tracking.serving_model`, logged as code: nothing pickled) and ``onnx``. The pyfunc takes the
+feature columns by name, in any numeric dtype, and answers a missing or non-finite cell with an error naming its
+column and row (HTTP 400 from ``mlflow models serve``); it returns ``prediction`` (regression) or the labels
+(classification; ``params={"output": "probabilities"}`` adds one probability column per class). The input example
+is five test rows; the requirements name the plain onnxruntime. Before logging, the graph is run on the whole
+test split: non-finite predictions fail the run and nothing is registered. ``promotion.register`` says which
+models become versions (by default only one that takes ``promotion.alias``, i.e. whose ``promotion.metric``
+beats the current holder's); see :mod:`pipelines.tracking.promotion`.
 
     python -m pipelines.export source.run_id=<evaluate run> promotion.metric=test_r2
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import warnings
-from pathlib import Path
-
 import numpy as np
 import onnx
 import onnxruntime
 import pandas as pd
 
-from .. import tracking as tr
+from ..config import RegisterPolicy
 from ..data import Split
 from ..tracking import promotion
 from ..tracking.lineage import logged_model_name
 from ..predictions import check_finite_predictions, onnx_predict
 from ..runner import StageContext, in_multirun
-
-
-def pip_requirements() -> list[str]:
-    """The runtime the model needs: the installed onnxruntime build (training or plain, never both)."""
-    requirements = []
-    for package in ("onnxruntime-training-cpu", "onnxruntime-training", "onnxruntime", "onnxruntime-gpu"):
-        try:
-            requirements.append(f"{package}=={importlib.metadata.version(package)}")
-            break
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    else:  # pragma: no cover - an onnxruntime installed without package metadata
-        requirements.append("onnxruntime-training-cpu==1.19.2")
-    requirements += [f"onnx=={onnx.__version__}", f"numpy>={np.__version__.split('.')[0]}",
-                     f"pandas>={pd.__version__.split('.')[0]}"]
-    return requirements
 
 
 def model_config(split: Split) -> dict:
@@ -58,24 +38,10 @@ def model_config(split: Split) -> dict:
 
 
 def input_example(split: Split, rows: int = 5) -> pd.DataFrame:
-    """Raw test rows as a float64 frame named by the features: what the signature is inferred from."""
+    """Raw test rows as a float64 frame named by the features: stored with the model, which MLflow runs on them
+    when logging it."""
     return pd.DataFrame(split.raw_X(split.X_test[:rows]).astype(np.float64),
                         columns=[str(f) for f in split.feature_names])
-
-
-def log_deploy_model(ctx: StageContext, split: Split, graph_path: Path):
-    """Log the pyfunc model around the deploy graph; MLflow infers the signature by running it on the example
-    (column-based inputs from the named float64 frame; outputs from the model's answer), so the example
-    round-trips before anything is registered."""
-    from ..tracking import serving_model
-
-    with warnings.catch_warnings():  # the signature is given by the example (see serving_model.predict)
-        warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
-        return tr.log_code_model(
-            ctx.tracking, logged_model_name(ctx.cfg), Path(serving_model.__file__),
-            artifacts={serving_model.GRAPH: str(graph_path)}, model_config=model_config(split),
-            input_example=input_example(split), pip_requirements=pip_requirements(),
-        )
 
 
 def export(ctx: StageContext) -> dict:
@@ -96,13 +62,16 @@ def export(ctx: StageContext) -> dict:
     check_finite_predictions(onnx_predict(session, split.raw_X(split.X_test), split.task), split)
     graph_path = ctx.work_dir / "deploy_model.onnx"  # the graph checked above, self-contained
     onnx.save(model, graph_path)
-    info = log_deploy_model(ctx, split, graph_path)
+    from ..tracking import deploy  # imports the model's code (serving_model), which only export needs
+
+    info = deploy.log_deploy_model(ctx.tracking, logged_model_name(cfg), graph_path, model_config(split),
+                                   input_example(split))
     ctx.set_tags({"ortflow.model_uri": info.model_uri, "ortflow.promotion.metric": metric})
 
     candidate = promotion.Candidate(
         str(cfg.mlflow.registered_model_name), info.model_uri, ctx.run_id, metric, direction, value,
         str(cfg.promotion.alias), split.fingerprint(), bool(cfg.promotion.require_same_data),
-        bool(cfg.promotion.enabled))
+        bool(cfg.promotion.enabled), str(cfg.promotion.get("register") or RegisterPolicy.if_promoted))
     ctx.set_tags({promotion.FINGERPRINT_TAG: candidate.fingerprint, **candidate.tags()})
     if in_multirun():  # a sweep registers only its best trial, by the optimized metric, once every trial ended
         ctx.set_tags({"ortflow.registered": "deferred: the sweep registers its best trial"})
@@ -112,7 +81,8 @@ def export(ctx: StageContext) -> dict:
         ctx.metrics.update(promoted=float(decision.promoted), promotion_decision=decision.decision,
                            promotion_reason=decision.reason)
     if version is None:
-        print(f"ortflow: not registered: {decision.reason}")
+        reason = decision.reason if decision is not None else f"promotion.register={candidate.policy}"
+        ctx.metrics["not_registered"] = f"{reason}; the logged model: {info.model_uri}"
         return ctx.metrics
     ctx.metrics["registered_model"] = candidate.name
     ctx.metrics["registered_version"] = version

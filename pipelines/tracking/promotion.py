@@ -60,6 +60,7 @@ class Candidate:
     fingerprint: str | None = None
     require_same_data: bool = True
     promote: bool = True
+    policy: str = "always"  # promotion.register: always | if_promoted | best_of_sweep
 
     def tags(self) -> dict[str, str]:
         return {f"{CANDIDATE_TAG}{k}": str(v) for k, v in asdict(self).items()
@@ -73,18 +74,38 @@ class Candidate:
             return None
         return cls(tags["name"], tags["model_uri"], run.info.run_id, tags["metric"], tags["direction"],
                    run.data.metrics.get(tags["metric"]), tags["alias"], tags.get("fingerprint"),
-                   tags.get("require_same_data", "True") == "True", tags.get("promote", "True") == "True")
+                   tags.get("require_same_data", "True") == "True", tags.get("promote", "True") == "True",
+                   tags.get("policy", "always"))
 
 
-def register(tracking: Tracking, candidate: Candidate) -> tuple[str | None, Decision | None]:
+def register(tracking: Tracking, candidate: Candidate, sweep: bool = False) -> tuple[str | None, Decision | None]:
     """Register the candidate's model as a new version and (when ``candidate.promote``) pass it through the gate.
 
-    A non-finite metric registers nothing (the decision says why). Returns ``(version, decision)``; the run gets
+    ``candidate.policy`` (``promotion.register``) says which candidates become versions: ``always``;
+    ``if_promoted``, only one that would take the alias now (the gate is previewed against the holder first);
+    ``best_of_sweep``, only a sweep's best trial (``sweep``). A non-finite metric registers nothing (the decision
+    says why). Returns ``(version, decision)``; the run gets ``ortflow.registered`` (why not, when not),
     ``ortflow.registered_model``/``ortflow.registered_version``, the decision tags and the metric ``promoted``.
     """
     import mlflow
 
     c = candidate
+    if c.policy == "best_of_sweep" and not sweep:
+        set_tags(tracking, c.run_id, {"ortflow.registered": "false (promotion.register=best_of_sweep: only a "
+                                      "sweep's best trial is registered)"})
+        return None, None
+    if c.policy == "if_promoted" and is_finite(c.value):
+        if not c.promote:
+            set_tags(tracking, c.run_id, {"ortflow.registered": "false (promotion.register=if_promoted and "
+                                          "promotion.enabled=false: nothing takes the alias; "
+                                          "promotion.register=always registers every model)"})
+            return None, None
+        would = preview(tracking, c)
+        if not would.promoted:
+            set_tags(tracking, c.run_id, {**would.tags(), "ortflow.registered": "false (promotion.register="
+                                          f"if_promoted: {would.reason})"})
+            log_metrics(tracking, c.run_id, {"promoted": 0.0})
+            return None, would
     if not is_finite(c.value):
         decision = promote(tracking, c.name, None, c.run_id, c.value, c.metric, c.direction, c.alias)
         set_tags(tracking, c.run_id, {"ortflow.registered": "false (non-finite metric)"})
@@ -139,6 +160,40 @@ def current_holder(tracking: Tracking, name: str, alias: str):
         raise
 
 
+def decide(value: float | None, direction: str, holder: ModelVersion | None, h_value: float | None,
+           fingerprint: str | None, require_same_data: bool, common: dict, failed: bool = False) -> Decision:
+    """The gate's rule, without side effects: does a candidate with ``value`` take the alias from ``holder``
+    (whose metric is ``h_value``)? ``common``: the :class:`Decision` fields that do not depend on the outcome."""
+    metric = common["metric"]
+    h_version = common["holder_version"]
+    h_fingerprint = holder.tags.get(FINGERPRINT_TAG) if holder is not None else None
+    if failed:
+        return Decision(False, "rejected", "the run failed", **common)
+    if not is_finite(value):
+        return Decision(False, "rejected", f"{metric}={value} is not a finite number", **common)
+    if holder is None:
+        return Decision(True, "promoted", f"no version holds @{common['alias']} yet", **common)
+    if require_same_data and fingerprint and h_fingerprint and fingerprint != h_fingerprint:
+        return Decision(False, "kept", f"measured on other test data than version {h_version} "
+                        f"(fingerprint {fingerprint} vs {h_fingerprint}): not comparable; register under "
+                        "another mlflow.registered_model_name or set promotion.require_same_data=false", **common)
+    if h_value is None:
+        return Decision(True, "promoted", f"the holder (version {h_version}) has no finite {metric}", **common)
+    if better(float(value), h_value, direction):
+        return Decision(True, "promoted", f"{metric} {value:.6g} beats {h_value:.6g} ({direction})", **common)
+    return Decision(False, "kept", f"{metric} {value:.6g} does not beat {h_value:.6g} ({direction})", **common)
+
+
+def preview(tracking: Tracking, c: "Candidate") -> Decision:
+    """What the gate would decide for ``c`` now, against the current holder (nothing written)."""
+    holder = current_holder(tracking, c.name, c.alias)
+    h_value = holder_value(tracking, c.name, holder, c.metric) if holder is not None else None
+    common = dict(metric=c.metric, direction=c.direction, alias=c.alias,
+                  candidate_value=float(c.value) if is_finite(c.value) else None,
+                  holder_version=str(holder.version) if holder is not None else None, holder_value=h_value)
+    return decide(c.value, c.direction, holder, h_value, c.fingerprint, c.require_same_data, common)
+
+
 def promote(tracking: Tracking, name: str, version: str | None, run_id: str, value: float | None, metric: str,
             direction: str, alias: str, run_failed: bool = False, fingerprint: str | None = None,
             require_same_data: bool = True) -> Decision:
@@ -160,28 +215,11 @@ def promote(tracking: Tracking, name: str, version: str | None, run_id: str, val
         holder = current_holder(tracking, name, alias)
         h_version = str(holder.version) if holder is not None else None
         h_value = holder_value(tracking, name, holder, metric) if holder is not None else None
-        h_fingerprint = holder.tags.get(FINGERPRINT_TAG) if holder is not None else None
         common = dict(metric=metric, direction=direction, alias=alias,
                       candidate_value=float(value) if is_finite(value) else None,
                       holder_version=h_version, holder_value=h_value)
-        if run_failed or version is None:
-            decision = Decision(False, "rejected", "the run failed", **common)
-        elif not is_finite(value):
-            decision = Decision(False, "rejected", f"{metric}={value} is not a finite number", **common)
-        elif holder is None:
-            decision = Decision(True, "promoted", f"no version holds @{alias} yet", **common)
-        elif require_same_data and fingerprint and h_fingerprint and fingerprint != h_fingerprint:
-            decision = Decision(False, "kept", f"measured on other test data than version {h_version} "
-                                f"(fingerprint {fingerprint} vs {h_fingerprint}): not comparable; register under "
-                                "another mlflow.registered_model_name or set promotion.require_same_data=false",
-                                **common)
-        elif h_value is None:
-            decision = Decision(True, "promoted", f"the holder (version {h_version}) has no finite {metric}", **common)
-        elif better(float(value), h_value, direction):
-            decision = Decision(True, "promoted", f"{metric} {value:.6g} beats {h_value:.6g} ({direction})", **common)
-        else:
-            decision = Decision(False, "kept", f"{metric} {value:.6g} does not beat {h_value:.6g} ({direction})",
-                                **common)
+        decision = decide(value, direction, holder, h_value, fingerprint, require_same_data, common,
+                          failed=run_failed or version is None)
         if decision.promoted:
             _set_alias(tracking, name, alias, version)
     if eligible:

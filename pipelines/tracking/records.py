@@ -104,10 +104,3 @@ def download_artifacts(artifact_uri: str | None = None, run_id: str | None = Non
     return Path(mlflow.artifacts.download_artifacts(
         artifact_uri=artifact_uri, run_id=run_id, artifact_path=artifact_path,
         dst_path=None if dst_path is None else str(dst_path), tracking_uri=tracking_uri))
-
-
-def log_code_model(tracking: Tracking, name: str, code: Path, **kwargs: Any) -> Any:
-    """Log the MLflow pyfunc model whose code is the file ``code`` (*models from code*: nothing pickled) into the
-    active run, with ``kwargs`` of ``mlflow.pyfunc.log_model`` (artifacts, model_config, input example,
-    requirements); returns its ``ModelInfo``."""
-    return tracking.call(mlflow.pyfunc.log_model, name=name, python_model=code, **kwargs)

@@ -32,6 +32,8 @@ def failure_reason(exc: BaseException) -> str:
 
 HOST_TAG, PID_TAG, PID_START_TAG = "ortflow.host", "ortflow.pid", "ortflow.pid_start"
 HEARTBEAT_TAG = "ortflow.heartbeat"
+#: MLflow's setting of the system metrics' sampling interval (seconds), which wins over mlflow.system_metrics_interval
+SAMPLING_INTERVAL_ENV = "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL"
 #: a stage run's ``ortflow.heartbeat`` tag is refreshed this often; three missed beats mean its process is gone
 HEARTBEAT_SECONDS = 30.0
 
@@ -170,16 +172,25 @@ def parent_run(tracking: Tracking, run_name: str, run_id: str | None = None, par
 
 @contextlib.contextmanager
 def stage_run(tracking: Tracking, run_name: str, parent_run_id: str | None = None, run_id: str | None = None,
-              tags: Mapping[str, str] | None = None, system_metrics: bool = False) -> Iterator[str]:
+              tags: Mapping[str, str] | None = None, system_metrics: bool = False,
+              system_metrics_interval: float | None = None) -> Iterator[str]:
     """The fluent active run of one stage (``mlflow.onnx.log_model`` needs one); with ``system_metrics``, MLflow
-    samples CPU, memory, disk and network into it while it is active (``mlflow.system_metrics``, needs psutil).
+    samples CPU, memory, disk and network into it while it is active (``mlflow.system_metrics``, needs psutil),
+    every ``system_metrics_interval`` seconds unless MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL is set.
 
     A new run is created under ``parent_run_id`` unless ``run_id`` names an existing one (``mlflow run``'s run).
     On an exception the run gets the reason as the tag ``ortflow.failure_reason`` and ends FAILED.
     """
     run_id = _open_run(tracking, run_name, run_id, parent_run_id, tags)
-    tracking.call(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None,
-                  log_system_metrics=True if system_metrics else None)  # None: MLflow's own setting
+    ours = bool(system_metrics and system_metrics_interval and not os.environ.get(SAMPLING_INTERVAL_ENV))
+    if ours:  # read by the run's monitor when the run starts
+        mlflow.set_system_metrics_sampling_interval(system_metrics_interval)
+    try:
+        tracking.call(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None,
+                      log_system_metrics=True if system_metrics else None)  # None: MLflow's own setting
+    finally:
+        if ours:
+            mlflow.set_system_metrics_sampling_interval(None)
     try:
         with heartbeat(tracking, run_id):
             yield run_id

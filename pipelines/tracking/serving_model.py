@@ -1,25 +1,95 @@
 """The registered model's code: an MLflow ``PythonModel`` that runs the deploy graph with onnxruntime.
 
 Logged as *models from code* (``mlflow.pyfunc.log_model(python_model=<this file>)``): MLflow copies this file
-into the model and runs it at load time, so nothing is unpickled. It depends on numpy, pandas, onnxruntime
-(the training build the model's requirements name) and MLflow only, never on the ``pipelines`` package, so
-the model loads wherever its requirements are installed.
+into the model and runs it at load time, so nothing is unpickled. It depends on numpy, pandas, the plain
+onnxruntime (``InferenceSession`` only: never the training build) and MLflow, never on the ``pipelines`` package,
+so the model loads wherever its requirements are installed.
 
-Input: a pandas DataFrame whose columns are the data's feature names; MLflow matches them by name against the
-signature (any order, extra columns ignored) and casts them to float64; they reach the graph as float32 in the
-graph's column order. Output, a DataFrame: ``prediction`` for a regressor; ``label`` (the classes as the data had
-them) and ``probabilities`` (one list per row, in the order of the model config's ``classes``) for a classifier.
+Input: a pandas DataFrame (or what ``pandas.DataFrame`` takes: a dict of columns, a list of records) whose columns
+are the data's feature names, in any order, extra columns ignored. The model checks its input itself (its
+signature declares no input schema: MLflow's would refuse an int64 column for a double one): every feature
+column must hold numbers (any integer or float dtype, or numeric strings as a CSV without a schema gives them),
+finite and within float32's range, the type the graph computes in. A missing column, a missing cell (``null``,
+NaN), a non-number or a non-finite or out-of-range value raises ``MlflowException`` (``INVALID_PARAMETER_VALUE``,
+which ``mlflow models serve`` answers with HTTP 400) naming the column and the row (0-based position).
+
+Output: ``prediction`` (a one-column DataFrame) for a regressor; for a classifier the labels (a Series named
+``label``, the classes as the data had them: what ``mlflow.models.evaluate(..., model_type="classifier")`` takes),
+or, with the parameter ``output="probabilities"``, a DataFrame with ``label`` and one column
+``probability_<class>`` per class, in the order of the model config's ``classes``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from mlflow.exceptions import MlflowException
 from mlflow.models import set_model
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
 
 #: the key of the deploy graph in the logged model's artifacts
 GRAPH = "deploy_model"
+#: the inference parameter choosing a classifier's output, and its values (the first is the default)
+OUTPUT_PARAM = "output"
+OUTPUTS = ("label", "probabilities")
+PROBABILITY_PREFIX = "probability_"
+#: the largest magnitude the graph's float32 arithmetic holds
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+#: how many bad cells an error names
+SHOWN = 5
+
+
+def probability_columns(classes) -> list[str]:
+    """The output columns of the class probabilities, in the order of ``classes``."""
+    return [f"{PROBABILITY_PREFIX}{c}" for c in classes]
+
+
+def invalid(message: str) -> MlflowException:
+    """The error a bad request gets: ``mlflow models serve`` answers it with HTTP 400 and this message."""
+    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+
+
+def feature_matrix(model_input, features: list[str]) -> np.ndarray:
+    """The feature columns of ``model_input`` as a float32 matrix in the graph's order; :func:`invalid` naming
+    the columns and rows when a column is missing or a cell is not a finite number within float32's range."""
+    frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
+    by_name = {str(c): c for c in frame.columns}  # the caller's frame is read, never changed
+    missing = [f for f in features if f not in by_name]
+    if missing:
+        raise invalid(f"the input lacks the feature columns {missing}; the model takes the columns {features}")
+    columns, problems = [], []
+    for name in features:
+        raw = frame[by_name[name]]
+        values = pd.to_numeric(raw, errors="coerce").to_numpy(np.float64, na_value=np.nan)
+        absent = pd.isna(raw).to_numpy()
+        bad = np.flatnonzero(~np.isfinite(values) | (np.abs(values) > FLOAT32_MAX))
+        for row in bad:
+            if absent[row]:
+                what = "a missing value (null/NaN)"
+            elif np.isnan(values[row]):
+                what = f"{raw.iloc[row]!r}, not a number"
+            elif np.isfinite(values[row]):
+                what = f"{values[row]:g}, beyond float32's range (±3.4e38) the model computes in"
+            else:
+                what = f"{values[row]:g}, not a finite number"
+            problems.append(f"column {name!r} row {row}: {what}")
+        columns.append(values)
+    if problems:
+        shown = "; ".join(problems[:SHOWN]) + (f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else "")
+        raise invalid(f"{len(problems)} input cells are not finite numbers ({shown}); the model takes a finite "
+                      "number in every feature column")
+    return np.stack(columns, axis=1).astype(np.float32) if columns else np.zeros((len(frame), 0), np.float32)
+
+
+def check_finite_outputs(values: np.ndarray) -> None:
+    """:func:`invalid` naming the rows whose prediction is not finite (inputs too large for the model's scale)."""
+    values = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
+    bad = np.flatnonzero(~np.isfinite(values).all(axis=1))
+    if len(bad):
+        raise invalid(f"the model predicts non-finite values for rows {bad[:SHOWN].tolist()}"
+                      f"{' ...' if len(bad) > SHOWN else ''} ({len(bad)} rows): their inputs are too large for the "
+                      "scale the model was trained at")
 
 
 class DeployedOnnxModel(PythonModel):
@@ -35,23 +105,29 @@ class DeployedOnnxModel(PythonModel):
         config = context.model_config
         self.features = [str(f) for f in config["features"]]
         self.task = str(config["task"])
+        self.classes = list(config.get("classes") or [])
         self.session = onnxruntime.InferenceSession(context.artifacts[GRAPH], providers=["CPUExecutionProvider"])
         self.input_name = self.session.get_inputs()[0].name
         self.outputs = [o.name for o in self.session.get_outputs()]
 
-    # no type hint on model_input: MLflow would take a DataFrame hint as "any" and stop enforcing the signature
-    def predict(self, context, model_input, params=None) -> pd.DataFrame:
-        frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
-        missing = [f for f in self.features if f not in frame.columns]
-        if missing:
-            raise ValueError(f"the input lacks the feature columns {missing}; the model takes {self.features}")
-        X = frame[self.features].to_numpy(dtype=np.float32)
+    # no type hint on model_input: MLflow would infer the signature from it instead of the one given
+    def predict(self, context, model_input, params=None):
+        X = feature_matrix(model_input, self.features)
+        output = (params or {}).get(OUTPUT_PARAM) or OUTPUTS[0]
         if self.task == "classification":
+            if output not in OUTPUTS:
+                raise invalid(f"params {OUTPUT_PARAM}={output!r}: one of {list(OUTPUTS)}")
             label, proba = self.session.run(["output_label", "output_probability"], {self.input_name: X})
-            return pd.DataFrame({"label": np.asarray(label).ravel(),
-                                 "probabilities": [row.astype(np.float64) for row in np.asarray(proba)]})
-        prediction = self.session.run([self.outputs[0]], {self.input_name: X})[0]
-        return pd.DataFrame({"prediction": np.asarray(prediction, dtype=np.float64).reshape(len(X), -1)[:, 0]})
+            proba = np.asarray(proba, dtype=np.float64).reshape(len(X), -1)
+            check_finite_outputs(proba)
+            labels = pd.Series(np.asarray(label).ravel(), name="label")
+            if output == "label":
+                return labels
+            return pd.concat([labels, pd.DataFrame(proba, columns=probability_columns(self.classes))], axis=1)
+        prediction = np.asarray(self.session.run([self.outputs[0]], {self.input_name: X})[0], dtype=np.float64)
+        prediction = prediction.reshape(len(X), -1)[:, 0]
+        check_finite_outputs(prediction)
+        return pd.DataFrame({"prediction": prediction})
 
 
 set_model(DeployedOnnxModel())

@@ -76,13 +76,19 @@ def close_sweep(tracking: Any, config: DictConfig, run_id: str, study: Any = Non
         if candidate is None:
             tags["ortflow.registered"] = "false (the best trial exported no model)"
         else:
-            version, decision = promotion.register(tracking, candidate)
-            tags.update({"ortflow.registered_model": candidate.name, "ortflow.registered_version": str(version)})
+            version, decision = promotion.register(tracking, candidate, sweep=True)
             if decision is not None:
                 tags.update(decision.tags())
-            print(f"ortflow: best trial {best.info.run_id} ({config.optimized_metric}="
-                  f"{summary['best_objective']:.6g}) registered as {candidate.name} version {version}"
-                  + (f": {decision.decision} ({decision.reason})" if decision is not None else ""))
+            best_line = (f"ortflow: best trial {best.info.run_id} ({config.optimized_metric}="
+                         f"{summary['best_objective']:.6g})")
+            if version is None:  # promotion.register=if_promoted and it does not beat the holder
+                tags["ortflow.registered"] = f"false (promotion.register={candidate.policy}" + (
+                    f": {decision.reason})" if decision is not None else ")")
+                print(f"{best_line} not registered: {tags['ortflow.registered']}")
+            else:
+                tags.update({"ortflow.registered_model": candidate.name, "ortflow.registered_version": version})
+                print(f"{best_line} registered as {candidate.name} version {version}"
+                      + (f": {decision.decision} ({decision.reason})" if decision is not None else ""))
     tr.set_tags(tracking, run_id, tags)
     tr.log_metrics(tracking, run_id, summary)
     client.set_terminated(run_id, "FINISHED" if finished or not children else "FAILED")
