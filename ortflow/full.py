@@ -33,8 +33,6 @@ ORT_CHECKPOINT = "ort_checkpoint"
 #: cases, docs/PERFORMANCE.md) with onnxruntime's artifacts for graphs holding an op outside ortflow's rules.
 AUTO_ON_TRAINING_BUILD = "ortflow"
 ARTIFACTS = ("training_model", "eval_model", "optimizer_model")
-#: learning-rate parameters that set the rate's value only (``set_learning_rate`` every epoch), never the graphs
-RATE_VALUE_PARAMS = ("eta0", "learning_rate", "power_t", "alpha")
 
 
 class OrtGradientOptimizer(BaseTrainer):
@@ -48,9 +46,9 @@ class OrtGradientOptimizer(BaseTrainer):
     build always ortflow's. After ``fit``, ``gradients_`` and ``backend_`` say what ran.
 
     ``learning_rate`` is shared with forward-backward training (see :mod:`ortflow.parameters`): a float or
-    ``'sgd'`` runs SGD, its rate set per epoch from the schedule; ``'adam'`` and ``'adamw'`` (or their objects) run
-    onnxruntime-training's AdamW (the same update in both graphs). Nesterov momentum needs forward-backward
-    training.
+    ``'sgd'`` runs SGD, its rate set per epoch from the schedule; any optimizer of :mod:`ortflow.learning_rates`
+    (``'nesterov'``, ``'adam'``, ``'adamw'``, ``'rmsprop'`` or an object) runs its one update rule in ortflow's step
+    graph. onnxruntime's artifacts (``gradients='onnxruntime'``) have SGD and AdamW only.
     """
 
     parameters = (MODEL, WEIGHTS, *FULL, *SHARED)
@@ -120,9 +118,8 @@ class OrtGradientOptimizer(BaseTrainer):
             loss_graph = g.relu_as_mask(loss_graph)
         # The same graph fitted again (a GridSearchCV's clones) reuses the artifacts generated the first time.
         # The key leaves out the parameters that only give the rate's value (set every epoch, not in the graphs).
-        baked = sorted((k, v) for k, v in rate.get_params().items() if k not in RATE_VALUE_PARAMS)
         key = TRAINING_ARTIFACTS.key(loss_graph.SerializeToString(), self.weights_to_train_, frozen,
-                                     type(rate).__name__, baked, resolve_device(self.device))
+                                     *rate.graph_key(), resolve_device(self.device))
         generated = TRAINING_ARTIFACTS.get(key)
         # The artifacts are read into memory and their folder removed at once: nothing is left in the temporary
         # directory, even when the process is killed later.

@@ -28,17 +28,16 @@ STATE_FILE = "step_state.npz"
 
 class StepGraphRuntime:
     """Runs :func:`~ortflow.autodiff.training_step` graphs of ``loss_graph`` (a scalar output ``loss_name``)
-    training ``weights`` with the update ``rate`` stands for (:meth:`BaseLearningRate.step_options`)."""
+    training ``weights`` with the optimizer ``rate`` (its update rule written into the step graph)."""
 
     def __init__(self, loss_graph: onnx.ModelProto, loss_name: str, weights: Sequence[str], rate: BaseLearningRate,
                  device: str, options: SessionOptions):
         self.device = device
         self.weights = list(weights)
-        update = rate.step_options()
-        self._build = dict(loss_model=loss_graph, weights=self.weights, loss_output=loss_name, **update)
+        self._build = dict(loss_model=loss_graph, weights=self.weights, loss_output=loss_name, optimizer=rate)
         self._options = options
         # what the graphs are built from, hashed once: the same graph fitted again reuses them and their sessions
-        self._key = STEP_GRAPHS.key(loss_graph.SerializeToString(), self.weights, loss_name, sorted(update.items()),
+        self._key = STEP_GRAPHS.key(loss_graph.SerializeToString(), self.weights, loss_name, rate.graph_key(),
                                     device, options.intra_op_num_threads)
         # the graph with a symbolic batch axis: what is saved, and the names every batch shape's graph shares
         self.step_model = self._cached(None)[0]
@@ -48,9 +47,10 @@ class StepGraphRuntime:
         scalars = (LEARNING_RATE, STEP)
         self.feed_names = [n for n in self.input_names if n not in self.state_names and n not in scalars]
         inits = g.get_initializers(loss_graph)
+        owners = {f"{w}_{slot}": w for w in self.weights for slot in rate.slots[1:]}  # state tensor -> its weight
         self._state = {}
         for name in self.state_names:
-            start = inits[name] if name in inits else np.zeros(inits[name[:-2]].shape, dtype=np.float32)
+            start = inits[name] if name in inits else np.zeros(inits[owners[name]].shape, dtype=np.float32)
             self._state[name] = [DeviceBuffer(start.shape, device, start), DeviceBuffer(start.shape, device)]
         self._scalars = {n: DeviceBuffer((), device) for n in scalars if n in self.input_names}
         self._loss = DeviceBuffer((), device)
@@ -157,7 +157,8 @@ class StepGraphRuntime:
             current[name].write(value)
 
     def get_state(self) -> dict[str, np.ndarray]:
-        """Weights, moments (``<weight>_m``, ``<weight>_v``) and ``step`` as numpy arrays."""
+        """Weights, the optimizer's state (``<weight>_<slot>``: Adam's ``<weight>_m``, ``<weight>_v``) and ``step``
+        as numpy arrays."""
         state = {name: buffer.read() for name, buffer in self.current().items()}
         state[STEP] = np.array(self.steps, dtype=np.int64)
         return state

@@ -1,8 +1,23 @@
-"""Learning rates: the weight update after each batch, as one ONNX graph over every trained weight.
+"""Optimizers (the classes keep onnxcustom's name, learning rates): each update rule is written once.
 
-The update graph reads the learning-rate scalars, then for each weight its gradient, its value and its state
-tensors (velocity, moments); it writes the new value and state, plus the penalty of the weights it read. At run
-time (:meth:`BaseLearningRate.start`) every weight and state tensor has two device buffers used in turn, and the
+A class declares ``slots`` (the state tensors of each weight, ``'weight'`` first) and writes its rule once, in
+:meth:`~BaseLearningRate._update` (and the step-wide scalars in :meth:`~BaseLearningRate._derived`), against a small
+arithmetic interface ``ops`` (``add``, ``sub``, ``mul``, ``div``, ``sqrt``, ``pow``, ``const``). Every face of the
+optimizer comes from that one definition:
+
+- forward-backward training's update graph (:meth:`BaseLearningRate.build_onnx_function`), ``ops`` writing ONNX
+  nodes (:class:`GraphOps`);
+- full training's step graph (:func:`ortflow.autodiff.training_step`), the same rule written into the step graph;
+- a ``torch.optim.Optimizer`` (:meth:`BaseLearningRate.torch_optimizer`), ``ops`` on torch tensors
+  (:class:`ArrayOps`); numpy arrays go through the same ops (:meth:`BaseLearningRate.reference_step`, the tests'
+  reference).
+
+The rule reads two scalars fed at every step: ``learning_rate`` (the schedule's value for the epoch,
+:meth:`~BaseLearningRate.value_at`) and ``step`` (the 1-based number of the update). onnxruntime-training's own
+optimizers (``gradients='onnxruntime'``) are onnxruntime's rules, not ours: :meth:`~BaseLearningRate.ort_optimizer`
+maps a class to the one onnxruntime has, where it has one.
+
+At run time (:meth:`BaseLearningRate.start`) every weight and state tensor has two device buffers used in turn, and the
 two IOBindings (read 0 / write 1, read 1 / write 0) are built once: a step binds nothing.
 """
 
@@ -32,6 +47,54 @@ from .validation import (
 )
 
 PENALTY_OUTPUT = "penalty"
+#: the settings that give the schedule's value only (fed at every epoch), never the graphs
+VALUE_PARAMS = ("eta0", "learning_rate", "power_t", "alpha")
+#: the scalars every update rule reads, fed at every step: the schedule's rate and the 1-based step number
+LEARNING_RATE = "learning_rate"
+STEP = "step"
+
+
+class GraphOps:
+    """The arithmetic of the update rules as ONNX nodes, written by a node writer's ``node(op, inputs)`` and
+    ``const(value)`` (:class:`~ortflow.onnx_builder.GraphBuilder`, or the step graph's emitter)."""
+
+    def __init__(self, node: Callable[..., str], const: Callable[[float], str]):
+        self._node, self.const = node, const
+
+    def add(self, a, b):
+        return self._node("Add", [a, b])
+
+    def sub(self, a, b):
+        return self._node("Sub", [a, b])
+
+    def mul(self, a, b):
+        return self._node("Mul", [a, b])
+
+    def div(self, a, b):
+        return self._node("Div", [a, b])
+
+    def sqrt(self, a):
+        return self._node("Sqrt", [a])
+
+    def pow(self, a, b):
+        return self._node("Pow", [a, b])
+
+
+class ArrayOps:
+    """The same arithmetic on numpy arrays, torch tensors and Python floats (the torch optimizer, the references)."""
+
+    add, sub, mul, div, pow = (staticmethod(f) for f in (
+        lambda a, b: a + b, lambda a, b: a - b, lambda a, b: a * b, lambda a, b: a / b, lambda a, b: a ** b))
+
+    @staticmethod
+    def sqrt(a):
+        if hasattr(a, "sqrt"):  # a torch tensor
+            return a.sqrt()
+        return math.sqrt(a) if isinstance(a, float) else np.sqrt(a)
+
+    @staticmethod
+    def const(value: float) -> float:
+        return float(value)
 
 
 def grad_name(weight: str) -> str:
@@ -43,30 +106,61 @@ def slot_name(slot: str, weight: str, new: bool = False) -> str:
 
 
 class BaseLearningRate(Registered, BaseEstimator):
-    """A weight update. Subclasses declare ``slots`` (state tensors per weight, ``'weight'`` first) and
-    ``scalars`` (names of scalar inputs), and implement :meth:`_update`, :meth:`_scalar_values`, :meth:`value_at`."""
+    """An optimizer: a schedule (:meth:`value_at`) and an update rule written once (:meth:`_derived`,
+    :meth:`_update`; see the module's docstring). Subclasses declare ``slots`` (state tensors per weight,
+    ``'weight'`` first)."""
 
     kind = "learning_rate"
     slots: ClassVar[tuple[str, ...]] = ("weight",)
-    scalars: ClassVar[tuple[str, ...]] = ("learning_rate",)
-    #: whether the scalars change at every step (else only with the learning rate)
+    #: the scalars fed at every step (the update graph's and the step graph's scalar inputs)
+    scalars: ClassVar[tuple[str, ...]] = (LEARNING_RATE, STEP)
+    #: whether the rule reads ``step`` (else the scalars change only with the learning rate)
     per_step_scalars: ClassVar[bool] = False
+    #: the update is ``w - learning_rate * grad``: full training may seed its backward pass with the rate
+    plain_step: ClassVar[bool] = False
 
     # --- definition ---
     def value_at(self, samples_seen: int) -> float:
         """The learning rate of the epoch starting after ``samples_seen`` samples."""
         raise NotImplementedError
 
-    def _scalar_values(self, learning_rate: float) -> list[float]:
-        """Values of ``scalars`` for the coming step (``step_`` is its 1-based number)."""
-        return [learning_rate]
+    def _derived(self, ops, learning_rate, step) -> dict:
+        """Values the rule computes once per step from the scalars, for every weight (default: the rate itself)."""
+        return {LEARNING_RATE: learning_rate}
 
-    def _update(self, b: GraphBuilder, grad: str, state: dict[str, str], scalars: dict[str, str]) -> dict[str, str]:
-        """Names of the new ``slots`` given the gradient (penalty included), the current ones and the scalars."""
+    def _update(self, ops, weight, grad, state: dict, derived: dict) -> dict:
+        """The new value of every slot (``'weight'`` included) from the weight, its gradient (penalty included),
+        its state (slot -> value, ``'weight'`` excluded) and :meth:`_derived`'s values: the one definition of the
+        rule, in ``ops``' arithmetic."""
         raise NotImplementedError
 
     def _initial_slot(self, slot: str, weight: np.ndarray) -> np.ndarray:
         return np.zeros_like(weight, dtype=np.float32)
+
+    def write_update(self, ops, weights: Mapping[str, tuple], learning_rate, step) -> dict[str, dict]:
+        """The rule applied to ``weights`` (name -> (value, gradient, state)) in ``ops``: name -> new slots."""
+        derived = self._derived(ops, learning_rate, step)
+        return {name: self._update(ops, value, grad, state, derived) for name, (value, grad, state) in weights.items()}
+
+    def reference_step(self, weights: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray],
+                       state: Mapping[str, np.ndarray], learning_rate: float, step: int) -> dict[str, np.ndarray]:
+        """One update in numpy (float64), the rule's reference: ``state`` maps ``'<slot>:<weight>'`` to its value
+        (zeros when absent); returns the new weights and state with the same keys."""
+        given = {name: (np.asarray(w, np.float64), np.asarray(grads[name], np.float64),
+                        {slot: np.asarray(state.get(slot_name(slot, name), np.zeros(np.shape(w))), np.float64)
+                         for slot in self.slots[1:]}) for name, w in weights.items()}
+        new = self.write_update(ArrayOps, given, float(learning_rate), float(step))
+        out = {name: slots["weight"] for name, slots in new.items()}
+        out.update({slot_name(slot, name): slots[slot] for name, slots in new.items() for slot in self.slots[1:]})
+        return out
+
+    def torch_optimizer(self, params, learning_rate: float | None = None):
+        """A ``torch.optim.Optimizer`` over ``params`` running this rule (:class:`ortflow.torch.RuleOptimizer`);
+        its ``lr`` starts at ``learning_rate`` (default: the schedule's first value) and torch's LR schedulers
+        may change it."""
+        from .torch import RuleOptimizer
+
+        return RuleOptimizer(params, self, self.value_at(0) if learning_rate is None else learning_rate)
 
     def check(self) -> None:
         """Raise ValueError on an invalid hyper-parameter."""
@@ -76,16 +170,16 @@ class BaseLearningRate(Registered, BaseEstimator):
         ``onnxblock`` optimizer block); the learning rate itself is set per epoch from :meth:`value_at`."""
         raise self._not_in_full_training()
 
-    def step_options(self) -> dict[str, Any]:
-        """The arguments of :func:`ortflow.autodiff.training_step` running this update in full training on
-        ortflow's own graph (``optimizer`` and its hyper-parameters); the rate itself is fed per epoch."""
-        raise self._not_in_full_training()
+    def graph_key(self) -> tuple:
+        """What of this optimizer its graphs are built from (its class and the settings written into them), not
+        the ones that only give the rate's value, fed at every epoch: graphs built for one key serve the other
+        values (a GridSearchCV over ``eta0`` reuses them)."""
+        return (type(self).__name__, sorted((k, v) for k, v in self.get_params().items() if k not in VALUE_PARAMS))
 
     def _not_in_full_training(self) -> ValueError:
         return ValueError(
-            f"learning_rate={self!r}: full training (OrtGradientOptimizer) has no such optimizer; use "
-            "forward-backward training (OrtGradientForwardBackwardOptimizer), which runs any learning rate as "
-            "an ONNX graph"
+            f"learning_rate={self!r}: onnxruntime-training's artifacts (gradients='onnxruntime') have no such "
+            "optimizer; use ortflow's own graphs (gradients='ortflow'), which run every optimizer"
         )
 
     # --- a schedule that can be stepped outside a fit (onnxcustom's interface) ---
@@ -119,7 +213,7 @@ class BaseLearningRate(Registered, BaseEstimator):
         penalized = {w for w in shapes if penalty.penalizes(w)} if penalized is None else set(penalized)
         b = GraphBuilder(prefix="update")
         scalars = {name: b.input(name, []) for name in self.scalars}
-        values, updates = [], []
+        values, given = [], {}
         for weight, shape in shapes.items():
             grad = b.input(grad_name(weight), shape)
             state = {slot: b.input(slot_name(slot, weight), shape) for slot in self.slots}
@@ -128,12 +222,13 @@ class BaseLearningRate(Registered, BaseEstimator):
                 if value is not None:
                     values.append(value)
                 grad = penalty.add_gradient(b, state["weight"], grad)
-            updates.append((weight, shape, self._update(b, grad, state, scalars)))
+            given[weight] = (state["weight"], grad, {k: v for k, v in state.items() if k != "weight"})
+        updates = self.write_update(GraphOps(b.node, b.const), given, scalars[LEARNING_RATE], scalars[STEP])
         if values:
             b.output(b.add_all(values), PENALTY_OUTPUT, [])
-        for weight, shape, new in updates:
+        for weight, shape in shapes.items():
             for slot in self.slots:
-                b.output(new[slot], slot_name(slot, weight, new=True), shape)
+                b.output(updates[weight][slot], slot_name(slot, weight, new=True), shape)
         return b.model(opset, name=type(self).__name__)
 
     # --- runtime ---
@@ -215,7 +310,7 @@ class BaseLearningRate(Registered, BaseEstimator):
         return step
 
     def _write_scalars(self, learning_rate: float) -> None:
-        values = self._scalar_values(learning_rate)
+        values = [float(learning_rate), float(self.step_)]
         if values != self._scalars:
             for buffer, value in zip(self.scalar_buffers_, values):
                 buffer.write(value)
@@ -272,9 +367,11 @@ def _check_schedule(rate: BaseLearningRate) -> None:
 class LearningRateSGD(BaseLearningRate):
     """``w -= lr * grad``, ``lr`` following scikit-learn's schedules per epoch (see
     :func:`ortflow.schedules.learning_rate_at`): ``'constant'`` (``eta0``), ``'invscaling'``
-    (``eta0 / (samples_seen + 1) ** power_t``), ``'optimal'`` (``1 / (alpha * (t0 + samples_seen))``)."""
+    (``eta0 / (samples_seen + 1) ** power_t``), ``'optimal'`` (``1 / (alpha * (t0 + samples_seen))``).
+    ``learning_rate`` names the schedule: onnxcustom's spelling, kept."""
 
     names = ("sgd", "SGD")
+    plain_step = True
 
     def __init__(self, eta0: float = 0.01, alpha: float = 0.0001, power_t: float = 0.25,
                  learning_rate: str = "invscaling"):
@@ -292,20 +389,18 @@ class LearningRateSGD(BaseLearningRate):
     def ort_optimizer(self):
         return artifacts.OptimType.SGD
 
-    def step_options(self) -> dict[str, Any]:
-        return {"optimizer": "sgd"}
-
-    def _update(self, b, grad, state, scalars):
-        return {"weight": b.node("Sub", [state["weight"], b.node("Mul", [grad, scalars["learning_rate"]])])}
+    def _update(self, ops, weight, grad, state, derived):
+        return {"weight": ops.sub(weight, ops.mul(grad, derived[LEARNING_RATE]))}
 
 
 class LearningRateSGDNesterov(LearningRateSGD):
     """scikit-learn MLP's ``SGDOptimizer``: ``v = momentum * v - lr * grad``, then ``w += momentum * v - lr * grad``
     (``nesterov=True``) or ``w += v``; ``lr`` follows the same schedules as :class:`LearningRateSGD`.
-    Forward-backward training only: onnxruntime's training API has no momentum optimizer."""
+    onnxruntime-training's artifacts have no momentum optimizer: ortflow's own graphs run it."""
 
     names = ("nesterov", "SGDNesterov")
     slots = ("weight", "velocity")
+    plain_step = False
 
     def __init__(self, eta0: float = 0.01, alpha: float = 0.0001, power_t: float = 0.25,
                  learning_rate: str = "invscaling", momentum: float = 0.9, nesterov: bool = True):
@@ -321,22 +416,21 @@ class LearningRateSGDNesterov(LearningRateSGD):
     def ort_optimizer(self):
         return BaseLearningRate.ort_optimizer(self)
 
-    def step_options(self) -> dict[str, Any]:
-        return BaseLearningRate.step_options(self)
-
-    def _update(self, b, grad, state, scalars):
-        step = b.node("Mul", [grad, scalars["learning_rate"]])
-        momentum = b.const(self.momentum)
-        velocity = b.node("Sub", [b.node("Mul", [state["velocity"], momentum]), step])
-        update = b.node("Sub", [b.node("Mul", [velocity, momentum]), step]) if self.nesterov else velocity
-        return {"weight": b.node("Add", [state["weight"], update]), "velocity": velocity}
+    def _update(self, ops, weight, grad, state, derived):
+        step = ops.mul(grad, derived[LEARNING_RATE])
+        momentum = ops.const(float(self.momentum))
+        velocity = ops.sub(ops.mul(state["velocity"], momentum), step)
+        update = ops.sub(ops.mul(velocity, momentum), step) if self.nesterov else velocity
+        return {"weight": ops.add(weight, update), "velocity": velocity}
 
 
 class LearningRateAdam(BaseLearningRate):
     """scikit-learn MLP's ``AdamOptimizer``: at step ``t``, ``m = beta1 * m + (1 - beta1) * grad``,
     ``v = beta2 * v + (1 - beta2) * grad ** 2``, ``w -= lr_t * m / (sqrt(v) + epsilon)`` with
-    ``lr_t = eta0 * sqrt(1 - beta2 ** t) / (1 - beta1 ** t)``. Full training runs onnxruntime's AdamW without
-    decay, where epsilon enters after the bias correction of ``v``: the two trainers differ by that much."""
+    ``lr_t = lr * sqrt(1 - beta2 ** t) / (1 - beta1 ** t)``, ``lr`` the rate fed (the trainers feed ``eta0``, its
+    schedule being constant; a torch LR scheduler may change it). onnxruntime-training's artifacts
+    (``gradients='onnxruntime'``) run onnxruntime's AdamW instead, where epsilon is added after the bias correction
+    of ``sqrt(v)``: with the default epsilon the two differ by less than float32 rounding on most steps."""
 
     names = ("adam", "Adam")
     slots = ("weight", "m", "v")
@@ -362,29 +456,29 @@ class LearningRateAdam(BaseLearningRate):
         return onnxblock.optim.AdamW(betas=(float(self.beta1), float(self.beta2)), eps=float(self.epsilon),
                                      weight_decay=float(getattr(self, "weight_decay", 0.0)))
 
-    def step_options(self) -> dict[str, Any]:
-        decay = float(getattr(self, "weight_decay", 0.0))
-        options = {"optimizer": "adamw" if decay else "adam", "betas": (float(self.beta1), float(self.beta2)),
-                   "epsilon": float(self.epsilon)}
-        return {**options, "weight_decay": decay} if decay else options
+    def _derived(self, ops, learning_rate, step):
+        one = ops.const(1.0)
+        bias1 = ops.sub(one, ops.pow(ops.const(float(self.beta1)), step))
+        bias2 = ops.sub(one, ops.pow(ops.const(float(self.beta2)), step))
+        return {LEARNING_RATE: learning_rate,
+                "step_size": ops.div(ops.mul(learning_rate, ops.sqrt(bias2)), bias1)}
 
-    def _scalar_values(self, learning_rate: float) -> list[float]:
-        t = self.step_
-        return [float(self.eta0) * math.sqrt(1.0 - self.beta2**t) / (1.0 - self.beta1**t)]
-
-    def _update(self, b, grad, state, scalars):
+    def _update(self, ops, weight, grad, state, derived):
         beta1, beta2 = float(self.beta1), float(self.beta2)
-        m = b.node("Add", [b.node("Mul", [state["m"], b.const(beta1)]), b.node("Mul", [grad, b.const(1 - beta1)])])
-        square = b.node("Mul", [grad, grad])
-        v = b.node("Add", [b.node("Mul", [state["v"], b.const(beta2)]), b.node("Mul", [square, b.const(1 - beta2)])])
-        denominator = b.node("Add", [b.node("Sqrt", [v]), b.const(self.epsilon)])
-        step = b.node("Mul", [b.node("Div", [m, denominator]), scalars["learning_rate"]])
-        return {"weight": b.node("Sub", [state["weight"], step]), "m": m, "v": v}
+        m = ops.add(ops.mul(state["m"], ops.const(beta1)), ops.mul(grad, ops.const(1.0 - beta1)))
+        v = ops.add(ops.mul(state["v"], ops.const(beta2)), ops.mul(ops.mul(grad, grad), ops.const(1.0 - beta2)))
+        denominator = ops.add(ops.sqrt(v), ops.const(float(self.epsilon)))
+        moved = ops.sub(weight, ops.mul(derived["step_size"], ops.div(m, denominator)))
+        return {"weight": self._decayed(ops, moved, derived), "m": m, "v": v}
+
+    def _decayed(self, ops, moved, derived):
+        return moved
 
 
 class LearningRateAdamW(LearningRateAdam):
-    """Adam with decoupled weight decay (Loshchilov & Hutter): each step first shrinks the weights,
-    ``w -= eta0 * weight_decay * w``, then applies :class:`LearningRateAdam`'s update."""
+    """Adam with decoupled weight decay (Loshchilov & Hutter): after :class:`LearningRateAdam`'s step ``w'``,
+    ``w = w' - lr * weight_decay * w'`` (onnxruntime-training's AdamW in its default mode, so that both of full
+    training's graphs, ortflow's and onnxruntime's, agree)."""
 
     names = ("adamw", "AdamW")
 
@@ -397,7 +491,7 @@ class LearningRateAdamW(LearningRateAdam):
         super().check()
         check_non_negative("weight_decay", self.weight_decay)
 
-    def _update(self, b, grad, state, scalars):
-        shrink = b.const(1.0 - float(self.eta0) * float(self.weight_decay))
-        decayed = dict(state, weight=b.node("Mul", [state["weight"], shrink]))
-        return super()._update(b, grad, decayed, scalars)
+    def _decayed(self, ops, moved, derived):
+        decay = ops.mul(derived[LEARNING_RATE], ops.const(float(self.weight_decay)))
+        return ops.sub(moved, ops.mul(moved, decay))
+

@@ -45,7 +45,7 @@ from .validation import check_weights_to_train
 
 _C = ort.capi._pybind_state
 
-__all__ = ["OnnxModule", "parameter_name"]
+__all__ = ["OnnxModule", "RuleOptimizer", "parameter_name"]
 
 _TORCH_DTYPES = {
     onnx.TensorProto.FLOAT: torch.float32,
@@ -492,3 +492,44 @@ class OnnxModule(nn.Module):
         state = dict(state)
         state["onnx_model_"] = onnx.load_from_string(state["onnx_model_"])
         super().__setstate__(state)
+
+
+class RuleOptimizer(torch.optim.Optimizer):
+    """A torch optimizer running an ortflow optimizer's update rule (:mod:`ortflow.learning_rates`: the rule written
+    once, here on torch tensors), so a torch loop trains exactly as ortflow's trainers do. Build it with
+    ``rate.torch_optimizer(params)``. ``lr`` (per parameter group) is the rule's ``learning_rate``: torch's LR
+    schedulers change it; ``state[p]`` holds the rule's slots and the step count."""
+
+    def __init__(self, params, rate, lr: float):
+        rate.check()
+        self.rate = rate
+        super().__init__(params, {"lr": float(lr)})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        from .learning_rates import ArrayOps
+
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        slots = self.rate.slots[1:]
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            for p in params:
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state.update({slot: torch.zeros_like(p) for slot in slots})
+                state["step"] += 1
+            # one step number per group: its parameters start together
+            step = float(self.state[params[0]]["step"])
+            given = {i: (p, p.grad, {slot: self.state[p][slot] for slot in slots}) for i, p in enumerate(params)}
+            new = self.rate.write_update(ArrayOps, given, float(group["lr"]), step)
+            for i, p in enumerate(params):
+                p.copy_(new[i]["weight"])
+                for slot in slots:
+                    self.state[p][slot] = new[i][slot]
+        return loss

@@ -5,7 +5,7 @@ defaults, so a value of the wrong type, an unknown key or a choice outside an en
 error naming the key (``full_key: trainer.max_iter``). The choices of losses, penalties and optimizers are the
 names of ortflow's registry (:mod:`ortflow.registry`), so a loss added to the core is a valid ``loss.name``;
 :func:`validate` checks them (listing the registry takes seconds of imports, composing does not wait). Rules
-that involve several groups (a classifier with a regression loss, Nesterov with the full trainer, ...) are checked
+that involve several groups (a classifier with a regression loss, ...) are checked
 by :func:`validate` once, when a launch starts.
 """
 
@@ -345,11 +345,6 @@ def validate(cfg: DictConfig) -> None:
         fitting = [n for n in names("loss") if select("loss", n).task == data_task.value]
         raise ConfigError(f"loss={_value(cfg.loss.name)} does not fit data.task={data_task.value}: use "
                           + " or ".join(f"loss={n}" for n in fitting))
-    if _value(cfg.trainer.name) == "full":
-        try:
-            learning_rate(cfg).step_options()
-        except ValueError as exc:
-            raise ConfigError(f"trainer.optimizer={_value(cfg.trainer.optimizer)} needs trainer=fwbw: {exc}") from exc
     for key in ("data.test_size", "data.validation_fraction"):
         value = OmegaConf.select(cfg, key)
         if not 0.0 <= value < 1.0:

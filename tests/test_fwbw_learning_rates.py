@@ -78,7 +78,7 @@ def test_adam_steps_equal_numpy():
         grads = _grads(step)
         for k, g in grads.items():
             rate.grads_[k].write(g)
-        rate.step(123.0)  # Adam ignores the epoch rate: its rate is eta0 with bias corrections
+        rate.step(rate.value_at(step))  # eta0, bias-corrected in the update
         ref.step(weights, grads, None)
         got = rate.get_weights()
         for k in weights:

@@ -94,10 +94,9 @@ def test_unknown_key_and_unknown_choice_fail(compose_pipeline):
 @pytest.mark.parametrize("overrides,words", [
     (["model=logistic"], ["model=logistic", "data"]),
     (["data=breast_cancer", "model=mlp_classifier"], ["loss=square", "loss=log"]),
-    (["trainer.optimizer=nesterov"], ["trainer.optimizer=nesterov", "trainer=fwbw"]),
     (["data.test_size=1.5"], ["data.test_size"]),
     # registry names are checked here, not at composition (listing the registry imports scikit-learn)
-    (["trainer.optimizer=rmsprop"], ["trainer.optimizer='rmsprop'", "'nesterov'"]),
+    (["trainer.optimizer=lbfgs"], ["trainer.optimizer='lbfgs'", "'nesterov'"]),
     (["loss=square", "loss.name=hinge"], ["loss.name='hinge'", "'absolute'"]),
     (["data=file"], ["data.path", "data.target"]),
 ])

@@ -8,7 +8,6 @@
 from .builder import Gradients, build_gradients
 from .derivative import onnx_derivative
 from .rules import NO_GRADIENT, RULES
-from .training import TrainingStepRunner, training_step
+from .training import training_step
 
-__all__ = ["NO_GRADIENT", "RULES", "Gradients", "TrainingStepRunner", "build_gradients", "onnx_derivative",
-           "training_step"]
+__all__ = ["NO_GRADIENT", "RULES", "Gradients", "build_gradients", "onnx_derivative", "training_step"]

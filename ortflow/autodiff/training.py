@@ -1,30 +1,27 @@
-"""One standard-ONNX graph per training step: loss, gradients and the SGD or Adam update, run by a plain
-onnxruntime."""
+"""One standard-ONNX graph per training step: loss, gradients and the optimizer's update (its rule written once in
+:mod:`ortflow.learning_rates`), run by a plain onnxruntime."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .._ort import InferenceSession, OrtValue, SessionOptions
 from ..graph import ModelLike, all_names, load_model
+from ..learning_rates import LEARNING_RATE, STEP, BaseLearningRate, GraphOps
+from ..registry import family, names
 from .builder import build_gradients, refuse_unreached
 from .derivative import assemble, pick_output, pick_weights, value_info
 from .emitter import Emitter, ValueInfo
 
-LEARNING_RATE = "learning_rate"
-STEP = "step"
-OPTIMIZERS = ("sgd", "adam", "adamw")
 UPDATED = "_updated"
 
 
 def training_step(
     loss_model: ModelLike,
     weights: Sequence[str] | None = None,
-    optimizer: str = "sgd",
+    optimizer: str | BaseLearningRate = "sgd",
     loss_output: str | None = None,
     betas: tuple[float, float] = (0.9, 0.999),
     epsilon: float = 1e-8,
@@ -33,27 +30,25 @@ def training_step(
 ) -> onnx.ModelProto:
     """The graph of one optimizer step on ``loss_model`` (a scalar loss, e.g. from :func:`ortflow.add_loss_output`).
 
-    Inputs: the model's inputs, the trained ``weights`` (default: every float initializer), for Adam the moments
-    ``<weight>_m`` and ``<weight>_v`` of each weight, then ``learning_rate`` and, for Adam, ``step`` (float
-    scalars; ``step`` counts updates from 1). Outputs: the loss (at the weights fed in), then ``<name>_updated``
-    for each weight and moment, in input order.
+    ``optimizer`` is an optimizer of :mod:`ortflow.learning_rates` (an instance, or a registry name: ``'sgd'``,
+    ``'nesterov'``, ``'adam'``, ``'adamw'``, ``'rmsprop'``; a name takes ``betas``, ``epsilon`` and
+    ``weight_decay`` where its class has them). Its update rule, the same one forward-backward training runs, is
+    written into the graph.
 
-    - ``'sgd'``: ``w - learning_rate * g``.
-    - ``'adam'`` / ``'adamw'``: onnxruntime-training's AdamW in its default (Hugging Face) mode:
-      ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g**2``,
-      ``w -= learning_rate * sqrt(1 - b2**step) / (1 - b1**step) * m / (sqrt(v) + epsilon)``, then for
-      ``'adamw'`` ``w -= learning_rate * weight_decay * w`` (``'adam'`` has no decay). The defaults are those of
-      :class:`ortflow.LearningRateAdam`, which full training hands to onnxruntime.
+    Inputs: the model's inputs, the trained ``weights`` (default: every float initializer), the optimizer's state
+    ``<weight>_<slot>`` of each weight (Adam's ``<weight>_m`` and ``<weight>_v``), then ``learning_rate`` and, for
+    the rules that read it, ``step`` (float scalars; ``step`` counts updates from 1). Outputs: the loss (at the
+    weights fed in), then ``<name>_updated`` for each weight and state tensor, in input order.
+
+    SGD (``w - learning_rate * g``) seeds the backward pass with the learning rate when the loss is float: the
+    gradients come out already scaled and each update is one ``Sub``, or folded into the ``Gemm`` that computes it.
 
     ``loss_output`` defaults to the first output. Every input's first axis, when not fixed, is declared as one
     symbol ``batch``: a training batch slices all inputs by rows, and knowing it lets the gradient sum broadcast
     axes without run-time checks. With ``batch_rows`` that axis is fixed to this many rows: a graph for one batch
     shape, whose shape computations (counts, broadcast shapes) are constants.
     """
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer={optimizer!r} is not supported by training_step; choose one of {OPTIMIZERS}")
-    if optimizer != "adamw" and weight_decay:
-        raise ValueError(f"weight_decay={weight_decay} applies to optimizer='adamw' only, not {optimizer!r}")
+    rate = _optimizer(optimizer, betas, epsilon, weight_decay)
     model = _one_batch_axis(load_model(loss_model), batch_rows)
     weights = pick_weights(model, weights)
     if not weights:
@@ -65,34 +60,72 @@ def training_step(
     declared = {v.name: v for v in model.graph.output}[loss].type.tensor_type
     if declared.HasField("shape") and declared.shape.dim:
         raise ValueError(f"loss output {loss!r} has rank {len(declared.shape.dim)}; training_step needs a scalar loss")
-    moments = [f"{w}_{k}" for w in weights for k in "mv"] if optimizer != "sgd" else []
+    slots = {w: {slot: f"{w}_{slot}" for slot in rate.slots[1:]} for w in weights}
+    moments = [name for w in weights for name in slots[w].values()]
     state = weights + moments
-    scalars = [LEARNING_RATE] + ([STEP] if moments else [])
+    scalars = [LEARNING_RATE] + ([STEP] if rate.per_step_scalars else [])
     new_names = {*scalars, *moments, *(s + UPDATED for s in state)}
     clash = sorted(new_names & all_names(model))
     if clash:
         raise ValueError(f"training_step adds the names {clash}, which already exist in the graph; rename them")
-    # SGD seeds the backward pass with the (float) learning rate when the loss is float too: the gradients come out
-    # already scaled and each update is one Sub (one Mul per weight fewer)
-    scaled = optimizer == "sgd" and declared.elem_type == TensorProto.FLOAT
+    # plain SGD seeds the backward pass with the (float) learning rate when the loss is float too: the gradients
+    # come out already scaled and each update is one Sub (one Mul per weight fewer)
+    scaled = rate.plain_step and declared.elem_type == TensorProto.FLOAT
     gradients = build_gradients(model, weights, loss, seed=LEARNING_RATE if scaled else None, taken=new_names)
     refuse_unreached(model, [w for w in weights if gradients.grads[w] is None], loss)
     e = gradients.emitter
     grads = dict(gradients.grads)
-    for name in scalars + moments:
-        e.info[name] = ValueInfo(TensorProto.FLOAT, [] if name in scalars else e.info[name[:-2]].shape)
+    for name in scalars:
+        e.info[name] = ValueInfo(TensorProto.FLOAT, [])
+    for w in weights:
+        for name in slots[w].values():
+            e.info[name] = ValueInfo(TensorProto.FLOAT, e.info[w].shape)
     if scaled:
         for w in weights:
             if not _update_in_gemm(e, w, grads[w]):
                 e.op_named("Sub", [w, grads[w]], w + UPDATED)
-    elif optimizer == "sgd":  # a loss of another type (e.g. double over float weights): scaled at the end
-        for w in weights:
-            e.op_named("Sub", [w, e.op("Mul", [grads[w], LEARNING_RATE])], w + UPDATED)
     else:
-        _adam(e, weights, grads, betas, epsilon, weight_decay)
+        ops = GraphOps(e.op, lambda value: e.const(value, dtype=TensorProto.FLOAT))
+        given = {w: (w, grads[w], slots[w]) for w in weights}
+        new = rate.write_update(ops, given, LEARNING_RATE, STEP if STEP in scalars else None)
+        for w in weights:
+            _name_output(e, new[w]["weight"], w + UPDATED)
+            for slot, name in slots[w].items():
+                _name_output(e, new[w][slot], name + UPDATED)
     outputs = [value_info(s + UPDATED, e.info[s]) for s in state]
     inputs = [value_info(m, e.info[m]) for m in moments] + [value_info(s, e.info[s]) for s in scalars]
     return assemble(model, gradients, {}, [loss], inputs, weights, outputs)
+
+
+def _optimizer(optimizer: str | BaseLearningRate, betas, epsilon: float, weight_decay: float) -> BaseLearningRate:
+    """The optimizer object ``training_step`` writes: an instance as given, a name with the settings its class has."""
+    if isinstance(optimizer, BaseLearningRate):
+        return optimizer
+    classes = family("learning_rate")
+    if optimizer not in classes:
+        raise ValueError(f"optimizer={optimizer!r} is not supported by training_step; choose an optimizer instance "
+                         f"or one of {names('learning_rate')}")
+    accepted = classes[optimizer]._get_param_names()
+    if weight_decay and "weight_decay" not in accepted:
+        raise ValueError(f"weight_decay={weight_decay} applies to optimizer='adamw' only, not {optimizer!r}")
+    given = {"beta1": float(betas[0]), "beta2": float(betas[1]), "epsilon": float(epsilon),
+             "weight_decay": float(weight_decay)}
+    return classes[optimizer](**{k: v for k, v in given.items() if k in accepted})
+
+
+def _name_output(e: Emitter, value: str, name: str) -> None:
+    """Make the node writing ``value`` write ``name`` instead (and its readers read it), or copy it to ``name``
+    when no node of the step writes it (an input passed through)."""
+    producer = next((node for node in reversed(e.nodes) if value in node.output), None)
+    if producer is None:
+        e.op_named("Identity", [value], name)
+        return
+    producer.output[list(producer.output).index(value)] = name
+    for node in e.nodes:
+        for i, used in enumerate(node.input):
+            if used == value:
+                node.input[i] = name
+    e.info[name] = e.info.get(value, ValueInfo(TensorProto.FLOAT))
 
 
 def _update_in_gemm(e: Emitter, weight: str, grad: str) -> bool:
@@ -116,28 +149,6 @@ def _init_type(model: onnx.ModelProto, name: str) -> int:
     return next(i.data_type for i in model.graph.initializer if i.name == name)
 
 
-def _adam(e: Emitter, weights: list, grads: dict, betas: tuple, epsilon: float, weight_decay: float) -> None:
-    b1, b2 = (float(b) for b in betas)
-    one = e.const(1.0, dtype=TensorProto.FLOAT)
-    bias1 = e.op("Sub", [one, e.op("Pow", [e.const(b1, dtype=TensorProto.FLOAT), STEP])])
-    bias2 = e.op("Sub", [one, e.op("Pow", [e.const(b2, dtype=TensorProto.FLOAT), STEP])])
-    step_size = e.op("Div", [e.op("Mul", [LEARNING_RATE, e.op("Sqrt", [bias2])]), bias1])
-    c = {name: e.const(value, dtype=TensorProto.FLOAT)
-         for name, value in (("b1", b1), ("1-b1", 1 - b1), ("b2", b2), ("1-b2", 1 - b2), ("eps", epsilon))}
-    for w in weights:
-        g, m, v = grads[w], f"{w}_m", f"{w}_v"
-        m_new = e.op_named("Add", [e.op("Mul", [m, c["b1"]]), e.op("Mul", [g, c["1-b1"]])], m + UPDATED)
-        v_new = e.op_named("Add", [e.op("Mul", [v, c["b2"]]), e.op("Mul", [e.op("Mul", [g, g]), c["1-b2"]])],
-                           v + UPDATED)
-        denominator = e.op("Add", [e.op("Sqrt", [v_new]), c["eps"]])
-        moved = e.op("Sub", [w, e.op("Mul", [step_size, e.op("Div", [m_new, denominator])])])
-        if weight_decay:
-            decay = e.op("Mul", [LEARNING_RATE, e.const(float(weight_decay), dtype=TensorProto.FLOAT)])
-            e.op_named("Sub", [moved, e.op("Mul", [moved, decay])], w + UPDATED)
-        else:
-            e.op_named("Identity", [moved], w + UPDATED)
-
-
 def _one_batch_axis(model: onnx.ModelProto, rows: int | None = None) -> onnx.ModelProto:
     new = onnx.ModelProto()
     new.CopyFrom(model)
@@ -154,66 +165,4 @@ def _one_batch_axis(model: onnx.ModelProto, rows: int | None = None) -> onnx.Mod
     return new
 
 
-class TrainingStepRunner:
-    """Runs a :func:`training_step` graph batch after batch. The state (weights, moments) lives in two sets of
-    OrtValues bound alternately as inputs and outputs (two IO bindings): only the batch inputs are rebound, nothing
-    else is copied. ``weights`` are the initial weights (name -> float32 array); moments start at zero."""
-
-    def __init__(self, step_model: onnx.ModelProto, weights: dict, session_options: SessionOptions | None = None):
-        options = session_options or SessionOptions()
-        self.session = InferenceSession(step_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        inputs = {i.name: i for i in step_model.graph.input}
-        self.state_names = [o.name[: -len(UPDATED)] for o in step_model.graph.output[1:]]
-        self.feed_names = [n for n in inputs if n not in self.state_names and n not in (LEARNING_RATE, STEP)]
-        start = {}
-        for name in self.state_names:
-            if name in weights:
-                start[name] = np.array(weights[name], dtype=np.float32)
-            else:
-                dims = [d.dim_value for d in inputs[name].type.tensor_type.shape.dim]
-                start[name] = np.zeros(dims, dtype=np.float32)
-        self._arrays = [{n: a.copy() for n, a in start.items()} for _ in range(2)]
-        values = [{n: OrtValue.ortvalue_from_numpy(a[n]) for n in self.state_names} for a in self._arrays]
-        self._loss = np.zeros((), dtype=np.float32)
-        self._scalars = {n: np.zeros((), dtype=np.float32) for n in (LEARNING_RATE, STEP) if n in inputs}
-        loss_value = OrtValue.ortvalue_from_numpy(self._loss)
-        scalar_values = {n: OrtValue.ortvalue_from_numpy(a) for n, a in self._scalars.items()}
-        self._bindings = []
-        for src, dst in ((0, 1), (1, 0)):
-            binding = self.session.io_binding()
-            for name in self.state_names:
-                binding.bind_ortvalue_input(name, values[src][name])
-                binding.bind_ortvalue_output(name + UPDATED, values[dst][name])
-            for name, value in scalar_values.items():
-                binding.bind_ortvalue_input(name, value)
-            binding.bind_ortvalue_output(step_model.graph.output[0].name, loss_value)
-            self._bindings.append(binding)
-        self._values = values  # the bindings hold the C objects only
-        self._current = 0
-        self.steps = 0
-
-    def step(self, feeds: Sequence[np.ndarray], learning_rate: float) -> float:
-        """One step on a batch (arrays in the order of :attr:`feed_names`, C-contiguous float32); returns the loss."""
-        binding = self._bindings[self._current]
-        for name, array in zip(self.feed_names, feeds):
-            binding.bind_ortvalue_input(name, OrtValue.ortvalue_from_numpy(array))
-        self.steps += 1
-        self._scalars[LEARNING_RATE][...] = learning_rate
-        if STEP in self._scalars:
-            self._scalars[STEP][...] = self.steps
-        self.session.run_with_iobinding(binding)
-        self._current = 1 - self._current
-        return float(self._loss)
-
-    def epoch(self, data: Sequence[np.ndarray], batch_size: int, learning_rate: float) -> np.ndarray:
-        """Consecutive batches of ``batch_size`` rows of ``data`` (the last may be shorter); the batch losses."""
-        n = len(data[0])
-        return np.array([self.step([d[s: s + batch_size] for d in data], learning_rate)
-                         for s in range(0, n, batch_size)])
-
-    def get_weights(self) -> dict:
-        """The current weights and moments (numpy copies)."""
-        return {n: a.copy() for n, a in self._arrays[self._current].items()}
-
-
-__all__ = ["LEARNING_RATE", "OPTIMIZERS", "STEP", "TrainingStepRunner", "training_step"]
+__all__ = ["LEARNING_RATE", "STEP", "UPDATED", "training_step"]
