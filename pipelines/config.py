@@ -3,10 +3,14 @@
 The root schema ``ortflow_config`` is stored in Hydra's ConfigStore and listed first in ``conf/config.yaml``'s
 defaults, so a value of the wrong type, an unknown key or a choice outside an enum fails at composition with an
 error naming the key (``full_key: trainer.max_iter``). The choices of losses, penalties and optimizers are the
-names of ortflow's registry (:mod:`ortflow.registry`), so a loss added to the core is a valid ``loss.name``;
-:func:`validate` checks them (listing the registry takes seconds of imports, composing does not wait). Rules
-that involve several groups (a classifier with a regression loss, Nesterov with the full trainer, ...) are checked
-by :func:`validate` once, when a launch starts.
+names of ortflow's registry (:mod:`ortflow.registry`), so a loss added to the core is a valid ``loss.name``.
+Everything else is checked once by :func:`validate`, when a launch starts and before any stage or MLflow run:
+keys added past the schema (``+trainer.foo=1``), the registry names (listing the registry takes seconds of
+imports, composing does not wait), each setting against the part it belongs to (an optimizer setting its class
+does not take, the trainer's settings against the trainer's table of parameters in :mod:`ortflow.parameters`),
+rules that involve several groups (a classifier with a regression loss, Nesterov with the full trainer, ...) and
+``promotion.metric`` against the task's metrics. The train stage builds the trainer from the same
+:func:`trainer_arguments`.
 """
 
 from __future__ import annotations
@@ -331,6 +335,8 @@ def validate(cfg: DictConfig) -> None:
     table of parameters (:func:`check_trainer`) and ``promotion.metric`` against the task's metrics."""
     check_known_keys(cfg)
     validate_data(cfg.data)
+    check_promotion_metric(cfg.promotion.metric, _value(cfg.data.task))
+    check_trainer(cfg, registry=False)  # first the checks that need no registry (seconds of imports)
     for key, kind in REGISTRY_KEYS.items():
         value = OmegaConf.select(cfg, key)
         if value not in names(kind):
@@ -356,7 +362,6 @@ def validate(cfg: DictConfig) -> None:
             learning_rate(cfg).step_options()
         except ValueError as exc:
             raise ConfigError(f"trainer.optimizer={_value(cfg.trainer.optimizer)} needs trainer=fwbw: {exc}") from exc
-    check_promotion_metric(cfg.promotion.metric, data_task.value)
     for key in ("data.test_size", "data.validation_fraction"):
         value = OmegaConf.select(cfg, key)
         if not 0.0 <= value < 1.0:
@@ -459,8 +464,10 @@ def learning_rate(cfg: DictConfig) -> ortflow.BaseLearningRate:
     rate = select("learning_rate", name, "trainer.optimizer", **settings)
     try:
         rate.check()
-    except ValueError as exc:
-        raise ConfigError(f"trainer.optimizer={name}: {exc}") from None
+    except ValueError as exc:  # the message names the class's parameter: name the trainer key instead
+        keys = {param: key for key, candidates in OPTIMIZER_KEYS.items() for param in candidates if param in settings}
+        message = re.sub(r"\b(\w+)=", lambda m: f"trainer.{keys[m[1]]}=" if m[1] in keys else m[0], str(exc))
+        raise ConfigError(f"trainer.optimizer={name}: {message}") from None
     return rate
 
 
@@ -474,13 +481,17 @@ def loss(cfg: DictConfig) -> ortflow.BaseLearningLoss:
     return select("loss", name, "loss", **{k: float(cfg.loss[k]) for k in ("l1_weight", "l2_weight") if k in taken})
 
 
-def trainer_arguments(cfg: DictConfig, callbacks: list | None = None) -> dict[str, Any]:
-    """The estimator's parameters from ``trainer`` (and ``loss``/``penalty`` for the trainers that add the loss
-    themselves), except the graph; a set ``trainer`` key the chosen trainer does not take is a ConfigError."""
+def _trainer_table(cfg: DictConfig) -> tuple:
     from ortflow.parameters import TRAINERS as TABLES
 
+    return TABLES[TRAINERS._names[_value(cfg.trainer.name)]]
+
+
+def trainer_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The trainer's parameters set by :data:`TRAINER_KEYS` (no registry needed); a set key the chosen trainer
+    does not take is a ConfigError."""
     t, name = cfg.trainer, _value(cfg.trainer.name)
-    taken = {p.name for p in TABLES[TRAINERS._names[name]]}
+    taken = {p.name for p in _trainer_table(cfg)}
     args: dict[str, Any] = {}
     for key, param in TRAINER_KEYS.items():
         value = t[key]
@@ -491,22 +502,28 @@ def trainer_arguments(cfg: DictConfig, callbacks: list | None = None) -> dict[st
         if value is None and param == "gradients":
             continue
         args[param] = list(value) if key == "weights_to_train" and value else _value(value)
+    return args
+
+
+def trainer_arguments(cfg: DictConfig, callbacks: list | None = None) -> dict[str, Any]:
+    """The estimator's parameters from ``trainer`` (and ``loss`` for the trainers that add the loss themselves),
+    except the graph and the penalty (it needs the graph's weights)."""
+    args = trainer_settings(cfg)
     args.update(learning_rate=learning_rate(cfg), verbose=trainer_verbose(cfg), callbacks=callbacks or [], exc=True)
-    if "learning_loss" in taken:
+    if any(p.name == "learning_loss" for p in _trainer_table(cfg)):
         args["learning_loss"] = loss(cfg)
     else:
         args["loss_output_name"] = "loss"
     return args
 
 
-def check_trainer(cfg: DictConfig) -> None:
+def check_trainer(cfg: DictConfig, registry: bool = True) -> None:
     """The trainer's settings checked once, against the trainer's own table of parameters
-    (:data:`ortflow.parameters.TRAINERS`): a ConfigError naming the ``trainer`` key."""
-    from ortflow.parameters import TRAINERS as TABLES
-
-    args = trainer_arguments(cfg)
+    (:data:`ortflow.parameters.TRAINERS`): a ConfigError naming the ``trainer`` key. ``registry=False`` checks
+    those that need no registry look-up (they fail in a fraction of a second, scikit-learn not imported)."""
+    args = trainer_arguments(cfg) if registry else trainer_settings(cfg)
     keys = {param: key for key, param in TRAINER_KEYS.items()}
-    for param in TABLES[TRAINERS._names[_value(cfg.trainer.name)]]:
+    for param in _trainer_table(cfg):
         if param.name not in args or param.check is None:
             continue
         key = f"trainer.{keys.get(param.name, param.name)}"
