@@ -19,6 +19,7 @@ _EXPORTS = {
     **dict.fromkeys(["CheckpointError", "ConvergenceError", "DeviceError", "NotDifferentiableError",
                      "OrtflowError", "UnsafePathError", "UnsupportedModelError"], "exceptions"),
     **dict.fromkeys(["OrtGradientOptimizer"], "full"),
+    **dict.fromkeys(["TorchTrainer"], "torch_trainer"),
     **dict.fromkeys(["AbsoluteLearningLoss", "BaseLearningLoss", "BaseLearningPenalty", "BaseLearningRate",
                      "ElasticLearningLoss", "ElasticLearningPenalty", "LearningRateAdam", "LearningRateAdamW",
                      "LearningRateSGD", "LearningRateSGDNesterov", "NegLogLearningLoss", "NoLearningPenalty",
@@ -39,6 +40,7 @@ if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads ea
     from .exceptions import (CheckpointError, ConvergenceError, DeviceError, NotDifferentiableError, OrtflowError,
                              UnsafePathError, UnsupportedModelError)
     from .full import OrtGradientOptimizer
+    from .torch_trainer import TorchTrainer
     from .fwbw import (AbsoluteLearningLoss, BaseLearningLoss, BaseLearningPenalty, BaseLearningRate,
                        ElasticLearningLoss, ElasticLearningPenalty, LearningRateAdam, LearningRateAdamW,
                        LearningRateSGD, LearningRateSGDNesterov, NegLogLearningLoss, NoLearningPenalty,
@@ -96,6 +98,7 @@ __all__ = [
     "OrtflowError",
     "ProgressBar",
     "SquareLearningLoss",
+    "TorchTrainer",
     "UnsafePathError",
     "UnsupportedModelError",
     "add_loss_output",

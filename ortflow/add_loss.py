@@ -14,7 +14,7 @@ from .losses import BaseLearningLoss
 from .mlops import holds_linear_ops, make_trainable
 from .onnx_builder import GraphBuilder
 from .penalties import ElasticLearningPenalty
-from .registry import select
+from .registry import family, select, settings_of
 
 PenaltySpec = Mapping[str, Union[float, Mapping[str, float]]]
 #: metadata key under which add_loss_output records the loss it added (read by ``OrtGradientOptimizer.losses``)
@@ -54,7 +54,10 @@ def add_loss_output(
     check_loadable(model, "onx")
     if holds_linear_ops(model):
         model = make_trainable(model)
-    loss = select("loss", score_name, "score_name", l1_weight=l1_weight, l2_weight=l2_weight)
+    # l1_weight and l2_weight are the elastic loss's settings (onnxcustom's signature passes them to every loss)
+    elastic = isinstance(score_name, str) and "l1_weight" in settings_of(family("loss").get(score_name, object))
+    loss = select("loss", score_name, "score_name", **(dict(l1_weight=l1_weight, l2_weight=l2_weight) if elastic
+                                                      else {}))
     loss.check()
     output = pick_output(model, output_index, "output_index")
     existing = all_names(model)

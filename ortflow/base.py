@@ -490,6 +490,25 @@ class BaseTrainer(BaseEstimator):
             self._set_weights(weights)
 
 
+def prediction_spec(model: onnx.ModelProto, output_name, weight_name: str | None) -> GraphSpec:
+    """The spec of a prediction graph (no loss inside) trained on one float output: ``output_name`` picks it
+    (None: the only one, or ``raw_score`` when present); sample weights enter as ``weight_name`` (default
+    ``'weight'``). Shared by the trainers that add the loss themselves."""
+    feeds = g.input_names(model)
+    if len(feeds) != 1:
+        raise ValueError(f"the graph must have exactly one input (the features), it has {feeds}")
+    output = g.pick_output(model, output_name, "output_name")
+    if g.elem_type(model, output) != onnx.TensorProto.FLOAT:
+        raise ValueError(f"output {output!r} is not float32: only float32 predictions can be trained")
+    shape = g.shape_of(model, output)
+    if len(shape) not in (1, 2):
+        raise ValueError(f"output {output!r} has rank {len(shape)}; the losses expect (N,) or (N, k)")
+    x_shape = g.shape_of(model, feeds[0])
+    n_features = x_shape[1] if len(x_shape) == 2 and isinstance(x_shape[1], int) and x_shape[1] > 0 else None
+    return GraphSpec(x_name=feeds[0], n_features=n_features, label_shape=shape, weight_name=weight_name or "weight",
+                     prediction_outputs=g.output_names(model), trained_output=output)
+
+
 def _trained_classes(model: onnx.ModelProto, spec: GraphSpec) -> np.ndarray | None:
     """The classes a graph carries when the trained output is its raw score (not probabilities or labels)."""
     if spec.trained_output in ("output_probability", "output_label", "probabilities", "label"):

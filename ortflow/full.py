@@ -23,15 +23,12 @@ from .exceptions import (
 )
 from .full_step import STATE_FILE, StepGraphRuntime
 from .learning_rates import BaseLearningRate
-from .parameters import FULL, MODEL, SHARED, WEIGHTS, init_from
+from .parameters import TRAINERS, init_from
 from .registry import select
 from .runtime import STEP_GRAPH_THREADS_THRESHOLD, THREADS_WORK_THRESHOLD
 from .validation import resolve_device
 
 ORT_CHECKPOINT = "ort_checkpoint"
-#: What ``gradients='auto'`` runs on the training build: ``'ortflow'`` (its own step graph, faster on the benchmark
-#: cases, docs/PERFORMANCE.md) with onnxruntime's artifacts for graphs holding an op outside ortflow's rules.
-AUTO_ON_TRAINING_BUILD = "ortflow"
 ARTIFACTS = ("training_model", "eval_model", "optimizer_model")
 
 
@@ -42,8 +39,9 @@ class OrtGradientOptimizer(BaseTrainer):
     (:func:`ortflow.autodiff.training_step`: loss, gradients and update) that any onnxruntime runs, the plain build
     included; weights and moments stay in onnxruntime buffers bound in and out. ``'onnxruntime'`` (training build
     only): artifacts from onnxruntime's ``artifacts.generate_artifacts``, each batch one ``train_step`` and one
-    ``optimizer_step`` of the on-device training API. ``'auto'``: see :data:`AUTO_ON_TRAINING_BUILD`; on the plain
-    build always ortflow's. After ``fit``, ``gradients_`` and ``backend_`` say what ran.
+    ``optimizer_step`` of the on-device training API. ``'auto'`` (:data:`ortflow.parameters.GRADIENTS`): ortflow's
+    step graph (faster on the benchmark cases, docs/PERFORMANCE.md), and onnxruntime's artifacts on the training
+    build for a graph holding an op outside ortflow's gradient rules. After ``fit``, ``gradients_`` and ``backend_`` say what ran.
 
     ``learning_rate`` is shared with forward-backward training (see :mod:`ortflow.parameters`): a float or
     ``'sgd'`` runs SGD, its rate set per epoch from the schedule; any optimizer of :mod:`ortflow.learning_rates`
@@ -51,7 +49,7 @@ class OrtGradientOptimizer(BaseTrainer):
     graph. onnxruntime's artifacts (``gradients='onnxruntime'``) have SGD and AdamW only.
     """
 
-    parameters = (MODEL, WEIGHTS, *FULL, *SHARED)
+    parameters = TRAINERS["OrtGradientOptimizer"]
     __init__ = init_from(parameters)
     _runtime_parameters = ("loss_output_name", "label_name", "sample_weight_name", "gradients")
 
@@ -101,7 +99,7 @@ class OrtGradientOptimizer(BaseTrainer):
         self.weights_to_train_ = self._check_weights(model, loss_graph, self.loss_output_name)
         if self.gradients == "onnxruntime":
             require_training("gradients='onnxruntime'")
-        elif self.gradients == "ortflow" or not TRAINING or AUTO_ON_TRAINING_BUILD == "ortflow":
+        else:  # 'ortflow', or 'auto': ortflow's step graph first
             try:
                 self._rt_step = StepGraphRuntime(loss_graph, self.loss_output_name, self.weights_to_train_, rate,
                                                  resolve_device(self.device), self._session_options())

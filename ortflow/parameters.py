@@ -25,6 +25,10 @@ from .validation import (
 )
 
 REQUIRED = inspect.Parameter.empty
+#: who builds the gradient graphs, with one meaning in every trainer that takes ``gradients``: ``'ortflow'``
+#: (its own standard-ONNX graphs, any onnxruntime build), ``'onnxruntime'`` (onnxruntime-training's, training build
+#: only) or ``'auto'``: ortflow's, and onnxruntime's on the training build for a graph holding an op outside
+#: ortflow's gradient rules (on the plain build such a graph is refused naming the op)
 GRADIENTS = ("auto", "ortflow", "onnxruntime")
 
 
@@ -150,17 +154,28 @@ SHARED = (
           "log every epoch (INFO) and every batch loss (DEBUG) to the 'ortflow' logger"),
 )
 
+def _gradients(name: str, value: Any) -> None:
+    check_choice(name, value, GRADIENTS)
+    if value == "onnxruntime":
+        from ._ort import require_training
+
+        require_training(f"{name}='onnxruntime'")
+
+
+GRADIENTS_PARAM = Param("gradients", "auto", _gradients,
+                        "who builds the gradient graphs: 'ortflow' (its own, any onnxruntime), 'onnxruntime' "
+                        "(onnxruntime-training's, training build only) or 'auto' (ortflow's, onnxruntime's on the "
+                        "training build for an op outside ortflow's gradient rules); see GRADIENTS")
+
 FULL = (
     Param("loss_output_name", "loss", _string, "the graph output holding the loss (add_loss_output's loss_name)"),
     Param("label_name", "label", _string, "the graph input taking the labels"),
     Param("sample_weight_name", "weight", _string, "the graph input taking sample weights, when it has one"),
-    Param("gradients", "auto", lambda n, v: check_choice(n, v, GRADIENTS),
-          "who builds the training graphs: 'ortflow' (its own standard-ONNX step graph, any onnxruntime), "
-          "'onnxruntime' (onnxruntime-training's artifacts, training build only) or 'auto' (ortflow's graph, "
-          "onnxruntime's on the training build for an op outside ortflow's gradient rules)"),
+    GRADIENTS_PARAM,
 )
 
-FWBW = (
+#: the parameters of the trainers that add the loss to a prediction graph themselves (forward-backward, torch)
+LOSS = (
     Param("learning_loss", "squared_error", _family("loss", "BaseLearningLoss"),
           "the loss: a name of ortflow.losses ('squared_error', 'absolute_error', 'elastic', 'log') or an instance"),
     Param("learning_penalty", None, _family("penalty", "BaseLearningPenalty"),
@@ -168,10 +183,30 @@ FWBW = (
     Param("output_name", None, _optional(_output),
           "the trained output; None: the only output, or raw_score when present"),
     Param("weight_name", None, _optional(_string), "name of the sample-weight input of the loss graph"),
-    Param("gradients", "auto", lambda n, v: check_choice(n, v, GRADIENTS),
-          "who builds the forward and backward graphs: 'onnxruntime' (its TrainingAgent, training build only), "
-          "'ortflow' (its own gradient graph, any onnxruntime) or 'auto' (onnxruntime's on the training build)"),
 )
+
+FWBW = (*LOSS, GRADIENTS_PARAM)
+
+
+def _cpu(name: str, value: Any) -> None:
+    if value != "cpu":
+        raise ValueError(f"{name}={value!r}: TorchTrainer runs on 'cpu' only; use OrtGradientOptimizer or "
+                         "OrtGradientForwardBackwardOptimizer for another device")
+
+
+#: the torch trainer (:class:`ortflow.torch_trainer.TorchTrainer`): the loss parameters, and the shared ones with
+#: ``device`` limited to 'cpu'; no ``gradients``: the torch layer (:class:`ortflow.torch.OnnxModule`) builds them
+#: as ``gradients='auto'`` does
+TORCH = (*LOSS, *(Param("device", "cpu", _cpu, "'cpu' only") if p.name == "device" else p for p in SHARED))
+
+
+#: every trainer's table by class name: the pipelines check a config against them without importing the trainers
+#: (nor torch)
+TRAINERS = {
+    "OrtGradientOptimizer": (MODEL, WEIGHTS, *FULL, *SHARED),
+    "OrtGradientForwardBackwardOptimizer": (MODEL, WEIGHTS, *FWBW, *SHARED),
+    "TorchTrainer": (MODEL, WEIGHTS, *TORCH),
+}
 
 
 def init_from(params: tuple[Param, ...]) -> Callable:

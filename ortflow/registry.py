@@ -45,17 +45,29 @@ def names(kind: str) -> list[str]:
 
 def select(kind: str, value: Any, argument: str | None = None, **kwargs) -> Any:
     """An instance of family ``kind`` from an instance (returned as is) or a registered name, instantiated with
-    the ``kwargs`` its class accepts (the others are ignored: a name picks a class, ``kwargs`` are settings).
-    ``argument`` names the parameter in errors (default: ``kind``)."""
+    the settings ``kwargs``; a setting its class does not take is a ValueError naming the class and the setting
+    (the caller passes only the settings that apply). ``argument`` names the parameter in errors (default:
+    ``kind``)."""
     argument = argument or kind
     classes = family(kind)
     if isinstance(value, Registered) and value.kind == kind:
+        if kwargs:
+            raise ValueError(f"{argument}={value!r} is an instance: settings {sorted(kwargs)} cannot apply to it")
         return value
     if isinstance(value, str) or value is None:
         if value not in classes:
             raise ValueError(f"{argument}={value!r} is unknown; choose an instance or one of {names(kind)}")
         cls = classes[value]
-        accepted = cls._get_param_names() if hasattr(cls, "_get_param_names") else []
-        return cls(**{k: v for k, v in kwargs.items() if k in accepted})
+        taken = settings_of(cls)
+        refused = [k for k in kwargs if k not in taken]
+        if refused:
+            raise ValueError(f"{argument}={value!r} ({cls.__name__}) takes no {', '.join(refused)}; its settings: "
+                             f"{taken}")
+        return cls(**kwargs)
     raise TypeError(f"{argument}={value!r} must be a registered name or an instance of a {kind} class; "
                     f"names: {names(kind)}")
+
+
+def settings_of(cls: type) -> list[str]:
+    """The settings (constructor parameters) a registered class takes."""
+    return list(cls._get_param_names()) if hasattr(cls, "_get_param_names") else []

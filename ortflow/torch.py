@@ -37,13 +37,17 @@ from torch.utils.dlpack import to_dlpack
 _from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
 
 from . import graph as g
-from ._ort import OrtValueVector, SessionOptions, ort
+from ._ort import TRAINING, OrtValueVector, SessionOptions, ort
 from .exceptions import UnsupportedModelError
 from .fwbw.forward_backward import OrtGradientForwardBackward
 from .runtime import OnnxFunction, make_session_options, threads_for_work
 from .validation import check_weights_to_train
 
 _C = ort.capi._pybind_state
+
+#: who builds the layer's gradient graphs: onnxruntime's TrainingAgent on the training build (its per-shape agents
+#: and buffer reuse are what the layer's DLPack path is built around), ortflow's graphs on the plain build
+LAYER_GRADIENTS = "onnxruntime" if TRAINING else "ortflow"
 
 __all__ = ["OnnxModule", "RuleOptimizer", "parameter_name"]
 
@@ -189,7 +193,8 @@ class _Runtime:
         if plan is None:
             fb = OrtGradientForwardBackward(
                 self.module.onnx_model_, weights_to_train=self.module.weights_to_train_,
-                input_names_to_train=list(inputs_with_grad), device=self.device, session_options=self.options)
+                input_names_to_train=list(inputs_with_grad), device=self.device, session_options=self.options,
+                gradients=LAYER_GRADIENTS)
             plan = self._plans[inputs_with_grad] = _Plan(self.module, fb, inputs_with_grad, self.torch_device)
         return plan
 

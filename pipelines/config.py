@@ -3,20 +3,24 @@
 The root schema ``ortflow_config`` is stored in Hydra's ConfigStore and listed first in ``conf/config.yaml``'s
 defaults, so a value of the wrong type, an unknown key or a choice outside an enum fails at composition with an
 error naming the key (``full_key: trainer.max_iter``). The choices of losses, penalties and optimizers are the
-names of ortflow's registry (:mod:`ortflow.registry`), so a loss added to the core is a valid ``loss.name``;
-:func:`validate` checks them (listing the registry takes seconds of imports, composing does not wait). Rules
-that involve several groups (a classifier with a regression loss, ...) are checked
-by :func:`validate` once, when a launch starts.
+names of ortflow's registry (:mod:`ortflow.registry`), so a loss added to the core is a valid ``loss.name``.
+Everything else is checked once by :func:`validate`, when a launch starts and before any stage or MLflow run:
+keys added past the schema (``+trainer.foo=1``), the registry names (listing the registry takes seconds of
+imports, composing does not wait), each setting against the part it belongs to (an optimizer setting its class
+does not take, the trainer's settings against the trainer's table of parameters in :mod:`ortflow.parameters`),
+rules that involve several groups (a classifier with a regression loss, ...) and
+``promotion.metric`` against the task's metrics. The train stage builds the trainer from the same
+:func:`trainer_arguments`.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -105,9 +109,9 @@ class _Classes(Mapping):
 
 
 #: trainer=<name> -> the estimator class; ``torch`` trains the graph as a layer of a torch model
-#: (pipelines/stages/train_torch.py)
-TRAINERS = _Classes({"full": "OrtGradientOptimizer", "fwbw": "OrtGradientForwardBackwardOptimizer"})
-TrainerKind = _registry_choice("TrainerKind", [*TRAINERS, "torch"])
+TRAINERS = _Classes({"full": "OrtGradientOptimizer", "fwbw": "OrtGradientForwardBackwardOptimizer",
+                     "torch": "TorchTrainer"})
+TrainerKind = _registry_choice("TrainerKind", list(TRAINERS))
 
 
 class Direction(_Choice):
@@ -191,19 +195,34 @@ class PenaltyConfig:
     weights: Optional[List[str]] = None
 
 
+class Gradients(_Choice):
+    """Who builds the gradient graphs (trainer=full and fwbw; see ortflow.parameters.GRADIENTS)."""
+
+    auto = "auto"
+    ortflow = "ortflow"
+    onnxruntime = "onnxruntime"
+
+
 @dataclass
 class TrainerConfig:
+    """The trainer's settings. A setting left None is not passed: the part it belongs to keeps its own default.
+    A setting given a value that the chosen trainer or optimizer does not take is refused by :func:`validate`."""
+
     name: TrainerKind = MISSING  # type: ignore[valid-type]
     # a learning-rate name of ortflow's registry, built with the settings below that its class takes
     optimizer: str = "sgd"  # a name of ortflow's registry (family "learning_rate")
-    learning_rate: float = 0.01
-    lr_schedule: Schedule = Schedule.constant  # type: ignore[valid-type, attr-defined]
-    power_t: float = 0.25
-    momentum: float = 0.9
-    weight_decay: float = 0.01
+    learning_rate: float = 0.01  # the optimizer's eta0
+    # sgd and nesterov only; None: constant
+    lr_schedule: Optional[Schedule] = None  # type: ignore[valid-type]
+    power_t: Optional[float] = None  # sgd and nesterov (invscaling); None: 0.25
+    momentum: Optional[float] = None  # nesterov; None: 0.9
+    weight_decay: Optional[float] = None  # adamw; None: 0.01
+    # full and fwbw: 'auto' (ortflow's graphs, onnxruntime's on the training build for an op outside ortflow's
+    # gradient rules), 'ortflow' or 'onnxruntime' (training build only); None: auto
+    gradients: Optional[Gradients] = None
     max_iter: int = 20
     batch_size: int = 32
-    device: str = "cpu"
+    device: str = "cpu"  # trainer=torch: cpu only
     # onnxruntime intra-op threads; None: the trainer picks them from a batch's work (logged as trainer.n_threads_)
     n_threads: Optional[int] = None
     seed: int = "${seed}"  # type: ignore[assignment]
@@ -324,8 +343,13 @@ def register_configs() -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Cross-group checks that a per-key type cannot express, and the registry names (:data:`REGISTRY_KEYS`)."""
+    """Every check of the settings, once, before any stage runs: keys outside the schema, cross-group rules that
+    a per-key type cannot express, the registry names (:data:`REGISTRY_KEYS`), the trainer's settings against its
+    table of parameters (:func:`check_trainer`) and ``promotion.metric`` against the task's metrics."""
+    check_known_keys(cfg)
     validate_data(cfg.data)
+    check_promotion_metric(cfg.promotion.metric, _value(cfg.data.task))
+    check_trainer(cfg, registry=False)  # first the checks that need no registry (seconds of imports)
     for key, kind in REGISTRY_KEYS.items():
         value = OmegaConf.select(cfg, key)
         if value not in names(kind):
@@ -345,6 +369,7 @@ def validate(cfg: DictConfig) -> None:
         fitting = [n for n in names("loss") if select("loss", n).task == data_task.value]
         raise ConfigError(f"loss={_value(cfg.loss.name)} does not fit data.task={data_task.value}: use "
                           + " or ".join(f"loss={n}" for n in fitting))
+    check_trainer(cfg)
     for key in ("data.test_size", "data.validation_fraction"):
         value = OmegaConf.select(cfg, key)
         if not 0.0 <= value < 1.0:
@@ -355,16 +380,36 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError("mlflow.metrics_flush_every must be >= 0 and mlflow.metrics_flush_seconds > 0")
     if cfg.mlflow.retry_seconds <= 0 or cfg.mlflow.connect_timeout <= 0:
         raise ConfigError("mlflow.retry_seconds and mlflow.connect_timeout must be > 0")
-    for key in ("trainer.max_iter", "trainer.batch_size", "mlflow.retries"):
-        if OmegaConf.select(cfg, key) < 1:
-            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)} must be >= 1")
+    if cfg.mlflow.retries < 1:
+        raise ConfigError(f"mlflow.retries={cfg.mlflow.retries} must be >= 1")
     if cfg.data.n_samples < 10 or cfg.data.n_features < 1:
         raise ConfigError(f"data.n_samples={cfg.data.n_samples} must be >= 10 and data.n_features >= 1")
-    if cfg.trainer.learning_rate <= 0:
-        raise ConfigError(f"trainer.learning_rate={cfg.trainer.learning_rate} must be > 0")
     if str(cfg.penalty.name) == "elastic" and cfg.penalty.l1 <= 0 and cfg.penalty.l2 <= 0:
         raise ConfigError("penalty=elastic needs penalty.l1 > 0 or penalty.l2 > 0")
     check_stages(cfg.stages)
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """A key the schema does not declare (``+trainer.foo=1`` adds one past the schema) is a ConfigError naming it."""
+    types = get_type_hints(Config)
+    for group, schema in (("", Config), *((f + ".", t) for f, t in types.items() if is_dataclass(t))):
+        node = OmegaConf.select(cfg, group[:-1]) if group else cfg
+        if not isinstance(node, DictConfig):
+            continue
+        declared = {f.name for f in fields(schema)}
+        unknown = [f"{group}{k}" for k in node.keys() if k not in declared]
+        if unknown:
+            raise ConfigError(f"{', '.join(unknown)}: not a setting of the config (the keys of {group[:-1] or 'the root'}"
+                              f": {sorted(declared)})")
+
+
+def check_promotion_metric(metric: str | None, task: str) -> None:
+    """``promotion.metric`` is one of the metrics ``evaluate`` writes for ``task`` (None: the task's default)."""
+    from .metrics import is_metric, metric_names
+
+    if metric is not None and not is_metric(str(metric), task):
+        raise ConfigError(f"promotion.metric={metric!r} is not a metric of a {task} evaluation: one of "
+                          f"{metric_names(task)}")
 
 
 def check_stages(stages: Any) -> None:
@@ -389,19 +434,112 @@ def validate_data(data: DictConfig) -> None:
                           "digits, '_', '.' and '-' (at most 100, starting with a letter or digit)")
 
 
+#: trainer.<key> -> the learning-rate parameter it sets: the first of these names its class takes
+OPTIMIZER_KEYS = {"learning_rate": ("eta0",), "lr_schedule": ("schedule", "learning_rate"), "power_t": ("power_t",),
+                  "momentum": ("momentum",), "weight_decay": ("weight_decay",)}
+#: what a None of OPTIMIZER_KEYS means for a class that takes the setting (else: the class's own default)
+OPTIMIZER_DEFAULTS = {"lr_schedule": "constant"}
+#: trainer.<key> -> the trainer parameter it sets; a key whose parameter the chosen trainer has not (gradients with
+#: trainer=torch) is refused when set
+TRAINER_KEYS = {"max_iter": "max_iter", "batch_size": "batch_size", "device": "device", "n_threads": "n_threads",
+                "seed": "random_state", "shuffle": "shuffle", "early_stopping": "early_stopping",
+                "n_iter_no_change": "n_iter_no_change", "tol": "tol", "weights_to_train": "weights_to_train",
+                "gradients": "gradients"}
+
+
 def learning_rate(cfg: DictConfig) -> ortflow.BaseLearningRate:
-    """``trainer.optimizer`` from the registry, built with the ``trainer`` settings its class takes
-    (``learning_rate`` is its ``eta0``, ``lr_schedule`` its schedule)."""
-    t = cfg.trainer
-    return select("learning_rate", _value(t.optimizer), "trainer.optimizer", eta0=float(t.learning_rate),
-                  learning_rate=_value(t.lr_schedule), power_t=float(t.power_t), momentum=float(t.momentum),
-                  weight_decay=float(t.weight_decay))
+    """``trainer.optimizer`` from the registry, built with the ``trainer`` settings (:data:`OPTIMIZER_KEYS`) that
+    were set and that its class takes; a set one that it does not take is a :class:`ConfigError` naming it."""
+    from ortflow.registry import family, settings_of
+
+    t, name = cfg.trainer, _value(cfg.trainer.optimizer)
+    if name not in names("learning_rate"):
+        raise ConfigError(f"trainer.optimizer={name!r} is not one of {names('learning_rate')} (the names of "
+                          "ortflow's registry)")
+    taken = settings_of(family("learning_rate")[name])
+    settings = {}
+    for key, candidates in OPTIMIZER_KEYS.items():
+        value = _value(t[key]) if t[key] is not None else None
+        param = next((c for c in candidates if c in taken), None)
+        if value is None:
+            value = OPTIMIZER_DEFAULTS.get(key) if param is not None else None
+            if value is None:
+                continue
+        if param is None:
+            raise ConfigError(f"trainer.{key}={value}: trainer.optimizer={name} takes no {key} (its settings: "
+                              f"{[k for k, c in OPTIMIZER_KEYS.items() if any(x in taken for x in c)]})")
+        settings[param] = value
+    rate = select("learning_rate", name, "trainer.optimizer", **settings)
+    try:
+        rate.check()
+    except ValueError as exc:  # the message names the class's parameter: name the trainer key instead
+        keys = {param: key for key, candidates in OPTIMIZER_KEYS.items() for param in candidates if param in settings}
+        message = re.sub(r"\b(\w+)=", lambda m: f"trainer.{keys[m[1]]}=" if m[1] in keys else m[0], str(exc))
+        raise ConfigError(f"trainer.optimizer={name}: {message}") from None
+    return rate
 
 
 def loss(cfg: DictConfig) -> ortflow.BaseLearningLoss:
-    """``loss.name`` from the registry, with the ``loss`` settings its class takes."""
-    return select("loss", _value(cfg.loss.name), "loss", l1_weight=float(cfg.loss.l1_weight),
-                  l2_weight=float(cfg.loss.l2_weight))
+    """``loss.name`` from the registry, with the ``loss`` settings its class takes (the group's defaults hold
+    l1_weight and l2_weight, the elastic loss's)."""
+    from ortflow.registry import family, settings_of
+
+    name = _value(cfg.loss.name)
+    taken = settings_of(family("loss").get(name, object))
+    return select("loss", name, "loss", **{k: float(cfg.loss[k]) for k in ("l1_weight", "l2_weight") if k in taken})
+
+
+def _trainer_table(cfg: DictConfig) -> tuple:
+    from ortflow.parameters import TRAINERS as TABLES
+
+    return TABLES[TRAINERS._names[_value(cfg.trainer.name)]]
+
+
+def trainer_settings(cfg: DictConfig) -> dict[str, Any]:
+    """The trainer's parameters set by :data:`TRAINER_KEYS` (no registry needed); a set key the chosen trainer
+    does not take is a ConfigError."""
+    t, name = cfg.trainer, _value(cfg.trainer.name)
+    taken = {p.name for p in _trainer_table(cfg)}
+    args: dict[str, Any] = {}
+    for key, param in TRAINER_KEYS.items():
+        value = t[key]
+        if param not in taken:
+            if value is not None:
+                raise ConfigError(f"trainer.{key}={_value(value)}: trainer={name} takes no {key}")
+            continue
+        if value is None and param == "gradients":
+            continue
+        args[param] = list(value) if key == "weights_to_train" and value else _value(value)
+    return args
+
+
+def trainer_arguments(cfg: DictConfig, callbacks: list | None = None) -> dict[str, Any]:
+    """The estimator's parameters from ``trainer`` (and ``loss`` for the trainers that add the loss themselves),
+    except the graph and the penalty (it needs the graph's weights)."""
+    args = trainer_settings(cfg)
+    args.update(learning_rate=learning_rate(cfg), verbose=trainer_verbose(cfg), callbacks=callbacks or [], exc=True)
+    if any(p.name == "learning_loss" for p in _trainer_table(cfg)):
+        args["learning_loss"] = loss(cfg)
+    else:
+        args["loss_output_name"] = "loss"
+    return args
+
+
+def check_trainer(cfg: DictConfig, registry: bool = True) -> None:
+    """The trainer's settings checked once, against the trainer's own table of parameters
+    (:data:`ortflow.parameters.TRAINERS`): a ConfigError naming the ``trainer`` key. ``registry=False`` checks
+    those that need no registry look-up (they fail in a fraction of a second, scikit-learn not imported)."""
+    args = trainer_arguments(cfg) if registry else trainer_settings(cfg)
+    keys = {param: key for key, param in TRAINER_KEYS.items()}
+    for param in _trainer_table(cfg):
+        if param.name not in args or param.check is None:
+            continue
+        key = f"trainer.{keys.get(param.name, param.name)}"
+        try:
+            param.check(key, args[param.name])
+        except (ValueError, TypeError, ImportError) as exc:
+            message = str(exc).splitlines()[0]
+            raise ConfigError(message if key in message else f"{key}={args[param.name]}: {message}") from None
 
 
 def trainer_verbose(cfg: DictConfig) -> int:

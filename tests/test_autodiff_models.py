@@ -170,7 +170,7 @@ def test_inputs_gradient_and_upstream_gradient(regression_data):
     sess = InferenceSession(derivative.SerializeToString(), providers=["CPUExecutionProvider"])
     (ours,) = sess.run(None, {"X": X, "variable_grad": upstream})
     fb = OrtGradientForwardBackward(model, weights_to_train=ortflow.trainable_initializers(model),
-                                    input_names_to_train=["X"], device="cpu")
+                                    input_names_to_train=["X"], device="cpu", gradients="onnxruntime")
     fb.forward([X], training=True)
     theirs = fb.backward([upstream])[0].numpy()
     np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-7)

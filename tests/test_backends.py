@@ -49,8 +49,9 @@ def test_trainers_say_what_ran(regression_data, mlp):
     full = OrtGradientOptimizer(add_loss_output(mlp), max_iter=1).fit(X, y)
     fwbw = OrtGradientForwardBackwardOptimizer(mlp, max_iter=1).fit(X, y)
     assert full.backend_ == fwbw.backend_ == ortflow.backend()
-    assert full.gradients_ == "ortflow"
-    assert fwbw.gradients_ == ("onnxruntime" if TRAINING else "ortflow")
+    # gradients='auto' means the same in both trainers: ortflow's graphs (onnxruntime's only for an op outside
+    # ortflow's gradient rules, on the training build)
+    assert full.gradients_ == fwbw.gradients_ == "ortflow"
 
 
 @pytest.mark.parametrize("rate", [
@@ -126,6 +127,10 @@ def test_op_outside_the_rules(regression_data):
     est = OrtGradientOptimizer(graph, max_iter=2).fit(X, y)
     assert est.gradients_ == "onnxruntime"
     assert "training_model" in est.save_onnx_graph()
+    # forward-backward training: the same meaning of 'auto'
+    assert OrtGradientForwardBackwardOptimizer(_erf_graph(), max_iter=2).fit(X, y).gradients_ == "onnxruntime"
+    with pytest.raises(NotDifferentiableError, match=r"'erf_1' \(op Erf\)"):
+        OrtGradientForwardBackwardOptimizer(_erf_graph(), gradients="ortflow").fit(X, y)
 
 
 @pytest.mark.skipif(TRAINING, reason="the training build has onnxruntime's gradients")

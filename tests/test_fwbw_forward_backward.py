@@ -9,6 +9,7 @@ from sklearn.linear_model import LinearRegression
 from sklearn.neural_network import MLPRegressor
 
 from ortflow import DeviceError, NotDifferentiableError, to_onnx
+from ortflow._ort import TRAINING
 from ortflow.fwbw import OrtGradientForwardBackward
 from tolerances import assert_close, float32_sum_atol, matmul_atol, sum_atol
 
@@ -110,7 +111,9 @@ def test_node_without_gradient_is_named():
 
 def test_save_onnx_graph_writes_loadable_graphs(tmp_path, small):
     X, _ = small
-    fb = OrtGradientForwardBackward(to_onnx(LinearRegression().fit(X, X[:, 0])))
+    # the builder of each build that has it: onnxruntime's on the training build, ortflow's on the plain one
+    fb = OrtGradientForwardBackward(to_onnx(LinearRegression().fit(X, X[:, 0])),
+                                    gradients="onnxruntime" if TRAINING else "ortflow")
     paths = fb.save_onnx_graph(tmp_path / "g")
     assert set(paths) == {"model", "forward", "training", "backward", "optimized"}
     for name, path in paths.items():
@@ -161,7 +164,7 @@ def test_static_agent_drops_broadcast_bookkeeping_and_keeps_gradients(small, tmp
     mlp = MLPRegressor(hidden_layer_sizes=(6,), max_iter=3, random_state=0)
     with pytest.warns(Warning):
         mlp.fit(X, y)
-    fb = OrtGradientForwardBackward(to_onnx(mlp))
+    fb = OrtGradientForwardBackward(to_onnx(mlp), gradients="onnxruntime")  # its graphs hold the bookkeeping
     g = np.random.default_rng(3).normal(size=(len(X), 1)).astype(np.float32)
     agent, cache = fb.static_agent([X.shape])
     assert fb.static_agent([X.shape])[0] is agent  # built once per shape

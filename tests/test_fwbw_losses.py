@@ -149,3 +149,14 @@ def test_select_by_name_instance_and_user_subclass():
         select("loss", LearningRateSGD())
     with pytest.raises(ValueError, match="not a family"):
         select("optimizer", "SGD")
+
+
+def test_select_refuses_a_setting_the_class_does_not_take():
+    """Seen: every optimizer was handed momentum, weight_decay and power_t, the ones it did not take dropped."""
+    assert select("learning_rate", "adamw", weight_decay=0.5).weight_decay == 0.5
+    with pytest.raises(ValueError, match=r"trainer.optimizer='sgd' \(LearningRateSGD\) takes no weight_decay"):
+        select("learning_rate", "sgd", "trainer.optimizer", weight_decay=0.5)
+    with pytest.raises(ValueError, match=r"loss='square' \(SquareLearningLoss\) takes no l1_weight, l2_weight"):
+        select("loss", "square", l1_weight=0.5, l2_weight=0.5)
+    with pytest.raises(ValueError, match="is an instance: settings"):
+        select("learning_rate", LearningRateSGD(), eta0=0.1)

@@ -105,18 +105,19 @@ def test_torch_trainer_learns_three_classes_with_their_labels():
     import ortflow
     from sklearn.datasets import load_iris
 
-    from pipelines.stages.train_torch import TorchTrainer
+    from ortflow import TorchTrainer
 
     X, y = load_iris(return_X_y=True)
     X = ((X - X.mean(axis=0)) / X.std(axis=0)).astype(np.float32)
     labels = np.array([10, 20, 30])[y]  # any labels: mapped through the graph's classes
     graph = ortflow.to_onnx(LogisticRegression(max_iter=1).fit(X, labels))
-    trainer = TorchTrainer(graph, optimizer="adam", learning_rate=0.1, loss="log", max_iter=12, batch_size=32)
+    trainer = TorchTrainer(graph, learning_rate=ortflow.LearningRateAdam(eta0=0.1), learning_loss="log", max_iter=12,
+                           batch_size=32)
     trainer.fit(X, labels, validation_data=(X[:30], labels[:30]))
     assert trainer.train_losses_[-1] < 0.3 * trainer.train_losses_[0]
     import onnxruntime
 
-    session = onnxruntime.InferenceSession(trainer.trained_model().SerializeToString(),
+    session = onnxruntime.InferenceSession(trainer.get_trained_onnx().SerializeToString(),
                                            providers=["CPUExecutionProvider"])
     predicted = session.run(["output_label"], {"X": X})[0]
     assert set(predicted) <= {10, 20, 30} and (predicted == labels).mean() >= 0.9

@@ -205,3 +205,74 @@ def _tiny_linear():
     from sklearn.linear_model import LinearRegression
 
     return LinearRegression().fit(np.eye(3, dtype=np.float32), np.arange(3.0))
+
+
+@pytest.mark.parametrize("overrides,trainer,expected", [
+    # the loss family's names reach the torch trainer (it has no names of its own)
+    (["trainer=torch", "loss.name=squared_error"], "TorchTrainer",
+     {"learning_loss": ("SquareLearningLoss", {})}),
+    (["trainer=torch", "loss=elastic", "loss.l1_weight=0.25"], "TorchTrainer",
+     {"learning_loss": ("ElasticLearningLoss", {"l1_weight": 0.25, "l2_weight": 0.5})}),
+    # weight_decay reaches torch's optimizer through the learning-rate object
+    (["trainer=torch", "trainer.optimizer=adamw", "trainer.weight_decay=0.5"], "TorchTrainer",
+     {"learning_rate": ("LearningRateAdamW", {"weight_decay": 0.5, "eta0": 0.01})}),
+    (["trainer=torch", "trainer.optimizer=sgd", "trainer.lr_schedule=optimal"], "TorchTrainer",
+     {"learning_rate": ("LearningRateSGD", {"learning_rate": "optimal"})}),
+    (["trainer=fwbw", "trainer.optimizer=nesterov", "trainer.momentum=0.5"], "OrtGradientForwardBackwardOptimizer",
+     {"learning_rate": ("LearningRateSGDNesterov", {"momentum": 0.5, "learning_rate": "constant"})}),
+    # settings left unset are not passed: the optimizer keeps its defaults
+    (["trainer=full", "trainer.optimizer=adam"], "OrtGradientOptimizer",
+     {"learning_rate": ("LearningRateAdam", {"eta0": 0.01})}),
+    (["trainer=full", "trainer.gradients=ortflow"], "OrtGradientOptimizer", {"gradients": "ortflow"}),
+    (["trainer=fwbw"], "OrtGradientForwardBackwardOptimizer", {"gradients": "auto"}),
+])
+def test_a_valid_setting_reaches_the_trainer(compose_pipeline, overrides, trainer, expected):
+    import ortflow
+    from pipelines.stages.train import build_trainer
+
+    cfg = compose_pipeline(*overrides)
+    validate(cfg)
+    estimator = build_trainer(cfg, ortflow.to_onnx(_tiny_linear()), [])
+    assert type(estimator).__name__ == trainer
+    for name, value in expected.items():
+        got = getattr(estimator, name)
+        if isinstance(value, tuple):
+            assert type(got).__name__ == value[0]
+            assert {k: got.get_params()[k] for k in value[1]} == value[1]
+        else:
+            assert got == value
+
+
+def test_torch_trainer_fits_with_the_settings_it_was_given(compose_pipeline):
+    """The weight decay set in conf reaches torch's optimizer (read back from the fitted trainer)."""
+    pytest.importorskip("torch")
+    import numpy as np
+
+    import ortflow
+    from pipelines.stages.train import build_trainer
+
+    cfg = compose_pipeline("trainer=torch", "trainer.optimizer=adamw", "trainer.weight_decay=0.5",
+                           "trainer.max_iter=2", "trainer.batch_size=2")
+    validate(cfg)
+    estimator = build_trainer(cfg, ortflow.to_onnx(_tiny_linear()), [])
+    estimator.fit(np.eye(3, dtype=np.float32), np.arange(3.0, dtype=np.float32))
+    assert estimator.optimizer_.rate.weight_decay == 0.5
+    assert len(estimator.history_) == 2
+
+
+def test_every_metric_evaluate_writes_is_a_valid_promotion_metric():
+    import numpy as np
+
+    from pipelines.config import check_promotion_metric
+    from pipelines.metrics import classification_metrics, regression_metrics
+
+    y = np.array([0.0, 1.0, 2.0])
+    written = {**regression_metrics(y, y), **regression_metrics(y, y, "sklearn_test_")}
+    for name in written:
+        check_promotion_metric(name, "regression")
+    proba = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]])
+    written = classification_metrics(np.array(["a", "b", "a"]), proba, np.array(["a", "b"]), per_class=True)
+    for name in written:
+        check_promotion_metric(name, "classification")
+    with pytest.raises(ConfigError, match="promotion.metric='test_r2' is not a metric of a classification"):
+        check_promotion_metric("test_r2", "classification")

@@ -12,6 +12,9 @@ import pytest
 from pipelines.config import trainer_verbose
 
 
+_NO_CUDA = "CUDAExecutionProvider" not in __import__("onnxruntime").get_available_providers()
+
+
 def _houses(folder):
     rng = np.random.default_rng(0)
     frame = pd.DataFrame(rng.normal(size=(30, 2)), columns=["area", "rooms"]).assign(price=rng.normal(size=30))
@@ -25,6 +28,20 @@ def _houses(folder):
     (["data=file", "data.path=houses.csv", "data.target=rooms", "data.task=classification", "model=logistic",
       "loss=log"], "DataError: data.target='rooms' of houses.csv holds non-integral numbers"),
     (["trainer.max_iter=abc"], "'abc' of type 'str' could not be converted to Integer full_key: trainer.max_iter"),
+    # the contract from conf to code: a setting the chosen part does not take, refused before any run
+    (["trainer=torch", "trainer.weight_decay=0.5"],
+     "ConfigError: trainer.weight_decay=0.5: trainer.optimizer=adam takes no weight_decay"),
+    (["trainer.optimizer=sgd", "trainer.weight_decay=0.5"],
+     "ConfigError: trainer.weight_decay=0.5: trainer.optimizer=sgd takes no weight_decay"),
+    (["trainer=fwbw", "trainer.optimizer=adam", "trainer.momentum=0.5"],
+     "ConfigError: trainer.momentum=0.5: trainer.optimizer=adam takes no momentum"),
+    (["+trainer.foo=1"], "ConfigError: trainer.foo: not a setting of the config"),
+    (["promotion.metric=nope"], "ConfigError: promotion.metric='nope' is not a metric of a regression evaluation"),
+    (["trainer=torch", "trainer.gradients=ortflow"], "ConfigError: trainer.gradients=ortflow: trainer=torch takes no "
+                                                     "gradients"),
+    (["trainer=torch", "trainer.device=cpu:0"], "ConfigError: trainer.device='cpu:0': TorchTrainer runs on 'cpu' only"),
+    pytest.param(["trainer.device=cuda"], "ConfigError: trainer.device=cuda: device='cuda' but this onnxruntime "
+                 "build has no CUDA provider", marks=pytest.mark.skipif(not _NO_CUDA, reason="CUDA is available")),
 ])
 def test_user_error_one_line_hint_status_2_no_run(tmp_path, pipeline_subprocess_env, args, problem):
     _houses(tmp_path)
@@ -37,7 +54,7 @@ def test_user_error_one_line_hint_status_2_no_run(tmp_path, pipeline_subprocess_
     assert len(lines) == 2 and lines[0].startswith("ortflow: error: ") and lines[1].startswith("  hint: "), lines
     assert problem in lines[0] and proc.stdout == ""
     assert not (tmp_path / "mlflow.db").exists()  # no store, so no run: found before MLflow was touched
-    print(f"{args[-1]}: status 2 after {seconds:.2f} s")  # recorded in the report, not asserted
+    print(f"{' '.join(args)}: status 2 after {seconds:.2f} s")  # recorded in the report, not asserted
 
 
 def test_stage_alone_and_debug_traceback(tmp_path, pipeline_subprocess_env):
@@ -73,3 +90,4 @@ def test_progress_bar_when_stdout_is_a_terminal(compose_pipeline, monkeypatch):
         monkeypatch.setattr(sys, "stdout", pipe)
         assert trainer_verbose(cfg) == 0
         assert trainer_verbose(compose_pipeline("trainer.verbose=1")) == 1
+

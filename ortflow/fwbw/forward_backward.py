@@ -53,8 +53,9 @@ class OrtGradientForwardBackward:
     ``gradients``: ``'onnxruntime'`` (training build only) builds the graphs with onnxruntime's
     ``OrtModuleGraphBuilder`` and runs them with its ``TrainingAgent`` (on CPU, Relu nodes are trained as
     ``x * (x > 0)``, :func:`ortflow.graph.relu_as_mask`); ``'ortflow'`` uses ortflow's own gradient graph
-    (:mod:`ortflow.fwbw.own_graphs`); ``'auto'`` is onnxruntime's on the training build,
-    ortflow's on the plain build. ``gradients_`` says which.
+    (:mod:`ortflow.fwbw.own_graphs`); ``'auto'`` (:data:`ortflow.parameters.GRADIENTS`) is ortflow's, and
+    onnxruntime's on the training build for a graph holding an op outside ortflow's gradient rules.
+    ``gradients_`` says which ran.
     """
 
     def __init__(
@@ -69,7 +70,8 @@ class OrtGradientForwardBackward:
         check_choice("gradients", gradients, ("auto", "ortflow", "onnxruntime"))
         if gradients == "onnxruntime":
             require_training("gradients='onnxruntime'")
-        self.gradients_ = "onnxruntime" if gradients == "onnxruntime" or (gradients == "auto" and TRAINING) else "ortflow"
+        self._gradients = gradients
+        self.gradients_ = "onnxruntime" if gradients == "onnxruntime" else "ortflow"
         model = g.load_model(model_onnx)
         g.check_loadable(model)
         check_device(device)
@@ -105,13 +107,19 @@ class OrtGradientForwardBackward:
                                        self.weights_to_train_,
                                        self.input_names_to_train_, self.device, self._session_options)
             except NotDifferentiableError as exc:
-                raise (exc if TRAINING else with_training_build_hint(exc)) from exc
+                if self._gradients != "auto" or not TRAINING:
+                    raise (exc if TRAINING else with_training_build_hint(exc)) from exc
+                own = None
+        if self.gradients_ == "ortflow" and own is not None:
             self.agent_, self.cache_, self.gradient_model_ = own.agent, None, own.training
             self.forward_model_, self._backward_model, self.graph_info_ = own.forward, own.backward, None
             self.feed_names_, self.grad_names_ = own.feed_names, own.grad_names
             self.non_differentiable_ = own.non_differentiable
             self.new_state = ForwardState
             return
+        if self.gradients_ == "ortflow":  # 'auto' on the training build: an op outside ortflow's rules
+            self.gradients_ = "onnxruntime"
+            self.training_input_model_ = self._weights_as_inputs(self.model_)
         self.new_state = PartialGraphExecutionState
         self.agent_, self.cache_, self.gradient_model_, builder = self._build_agent(None, self._session_options)
         self._sess = self._sessions[0]

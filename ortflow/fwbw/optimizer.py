@@ -18,10 +18,10 @@ from sklearn.base import clone
 
 from .. import graph as g
 from .._ort import OrtValueVector, backend
-from ..base import BaseTrainer, GraphSpec, TrainData
+from ..base import BaseTrainer, GraphSpec, TrainData, prediction_spec
 from ..learning_rates import BaseLearningRate
 from ..onnx_builder import DEFAULT_OPSET
-from ..parameters import FWBW, MODEL, SHARED, WEIGHTS, init_from
+from ..parameters import TRAINERS, init_from
 from ..registry import select
 from ..runtime import DeviceBuffer, OnnxFunction, make_session_options
 from ..validation import resolve_device
@@ -79,26 +79,13 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
     graph through its input ``weight_name`` (default ``'weight'``).
     """
 
-    parameters = (MODEL, WEIGHTS, *FWBW, *SHARED)
+    parameters = TRAINERS["OrtGradientForwardBackwardOptimizer"]
     __init__ = init_from(parameters)
     _runtime_parameters = ("learning_loss", "learning_penalty", "output_name", "weight_name", "gradients")
 
     # --- hooks: graphs and runtime -------------------------------------------------------------------------
     def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
-        feeds = g.input_names(model)
-        if len(feeds) != 1:
-            raise ValueError(f"the graph must have exactly one input (the features), it has {feeds}")
-        output = g.pick_output(model, self.output_name, "output_name")
-        if g.elem_type(model, output) != onnx.TensorProto.FLOAT:
-            raise ValueError(f"output {output!r} is not float32: only float32 predictions can be trained")
-        shape = g.shape_of(model, output)
-        if len(shape) not in (1, 2):
-            raise ValueError(f"output {output!r} has rank {len(shape)}; the losses expect (N,) or (N, k)")
-        x_shape = g.shape_of(model, feeds[0])
-        n_features = x_shape[1] if len(x_shape) == 2 and isinstance(x_shape[1], int) and x_shape[1] > 0 else None
-        return GraphSpec(x_name=feeds[0], n_features=n_features, label_shape=shape,
-                         weight_name=self.weight_name or "weight", prediction_outputs=g.output_names(model),
-                         trained_output=output)
+        return prediction_spec(model, self.output_name, self.weight_name)
 
     def _loss_object(self):
         return clone(select("loss", self.learning_loss))

@@ -1,7 +1,8 @@
 """Stage ``train``: train the ONNX graph with ortflow's trainer (``trainer=``), from the scikit-learn weights.
 
 ``trainer=full`` trains ``model_with_loss.onnx`` with :class:`ortflow.OrtGradientOptimizer`; ``trainer=fwbw``
-trains ``model.onnx`` with :class:`ortflow.OrtGradientForwardBackwardOptimizer` and the configured loss.
+trains ``model.onnx`` with :class:`ortflow.OrtGradientForwardBackwardOptimizer` and the configured loss;
+``trainer=torch`` trains ``model.onnx`` as a torch layer with :class:`ortflow.TorchTrainer` and the same loss.
 Logs the losses of every epoch (step = epoch, written in batches), every graph the trainer used, the trained
 prediction graph, the history and a loss-curve PNG. A diverging run (non-finite loss) ends FAILED.
 
@@ -24,36 +25,23 @@ import ortflow
 from .. import plots
 from .. import tracking as tr
 from ..tracking.checkpoints import MarkResumed, MlflowCheckpoint, resume_point
-from ..config import TRAINERS, learning_rate, loss, trainer_verbose
+from ..config import TRAINERS, trainer_arguments
 from ..data import Split
 from ..models import penalty_spec
 from ..runner import StageContext
 
 
 def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
-    """The estimator of ``trainer.name``: shared parameters from ``trainer``, loss and penalty from the registry
-    (forward-backward training takes them as objects; full training has them in its graph already)."""
-    t = cfg.trainer
-    if str(t.name) == "torch":
-        from .train_torch import build_torch
-
-        return build_torch(cfg, graph, callbacks)
-    params = dict(
-        weights_to_train=list(t.weights_to_train) if t.weights_to_train else None, learning_rate=learning_rate(cfg),
-        max_iter=int(t.max_iter), batch_size=int(t.batch_size), device=str(t.device), verbose=trainer_verbose(cfg),
-        n_threads=None if t.n_threads is None else int(t.n_threads),
-        early_stopping=bool(t.early_stopping), n_iter_no_change=int(t.n_iter_no_change), tol=float(t.tol),
-        shuffle=bool(t.shuffle), random_state=int(t.seed), callbacks=callbacks, exc=True,
-    )
-    if str(t.name) == "fwbw":
-        params["learning_loss"] = loss(cfg)
+    """The estimator of ``trainer.name`` (:data:`pipelines.config.TRAINERS`), built the same way for the three:
+    its parameters from ``trainer`` (:func:`pipelines.config.trainer_arguments`), the loss and penalty from the
+    registry for the trainers that add the loss themselves (full training has them in its graph already)."""
+    params = trainer_arguments(cfg, callbacks)
+    if "learning_loss" in params:
         spec = penalty_spec(cfg, graph)  # the same weights as the full trainer's penalty (default: every coef*)
         if spec:
             params["learning_penalty"] = ortflow.ElasticLearningPenalty(
                 l1=float(cfg.penalty.l1), l2=float(cfg.penalty.l2), weights=list(spec))
-    else:
-        params["loss_output_name"] = "loss"
-    return TRAINERS[str(t.name)](graph, **params)
+    return TRAINERS[str(cfg.trainer.name)](graph, **params)
 
 
 def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict:

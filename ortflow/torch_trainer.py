@@ -1,0 +1,188 @@
+"""``TorchTrainer``: a prediction graph trained as a torch layer (:class:`ortflow.torch.OnnxModule`) by a torch
+optimizer, on the epoch loop, callbacks, history, early stopping, divergence handling and checkpoints of
+:class:`ortflow.base.BaseTrainer`.
+
+Forward and backward run in onnxruntime through the layer; the loss is the loss family's own graph (its value and
+its gradient with respect to the prediction, :meth:`ortflow.losses.BaseLearningLoss.loss_gradient`), so the three
+trainers minimize the same loss. The update is the optimizer's one rule on torch tensors
+(:meth:`ortflow.learning_rates.BaseLearningRate.torch_optimizer`), its rate set every epoch from ``value_at`` like
+the other trainers: the three trainers take the same steps.
+
+torch is imported when the trainer fits (``import ortflow`` does not import it): ``pip install 'ortflow[torch]'``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+from sklearn.base import clone
+
+from . import graph as g
+from ._ort import backend
+from .base import BaseTrainer, GraphSpec, TrainData, prediction_spec
+from .learning_rates import BaseLearningRate
+from .parameters import TRAINERS, init_from
+from .registry import select
+
+STATE_FILE = "torch_state.npz"
+
+
+def _family_loss(function):
+    """A torch autograd function computing the loss graph ``function`` (an :class:`ortflow.runtime.OnnxFunction`
+    of inputs prediction, label, weight and outputs loss, loss_grad) on torch tensors."""
+    import torch
+
+    class FamilyLoss(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, prediction, label, weight):
+            loss, grad = function.run(prediction.detach().numpy(), label.numpy(), weight.numpy())
+            ctx.save_for_backward(torch.from_numpy(grad.numpy()))
+            return torch.tensor(float(loss.numpy()), dtype=torch.float64)
+
+        @staticmethod
+        def backward(ctx, upstream):
+            (grad,) = ctx.saved_tensors
+            return grad * upstream.to(grad.dtype), None, None
+
+    return FamilyLoss.apply
+
+
+class TorchTrainer(BaseTrainer):
+    """Train a prediction graph (no loss inside) as an :class:`ortflow.torch.OnnxModule` with a torch optimizer.
+
+    Parameters are those of :class:`ortflow.OrtGradientForwardBackwardOptimizer` (:data:`ortflow.parameters.TORCH`)
+    without ``gradients`` and with ``device='cpu'`` only: ``learning_loss``/``learning_penalty`` are the loss and
+    penalty families' names or objects, ``learning_rate`` a float (SGD following ``lr_schedule``), a registered
+    name or a :class:`ortflow.BaseLearningRate` (sgd, nesterov, adam, adamw). After ``fit``, ``module_`` is the
+    torch layer and ``optimizer_`` the torch optimizer.
+    """
+
+    parameters = TRAINERS["TorchTrainer"]
+    __init__ = init_from(parameters)
+    _runtime_parameters = ("learning_loss", "learning_penalty", "output_name", "weight_name")
+
+    # --- hooks: graphs and runtime -------------------------------------------------------------------------
+    def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
+        return prediction_spec(model, self.output_name, self.weight_name)
+
+    def _loss_object(self):
+        return clone(select("loss", self.learning_loss))
+
+    def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec, rate: BaseLearningRate) -> None:
+        from .runtime import OnnxFunction, make_session_options
+        from .torch import OnnxModule
+
+        output = spec.trained_output
+        train_graph = g.keep_outputs(model, [output])
+        self.weights_to_train_ = self._check_weights(model, train_graph, output)
+        self.backend_ = backend()
+        module = OnnxModule(train_graph, weights_to_train=self.weights_to_train_,
+                            n_threads=getattr(self, "n_threads_", self.n_threads))
+        rank = len(spec.label_shape)
+        width = spec.label_shape[1] if rank == 2 and isinstance(spec.label_shape[1], int) else None
+        loss = self._loss_object()
+        function = OnnxFunction(loss.build_onnx_function(weight_name="weight", rank=rank, width=width), "cpu",
+                                make_session_options(1))
+        self._rt_module, self._rt_rate, self._rt_loss = module, rate, _family_loss(function)
+        self._rt_penalty = clone(select("penalty", self.learning_penalty))
+        self._rt_penalty.check()
+        self._rt_optimizer = rate.torch_optimizer(list(module.parameters()))
+        self.module_, self.optimizer_ = module, self._rt_optimizer
+
+    def _penalty(self):
+        """The penalty's value on the weights it applies to, as a torch scalar (0 without penalty)."""
+        penalty = self._rt_penalty
+        if penalty.is_null():
+            return 0.0
+        l1, l2 = float(getattr(penalty, "l1", 0.0)), float(getattr(penalty, "l2", 0.0))
+        params = self._rt_module.parameters_by_initializer()
+        return sum(l1 * p.abs().sum() + l2 * p.square().sum() for n, p in params.items() if penalty.penalizes(n))
+
+    # --- hooks: training -----------------------------------------------------------------------------------
+    def _epoch_learning_rate(self, samples_seen: int) -> float:
+        return self._rt_rate.value_at(samples_seen)
+
+    def _tensors(self, data: TrainData, rows):
+        import torch
+
+        return (torch.from_numpy(np.ascontiguousarray(data.X[rows])), torch.from_numpy(data.y[rows]),
+                torch.from_numpy(data.weight[rows]))
+
+    def _train_epoch(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
+        optimizer, module, loss_fn = self._rt_optimizer, self._rt_module, self._rt_loss
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate
+        module.train()
+        losses = np.empty(len(self._batch_sizes(data.n_samples)), dtype=np.float64)
+        for i, rows in enumerate(self._batches(data.n_samples, order)):
+            X, y, w = self._tensors(data, rows)
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(module(X).reshape(y.shape), y, w)
+            total = loss + self._penalty()
+            losses[i] = float(total.detach()) if hasattr(total, "detach") else float(total)
+            if not np.isfinite(losses[i]):
+                return losses[: i + 1]
+            total.backward()
+            optimizer.step()
+        return losses
+
+    def _validation_loss(self, data: TrainData) -> float:
+        import torch
+
+        with torch.no_grad():
+            X, y, w = self._tensors(data, slice(None))
+            return float(self._rt_loss(self._rt_module(X).reshape(y.shape), y, w) + self._penalty())
+
+    # --- hooks: state and graphs ---------------------------------------------------------------------------
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Trained weights by name (copies)."""
+        self._check_fitted()
+        return {n: p.detach().numpy().copy() for n, p in self._rt_module.parameters_by_initializer().items()}
+
+    def _set_weights(self, state: dict[str, np.ndarray]) -> None:
+        import torch
+
+        params = self._rt_module.parameters_by_initializer()
+        for name, value in state.items():
+            if tuple(value.shape) != tuple(params[name].shape):
+                raise ValueError(f"set_state: {name!r} has shape {tuple(params[name].shape)}, the value has "
+                                 f"{value.shape}")
+        with torch.no_grad():
+            for name, value in state.items():
+                params[name].copy_(torch.from_numpy(np.asarray(value)))
+
+    def _prediction_graph(self) -> onnx.ModelProto:
+        return g.keep_outputs(self._model, self._spec.prediction_outputs)
+
+    def _graphs(self) -> dict:
+        return {"model": self._rt_module.get_trained_onnx(), **self._rt_module.training_graphs()}
+
+    def _save_runtime_state(self, folder: str) -> None:
+        """Weights and the torch optimizer's state tensors (``state:<param index>:<key>``) in one npz."""
+        arrays = {f"weight:{k}": v for k, v in self.get_state().items()}
+        for index, slots in self._rt_optimizer.state_dict()["state"].items():
+            for key, value in slots.items():
+                if value is not None:
+                    arrays[f"state:{index}:{key}"] = np.asarray(value.detach().numpy() if hasattr(value, "detach")
+                                                                else value)
+        np.savez(os.path.join(folder, STATE_FILE), **arrays)
+
+    def _load_runtime_state(self, folder: str) -> None:
+        import torch
+
+        path = os.path.join(folder, STATE_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{folder!r} holds no torch trainer state ({STATE_FILE})")
+        with np.load(path, allow_pickle=False) as stored:
+            arrays = {k: stored[k] for k in stored.files}
+        self._set_weights({k[len("weight:"):]: v.astype(np.float32) for k, v in arrays.items()
+                           if k.startswith("weight:")})
+        state: dict[int, dict] = {}
+        for key, value in arrays.items():
+            if key.startswith("state:"):
+                _, index, slot = key.split(":", 2)
+                state.setdefault(int(index), {})[slot] = torch.from_numpy(value.copy())
+        saved = self._rt_optimizer.state_dict()
+        self._rt_optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
