@@ -23,7 +23,6 @@ two IOBindings (read 0 / write 1, read 1 / write 0) are built once: a step binds
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Callable, ClassVar
 
@@ -81,20 +80,21 @@ class GraphOps:
 
 
 class ArrayOps:
-    """The same arithmetic on numpy arrays, torch tensors and Python floats (the torch optimizer, the references)."""
+    """The same arithmetic on numpy arrays or torch tensors, scalars in ``dtype`` (float32 mirrors the graphs'
+    roundings: the torch optimizer; float64: the numpy reference)."""
+
+    def __init__(self, dtype=np.float32):
+        self.dtype = np.dtype(dtype).type
 
     add, sub, mul, div, pow = (staticmethod(f) for f in (
         lambda a, b: a + b, lambda a, b: a - b, lambda a, b: a * b, lambda a, b: a / b, lambda a, b: a ** b))
 
     @staticmethod
     def sqrt(a):
-        if hasattr(a, "sqrt"):  # a torch tensor
-            return a.sqrt()
-        return math.sqrt(a) if isinstance(a, float) else np.sqrt(a)
+        return a.sqrt() if hasattr(a, "sqrt") else np.sqrt(a)  # a torch tensor, else numpy
 
-    @staticmethod
-    def const(value: float) -> float:
-        return float(value)
+    def const(self, value: float):
+        return self.dtype(value)
 
 
 def grad_name(weight: str) -> str:
@@ -149,7 +149,7 @@ class BaseLearningRate(Registered, BaseEstimator):
         given = {name: (np.asarray(w, np.float64), np.asarray(grads[name], np.float64),
                         {slot: np.asarray(state.get(slot_name(slot, name), np.zeros(np.shape(w))), np.float64)
                          for slot in self.slots[1:]}) for name, w in weights.items()}
-        new = self.write_update(ArrayOps, given, float(learning_rate), float(step))
+        new = self.write_update(ArrayOps(np.float64), given, np.float64(learning_rate), np.float64(step))
         out = {name: slots["weight"] for name, slots in new.items()}
         out.update({slot_name(slot, name): slots[slot] for name, slots in new.items() for slot in self.slots[1:]})
         return out
@@ -494,4 +494,5 @@ class LearningRateAdamW(LearningRateAdam):
     def _decayed(self, ops, moved, derived):
         decay = ops.mul(derived[LEARNING_RATE], ops.const(float(self.weight_decay)))
         return ops.sub(moved, ops.mul(moved, decay))
+
 

@@ -530,9 +530,10 @@ class RuleOptimizer(torch.optim.Optimizer):
                     state.update({slot: torch.zeros_like(p) for slot in slots})
                 state["step"] += 1
             # one step number per group: its parameters start together
-            step = float(self.state[params[0]]["step"])
+            # float32 scalars, as the graphs compute them
+            step = np.float32(float(self.state[params[0]]["step"]))
             given = {i: (p, p.grad, {slot: self.state[p][slot] for slot in slots}) for i, p in enumerate(params)}
-            new = self.rate.write_update(ArrayOps, given, float(group["lr"]), step)
+            new = self.rate.write_update(ArrayOps(np.float32), given, np.float32(group["lr"]), step)
             for i, p in enumerate(params):
                 p.copy_(new[i]["weight"])
                 for slot in slots:

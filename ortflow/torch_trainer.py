@@ -83,8 +83,9 @@ class TorchTrainer(BaseTrainer):
         rank = len(spec.label_shape)
         width = spec.label_shape[1] if rank == 2 and isinstance(spec.label_shape[1], int) else None
         loss = self._loss_object()
-        function = OnnxFunction(loss.build_onnx_function(weight_name="weight", rank=rank, width=width), "cpu",
-                                make_session_options(1))
+        # the loss graph of forward-backward training: weights pre-scaled by 1 / rows, the same roundings
+        function = OnnxFunction(loss.build_onnx_function(weight_name="weight", rank=rank, width=width,
+                                                         scaled_weight=True), "cpu", make_session_options(1))
         self._rt_module, self._rt_rate, self._rt_loss = module, rate, _family_loss(function)
         self._rt_penalty = clone(select("penalty", self.learning_penalty))
         self._rt_penalty.check()
@@ -107,8 +108,9 @@ class TorchTrainer(BaseTrainer):
     def _tensors(self, data: TrainData, rows):
         import torch
 
-        return (torch.from_numpy(np.ascontiguousarray(data.X[rows])), torch.from_numpy(data.y[rows]),
-                torch.from_numpy(data.weight[rows]))
+        y, weight = data.y[rows], data.weight[rows]
+        scaled = np.multiply(weight, 1.0 / len(weight)).astype(np.float32).reshape((-1,) + (1,) * (y.ndim - 1))
+        return torch.from_numpy(np.ascontiguousarray(data.X[rows])), torch.from_numpy(y), torch.from_numpy(scaled)
 
     def _train_epoch(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
         optimizer, module, loss_fn = self._rt_optimizer, self._rt_module, self._rt_loss

@@ -62,7 +62,7 @@ def test_bad_data(regression_data, graph, change, match):
         ({"max_iter": -1}, ValueError, "max_iter=-1"),
         ({"weights_to_train": ["coef", "nope"]}, ValueError, r"unknown initializers \['nope'\]"),
         ({"weights_to_train": "coef"}, TypeError, "list of names"),
-        ({"learning_rate": "rmsprop"}, ValueError, "learning_rate='rmsprop' is not a learning rate"),
+        ({"learning_rate": "lbfgs"}, ValueError, "learning_rate='lbfgs' is not a learning rate"),
         ({"lr_schedule": "cosine"}, ValueError, "lr_schedule='cosine'"),
         ({"learning_rate": -1.0}, ValueError, "learning_rate=-1.0 must be a positive"),
         ({"device": "tpu"}, DeviceError, "device='tpu' is not understood"),

@@ -52,7 +52,7 @@ def test_every_parameter_is_checked_and_documented():
     ({"tol": float("nan")}, ValueError, "tol=nan must be a finite number >= 0"),
     ({"power_t": float("nan")}, ValueError, "power_t=nan must be a finite number"),
     ({"learning_rate": LearningRateAdam(eta0=-1.0)}, ValueError, "eta0=-1.0 must be a positive"),
-    ({"learning_rate": "rmsprop"}, ValueError, "learning_rate='rmsprop' is not a learning rate"),
+    ({"learning_rate": "lbfgs"}, ValueError, "learning_rate='lbfgs' is not a learning rate"),
     ({"shuffle": "yes"}, TypeError, "shuffle='yes' must be True or False"),
     ({"verbose": -1}, ValueError, "verbose=-1 must be an integer >= 0"),
     ({"validation_fraction": 1.0}, ValueError, "validation_fraction=1.0 must be in"),
