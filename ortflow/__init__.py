@@ -20,6 +20,7 @@ _EXPORTS = {
                      "OrtflowError", "UnsafePathError", "UnsupportedModelError"], "exceptions"),
     **dict.fromkeys(["OrtGradientOptimizer"], "full"),
     **dict.fromkeys(["TorchTrainer"], "torch_trainer"),
+    **dict.fromkeys(["LearningRateRMSProp"], "learning_rates"),
     **dict.fromkeys(["AbsoluteLearningLoss", "BaseLearningLoss", "BaseLearningPenalty", "BaseLearningRate",
                      "ElasticLearningLoss", "ElasticLearningPenalty", "LearningRateAdam", "LearningRateAdamW",
                      "LearningRateSGD", "LearningRateSGDNesterov", "NegLogLearningLoss", "NoLearningPenalty",
@@ -41,6 +42,7 @@ if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads ea
                              UnsafePathError, UnsupportedModelError)
     from .full import OrtGradientOptimizer
     from .torch_trainer import TorchTrainer
+    from .learning_rates import LearningRateRMSProp
     from .fwbw import (AbsoluteLearningLoss, BaseLearningLoss, BaseLearningPenalty, BaseLearningRate,
                        ElasticLearningLoss, ElasticLearningPenalty, LearningRateAdam, LearningRateAdamW,
                        LearningRateSGD, LearningRateSGDNesterov, NegLogLearningLoss, NoLearningPenalty,
@@ -87,6 +89,7 @@ __all__ = [
     "ElasticLearningPenalty",
     "LearningRateAdam",
     "LearningRateAdamW",
+    "LearningRateRMSProp",
     "LearningRateSGD",
     "LearningRateSGDNesterov",
     "NegLogLearningLoss",

@@ -496,3 +496,30 @@ class LearningRateAdamW(LearningRateAdam):
         return ops.sub(moved, ops.mul(moved, decay))
 
 
+
+class LearningRateRMSProp(BaseLearningRate):
+    """RMSProp (Hinton; ``torch.optim.RMSprop`` without momentum): ``s = rho * s + (1 - rho) * grad ** 2``, then
+    ``w -= lr * grad / (sqrt(s) + epsilon)`` with ``lr = eta0``."""
+
+    names = ("rmsprop", "RMSProp")
+    slots = ("weight", "square")
+
+    def __init__(self, eta0: float = 0.01, rho: float = 0.99, epsilon: float = 1e-8):
+        self.eta0 = eta0
+        self.rho = rho
+        self.epsilon = epsilon
+
+    def check(self) -> None:
+        check_positive_float("eta0", self.eta0)
+        check_positive_float("epsilon", self.epsilon)
+        if not 0.0 <= self.rho < 1.0:
+            raise ValueError(f"rho={self.rho!r} must be in [0, 1)")
+
+    def value_at(self, samples_seen: int) -> float:
+        return float(self.eta0)
+
+    def _update(self, ops, weight, grad, state, derived):
+        rho = float(self.rho)
+        square = ops.add(ops.mul(state["square"], ops.const(rho)), ops.mul(ops.mul(grad, grad), ops.const(1.0 - rho)))
+        step = ops.div(ops.mul(grad, derived[LEARNING_RATE]), ops.add(ops.sqrt(square), ops.const(float(self.epsilon))))
+        return {"weight": ops.sub(weight, step), "square": square}

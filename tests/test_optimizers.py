@@ -12,6 +12,7 @@ import ortflow
 from ortflow import (
     LearningRateAdam,
     LearningRateAdamW,
+    LearningRateRMSProp,
     LearningRateSGD,
     LearningRateSGDNesterov,
     OrtGradientForwardBackwardOptimizer,
@@ -26,6 +27,7 @@ OPTIMIZERS = {
     "nesterov": lambda: LearningRateSGDNesterov(eta0=0.02, momentum=0.8),
     "adam": lambda: LearningRateAdam(eta0=0.01, beta1=0.8, beta2=0.95),
     "adamw": lambda: LearningRateAdamW(eta0=0.01, weight_decay=0.2),
+    "rmsprop": lambda: LearningRateRMSProp(eta0=0.005, rho=0.9),
 }
 EPOCHS, BATCH = 3, 20
 
@@ -97,3 +99,19 @@ def test_the_update_graph_equals_the_numpy_reference(name):
             assert_close(got[k], expected[k], rtol=1e-5, atol=float32_sum_atol(np.abs(expected[k]), step),
                          err_msg=f"{name} step {step} {k}")
 
+
+def test_rmsprop_is_torchs_rmsprop():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    start = rng.normal(size=(5,)).astype(np.float32)
+    ours, theirs = (torch.nn.Parameter(torch.from_numpy(start.copy())) for _ in range(2))
+    rate = LearningRateRMSProp(eta0=0.01, rho=0.9, epsilon=1e-8)
+    optimizers = [rate.torch_optimizer([ours]), torch.optim.RMSprop([theirs], lr=0.01, alpha=0.9, eps=1e-8)]
+    for _ in range(5):
+        grad = torch.from_numpy(rng.normal(size=(5,)).astype(np.float32))
+        for param, optimizer in zip((ours, theirs), optimizers):
+            param.grad = grad.clone()
+            optimizer.step()
+    assert_close(ours.detach().numpy(), theirs.detach().numpy(), rtol=1e-6,
+                 atol=float32_sum_atol(np.abs(start) + 0.05, 5))
+    assert not np.allclose(ours.detach().numpy(), start)
