@@ -11,9 +11,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipelines.tracking import promotion
-from pipelines.bundle import Bundle, MissingInputError
-from pipelines.config import ConfigError, validate
-from pipelines.models import with_scaling
+from pipelines.execution.bundle import Bundle, MissingInputError
+from pipelines.base.config import ConfigError, validate
+from pipelines.modeling.estimators import with_scaling
 from pipelines.tracking import flatten, is_transient, resolve_tracking_uri
 
 CONF = Path(__file__).resolve().parent.parent / "conf"

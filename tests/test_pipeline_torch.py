@@ -43,7 +43,7 @@ def test_torch_trainer_on_a_classifier(compose_pipeline, clean_mlflow_env, tmp_p
 
 
 def test_torch_trainer_refuses_checkpoints(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
-    from pipelines.config import ConfigError
+    from pipelines.base.config import ConfigError
 
     with pytest.raises(ConfigError, match="trainer=torch does not write or read checkpoints"):
         _chain(compose_pipeline, tmp_path, sqlite_uri, "trainer=torch", "trainer.checkpoint_every=1")

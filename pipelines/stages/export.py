@@ -26,11 +26,11 @@ import onnxruntime
 import pandas as pd
 
 from .. import tracking as tr
-from ..data import Split
+from ..data.datasets import Split
 from ..tracking import promotion
 from ..tracking.lineage import logged_model_name
-from ..predictions import check_finite_predictions, onnx_predict
-from ..runner import StageContext, in_multirun
+from ..modeling.predictions import check_finite_predictions, onnx_predict
+from ..execution.runner import StageContext, in_multirun
 
 
 def pip_requirements() -> list[str]:

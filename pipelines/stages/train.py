@@ -21,13 +21,13 @@ from omegaconf import DictConfig
 
 import ortflow
 
-from .. import plots
+from ..modeling import plots
 from .. import tracking as tr
 from ..tracking.checkpoints import MarkResumed, MlflowCheckpoint, resume_point
-from ..config import TRAINERS, learning_rate, loss, trainer_verbose
-from ..data import Split
-from ..models import penalty_spec
-from ..runner import StageContext
+from ..base.config import TRAINERS, learning_rate, loss, trainer_verbose
+from ..data.datasets import Split
+from ..modeling.estimators import penalty_spec
+from ..execution.runner import StageContext
 
 
 def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):

@@ -24,8 +24,8 @@ from omegaconf import DictConfig
 import ortflow
 from ortflow import graph as g
 
-from ..config import ConfigError
-from ..models import penalty_spec
+from ..base.config import ConfigError
+from ..modeling.estimators import penalty_spec
 
 LOSSES = ("square", "absolute", "elastic", "log")
 OPTIMIZERS = ("sgd", "nesterov", "adam", "adamw")

@@ -24,7 +24,7 @@ Every store call retries transient errors (:mod:`.retries`); a store that stays 
 
 from __future__ import annotations
 
-from ..errors import TrackingUnavailableError
+from ..base.errors import TrackingUnavailableError
 from .epoch_metrics import MlflowMetricsCallback, resend
 from .locks import file_lock, lock_path, sqlite_path
 from .records import (

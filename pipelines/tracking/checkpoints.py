@@ -37,7 +37,7 @@ from ortflow.callbacks import Callback
 from ortflow.checkpoint import sha256
 
 from .. import tracking as tr
-from ..config import to_container
+from ..base.config import to_container
 from .records import download_artifacts
 
 _log = logging.getLogger("pipelines.checkpoints")

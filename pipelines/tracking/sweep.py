@@ -1,4 +1,4 @@
-"""The MLflow side of a ``-m`` sweep (the Hydra callback is :mod:`pipelines.callbacks`): the sweep's parent run, a
+"""The MLflow side of a ``-m`` sweep (the Hydra callback is :mod:`pipelines.orchestration.sweep_callback`): the sweep's parent run, a
 FAILED run for a job that failed before making its own, and the end of the sweep (job counts, the best trial,
 its model registered once)."""
 
@@ -13,7 +13,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig
 
 from .. import tracking as tr
-from ..callbacks import JOB_RUN_FILE, SWEEP_RUN_ENV, SWEEP_RUN_FILE
+from ..orchestration.sweep_callback import JOB_RUN_FILE, SWEEP_RUN_ENV, SWEEP_RUN_FILE
 from . import promotion
 from .lineage import source_tags
 from .promotion import default_direction
@@ -45,13 +45,13 @@ def close_sweep(tracking: Any, config: DictConfig, run_id: str, study: Any = Non
     if study is not None:  # the whole study, not only this worker's view
         import yaml
 
-        from .. import study as st
+        from ..orchestration import study as st
 
         (sweep_dir / "optimization_results.yaml").write_text(yaml.safe_dump(st.results(study), sort_keys=False))
     for name in ("search_space.yaml", "optimization_results.yaml"):
         if (sweep_dir / name).exists():
             tr.log_artifact(tracking, run_id, sweep_dir / name, "sweep")
-    from ..study import SearchSpaceError, parse_space
+    from ..orchestration.study import SearchSpaceError, parse_space
 
     try:
         dimensions, _ = parse_space(config.hydra.sweeper.get("params"), list(config.hydra.overrides.task))

@@ -30,8 +30,8 @@ JOB_RUN_FILE = ".mlflow_run_id"
 
 class MlflowSweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from . import tracking as tr
-        from .tracking.sweep import create_sweep_run
+        from .. import tracking as tr
+        from ..tracking.sweep import create_sweep_run
 
         tracking = tr.setup(config)
         sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -70,14 +70,14 @@ class MlflowSweepCallback(Callback):
 
         if job_return.status != JobStatus.FAILED or config.hydra.mode != RunMode.MULTIRUN:
             return
-        from .tracking.sweep import record_failed_job
+        from ..tracking.sweep import record_failed_job
 
         error = job_return._return_value
         with contextlib.suppress(Exception):  # best effort: the job already failed
             record_failed_job(config, config.hydra, error if isinstance(error, BaseException) else None)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from . import tracking as tr
+        from .. import tracking as tr
 
         run_id = getattr(self, "run_id", None)
         if run_id is None:
@@ -92,7 +92,7 @@ class MlflowSweepCallback(Callback):
                 print(f"ortflow: trials of study {self.study.study_name!r} are still running or were closed by "
                       f"another worker: the last worker to finish closes sweep run {run_id}")
                 return
-        from .tracking.sweep import close_sweep
+        from ..tracking.sweep import close_sweep
 
         tracking = tr.setup(config)
         close_sweep(tracking, config, run_id, self.study)

@@ -26,13 +26,13 @@ from ortflow.registry import names, select
 from ortflow.schedules import SCHEDULES
 
 from .errors import UserError
-from . import stages as stage_table
-from .stages import names as stage_names
+from .. import stages as stage_table
+from ..stages import names as stage_names
 
 
 #: conf/ at the repository root, as an absolute path: @hydra.main resolves it the same way whether a stage runs
 #: as ``python -m pipelines.<stage>`` or is imported (pipelines.mlproject, tests).
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 class _Choice(str, Enum):
