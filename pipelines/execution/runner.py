@@ -21,8 +21,8 @@ from omegaconf import DictConfig
 
 from .. import tracking as tr
 from .bundle import Bundle
-from ..orchestration.sweep_callback import JOB_RUN_FILE, SWEEP_RUN_ENV, SWEEP_RUN_FILE
 from ..base.config import register_configs, task_of, validate
+from ..base.handoff import JOB_RUN_FILE, SWEEP_RUN_ENV, SWEEP_RUN_FILE
 from ..data.datasets import Split
 from ..tracking.lineage import STAGE_INPUTS, log_split_inputs
 

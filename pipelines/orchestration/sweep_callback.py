@@ -21,11 +21,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-#: file in the sweep directory holding the sweep run's id; environment variable with the same id
-SWEEP_RUN_FILE = ".mlflow_sweep_run_id"
-SWEEP_RUN_ENV = "ORTFLOW_SWEEP_RUN_ID"
-#: file in a job's output directory holding the id of the run the job created
-JOB_RUN_FILE = ".mlflow_run_id"
+from ..base.handoff import SWEEP_RUN_ENV, SWEEP_RUN_FILE
 
 
 class MlflowSweepCallback(Callback):
@@ -93,9 +89,23 @@ class MlflowSweepCallback(Callback):
                       f"another worker: the last worker to finish closes sweep run {run_id}")
                 return
         from ..tracking.sweep import close_sweep
+        from . import study as st
 
         tracking = tr.setup(config)
-        close_sweep(tracking, config, run_id, self.study)
+        results = st.results(self.study) if self.study is not None else None
+        close_sweep(tracking, config, run_id, _search_space(config), results)
+
+
+def _search_space(config: DictConfig) -> dict[str, str]:
+    """The sweep's parameters, each with its distribution described (none for a sweep that has no distribution to
+    describe, e.g. a ``glob()`` sweep of the basic sweeper)."""
+    from .study import SearchSpaceError, describe, parse_space
+
+    try:
+        dimensions, _ = parse_space(config.hydra.sweeper.get("params"), list(config.hydra.overrides.task))
+    except SearchSpaceError:
+        return {}
+    return describe(dimensions)
 
 
 def _shared_study(config: DictConfig) -> Any:

@@ -16,7 +16,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from ..base import periodic
 from ..base.errors import TrackingUnavailableError
-from ..mlproject import OUTER_RUN_ENV
+from ..base.handoff import OUTER_RUN_ENV
 from .lineage import source_tags
 from .records import set_tags
 from .store import Tracking
