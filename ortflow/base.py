@@ -322,15 +322,7 @@ class BaseTrainer(BaseEstimator):
         graphs["trained_model"] = self.get_trained_onnx()
         serialized = {name: proto if isinstance(proto, bytes) else proto.SerializeToString()
                       for name, proto in graphs.items()}
-        if folder is None:
-            return serialized
-        os.makedirs(folder, exist_ok=True)
-        paths = {}
-        for name, data in serialized.items():
-            path = g.safe_join(folder, f"{name}.onnx")
-            path.write_bytes(data)
-            paths[name] = str(path)
-        return paths
+        return serialized if folder is None else g.save_graphs(serialized, folder)
 
     # --- checkpoints ---------------------------------------------------------------------------------------
     def save_checkpoint(self, folder: str | os.PathLike) -> str:

@@ -37,13 +37,11 @@ from torch.utils.dlpack import to_dlpack
 _from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
 
 from . import graph as g
-from ._ort import OrtValueVector, SessionOptions, ort
+from ._ort import _C, OrtValueVector, SessionOptions
 from .exceptions import UnsupportedModelError
 from .fwbw.forward_backward import OrtGradientForwardBackward
 from .runtime import OnnxFunction, make_session_options, threads_for_work
 from .validation import check_weights_to_train
-
-_C = ort.capi._pybind_state
 
 __all__ = ["OnnxModule", "parameter_name"]
 

@@ -35,6 +35,7 @@ from omegaconf import DictConfig
 import ortflow
 from ortflow.callbacks import Callback
 from ortflow.checkpoint import sha256
+from ortflow.exceptions import CheckpointError  # no usable checkpoint where trainer.resume_from points
 
 from .. import tracking as tr
 from ..base.config import to_container
@@ -55,10 +56,6 @@ _FREE_KEYS = ("trainer.max_iter", "trainer.checkpoint_every", "trainer.resume_fr
 _COMPARED = ("seed", "data.", "model.", "loss.", "penalty.", "trainer.")
 _RUN_ID = re.compile(r"^[0-9a-fA-F]{32}$")
 _RUNS_URI = re.compile(r"^runs:/([^/]+)/*(.*)$")
-
-
-class CheckpointError(RuntimeError):
-    """No usable checkpoint where ``trainer.resume_from`` points; the message says why and what to do."""
 
 
 # ------------------------------------------------------------------------------------------------ manifest
