@@ -27,11 +27,13 @@ PACKAGES = ("ortflow", "pipelines")
 #: directly in dir, else one file; the most specific pattern claims a file), what it is
 LAYERS: list[tuple[str, tuple[str, ...], str]] = [
     ("entry points", ("pipelines/*.py",),
-     "`python -m pipelines.<stage>` (and `.main`, `.mlproject`, `.resend`, `.server`), the Hydra app (`cli`), the override guard"),
+     "`python -m pipelines.<stage>` (and `.main`, `.mlproject`, `.resend`, `.server`), the Hydra app (`cli`), "
+     "the override guard"),
     ("chain and sweeps", ("pipelines/orchestration/",),
      "the chain and its precheck, the Hydra sweep callback, the shared Optuna study"),
     ("stages", ("pipelines/stages/*.py",), "one module per stage of the table"),
-    ("stage runs", ("pipelines/execution/",), "one stage in its MLflow run (`runner`), the files stages hand on (`bundle`)"),
+    ("stage runs", ("pipelines/execution/",),
+     "one stage in its MLflow run (`runner`), the files stages hand on (`bundle`)"),
     ("tracking", ("pipelines/tracking/",), "everything said to MLflow (the only package importing mlflow)"),
     ("modeling", ("pipelines/modeling/",), "scikit-learn estimators, predictions, metrics, plots"),
     ("data", ("pipelines/data/",), "data sets and the split, tables, class labels"),

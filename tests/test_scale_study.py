@@ -1,5 +1,5 @@
-"""The Optuna side of distributed sweeps (pipelines.orchestration.study): the search space syntax and trials claimed exactly once
-by processes sharing one study."""
+"""The Optuna side of distributed sweeps (pipelines.orchestration.study): the search space syntax and trials claimed
+exactly once by processes sharing one study."""
 
 from __future__ import annotations
 

@@ -102,7 +102,8 @@ def work_dir_for(name: str) -> Path:
 
 
 def sweep_parent_run_id() -> str | None:
-    """The sweep's parent run when this process runs a job of a Hydra multirun (see pipelines.orchestration.sweep_callback)."""
+    """The sweep's parent run when this process runs a job of a Hydra multirun (see
+    pipelines.orchestration.sweep_callback)."""
     from hydra.core.hydra_config import HydraConfig
 
     if not in_multirun():

@@ -6,7 +6,7 @@ module (``pipelines/stages/<name>.py`` unless ``module`` says otherwise), import
 stages hand to each other (:data:`pipelines.execution.bundle.FILES`), the data parts logged as dataset inputs
 (:data:`pipelines.tracking.lineage.STAGE_INPUTS`), ``python -m pipelines <stage>``, ``MLproject``'s entry points
 (:mod:`pipelines.mlproject`) and the ``--help`` listing all read the table. A stage module imports no other stage
-module: what two stages share lives in a module of ``pipelines/``.
+module: what two stages share lives in a lower layer (``pipelines/modeling/``, ``data/``, ``execution/``).
 
 This module imports nothing heavy: the entry points read it before the config is composed.
 """

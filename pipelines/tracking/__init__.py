@@ -18,7 +18,7 @@ Every store call retries transient errors (:mod:`.retries`); a store that stays 
 | ``lineage`` | the data a stage read as dataset inputs, the source tags, the logged model's name |
 | ``checkpoints`` | the train stage's checkpoints logged, and resumed from |
 | ``promotion`` | registering a version and the alias-based promotion gate |
-| ``sweep`` | the Hydra callback grouping a ``-m`` sweep under one run, registering its best trial |
+| ``sweep`` | a ``-m`` sweep's run, a failed job's run, its best trial registered (the callback is in ``orchestration``) |
 | ``serving_model`` | the registered model's code (logged as a file; imports nothing of ``pipelines``) |
 """
 

@@ -1,6 +1,6 @@
-"""The MLflow side of a ``-m`` sweep (the Hydra callback is :mod:`pipelines.orchestration.sweep_callback`): the sweep's parent run, a
-FAILED run for a job that failed before making its own, and the end of the sweep (job counts, the best trial,
-its model registered once)."""
+"""The MLflow side of a ``-m`` sweep (the Hydra callback is :mod:`pipelines.orchestration.sweep_callback`): the
+sweep's parent run, a FAILED run for a job that failed before making its own, and the end of the sweep (job counts,
+the best trial, its model registered once)."""
 
 from __future__ import annotations
 
