@@ -28,7 +28,7 @@ _EXPORTS = {
                     "fwbw"),
     **dict.fromkeys(["get_initializers", "load_model", "replace_initializers", "trainable_initializers"], "graph"),
     **dict.fromkeys(["add_loss_output"], "add_loss"),
-    **dict.fromkeys(["make_trainable"], "mlops"),
+    **dict.fromkeys(["make_trainable"], "ml_op_rewrites"),
 }
 
 if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads each name
@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads ea
                        LearningRateSGD, LearningRateSGDNesterov, NegLogLearningLoss, NoLearningPenalty,
                        OrtGradientForwardBackward, OrtGradientForwardBackwardOptimizer, SquareLearningLoss)
     from .graph import get_initializers, load_model, replace_initializers, trainable_initializers
-    from .mlops import make_trainable
+    from .ml_op_rewrites import make_trainable
 
 
 def __getattr__(name: str):

@@ -51,6 +51,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
         "'ortflow[cpu]' (onnxruntime-training-cpu 1.19.2, Python <= 3.12); never install both."
     ) from exc
 
+#: onnxruntime's pybind module: the classes it has no Python wrapper for (OrtDevice, SessionIOBinding, the C
+#: OrtValue, TrainingGraphTransformerConfiguration); the one alias the other modules import
 _C = ort.capi._pybind_state
 TRAINING = hasattr(_C, "TrainingAgent") and importlib.util.find_spec("onnxruntime.training") is not None
 

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 from .graph import ModelLike, all_names, check_loadable, elem_type, load_model, pick_output, shape_of
 from .losses import BaseLearningLoss
-from .mlops import holds_linear_ops, make_trainable
+from .ml_op_rewrites import holds_linear_ops, make_trainable
 from .onnx_builder import GraphBuilder
 from .penalties import ElasticLearningPenalty
 from .registry import family, select, settings_of

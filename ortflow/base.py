@@ -39,7 +39,7 @@ from ._ort import InferenceSession, SessionOptions
 from .callbacks import Callback, EarlyStopping, ProgressBar
 from .exceptions import ConvergenceError
 from .learning_rates import BaseLearningRate, LearningRateSGD
-from .mlops import make_trainable
+from .ml_op_rewrites import make_trainable
 from .parameters import check_parameters
 from .registry import select
 from .runtime import THREADS_WORK_THRESHOLD, OnnxFunction, make_session_options, threads_for_work
@@ -333,15 +333,7 @@ class BaseTrainer(BaseEstimator):
         graphs["trained_model"] = self.get_trained_onnx()
         serialized = {name: proto if isinstance(proto, bytes) else proto.SerializeToString()
                       for name, proto in graphs.items()}
-        if folder is None:
-            return serialized
-        os.makedirs(folder, exist_ok=True)
-        paths = {}
-        for name, data in serialized.items():
-            path = g.safe_join(folder, f"{name}.onnx")
-            path.write_bytes(data)
-            paths[name] = str(path)
-        return paths
+        return serialized if folder is None else g.save_graphs(serialized, folder)
 
     # --- checkpoints ---------------------------------------------------------------------------------------
     def save_checkpoint(self, folder: str | os.PathLike) -> str:

@@ -77,7 +77,7 @@ class StepGraphRuntime:
                 values = {**feeds, **{n: pair[parity] for n, pair in self._state.items()}, **self._scalars}
                 outputs = [self._loss] + [self._state[n][1 - parity] for n in self.state_names]
                 bindings.append(function.bind([values[n] for n in self.input_names], outputs))
-            run = function._sess.run_with_iobinding
+            run = function.run_with_iobinding
             found = self._batches[shapes] = ([feeds[n] for n in self.feed_names], run, bindings, function)
         return found
 

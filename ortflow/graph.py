@@ -298,6 +298,18 @@ def safe_join(folder: str | os.PathLike, name: str) -> Path:
     return target
 
 
+def save_graphs(graphs: Mapping[str, onnx.ModelProto | bytes], folder: str | os.PathLike) -> dict[str, str]:
+    """Write each of ``graphs`` (name -> graph, or its serialized bytes) into ``folder`` as ``<name>.onnx``, making
+    the folder if needed and refusing a name that escapes it; return name -> path."""
+    os.makedirs(folder, exist_ok=True)
+    paths = {}
+    for name, model in graphs.items():
+        path = safe_join(folder, f"{name}.onnx")
+        path.write_bytes(model if isinstance(model, bytes) else model.SerializeToString())
+        paths[name] = str(path)
+    return paths
+
+
 def relu_as_mask(model: onnx.ModelProto) -> onnx.ModelProto:
     """Copy of ``model`` where float/double ``Relu(x)`` nodes compute ``x * Cast(x > 0)`` instead.
 

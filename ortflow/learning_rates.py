@@ -8,7 +8,7 @@ optimizer comes from that one definition:
 - forward-backward training's update graph (:meth:`BaseLearningRate.build_onnx_function`), ``ops`` writing ONNX
   nodes (:class:`GraphOps`);
 - full training's step graph (:func:`ortflow.autodiff.training_step`), the same rule written into the step graph;
-- a ``torch.optim.Optimizer`` (:meth:`BaseLearningRate.torch_optimizer`), ``ops`` on torch tensors
+- a ``torch.optim.Optimizer`` (:class:`ortflow.torch.RuleOptimizer`), ``ops`` on torch tensors
   (:class:`ArrayOps`); numpy arrays go through the same ops (:meth:`BaseLearningRate.reference_step`, the tests'
   reference).
 
@@ -153,17 +153,6 @@ class BaseLearningRate(Registered, BaseEstimator):
         out = {name: slots["weight"] for name, slots in new.items()}
         out.update({slot_name(slot, name): slots[slot] for name, slots in new.items() for slot in self.slots[1:]})
         return out
-
-    def torch_optimizer(self, params, learning_rate: float | None = None):
-        """A ``torch.optim.Optimizer`` over ``params`` running this rule (:class:`ortflow.torch.RuleOptimizer`);
-        its ``lr`` starts at ``learning_rate`` (default: the schedule's first value) and torch's LR schedulers
-        may change it."""
-        from .torch import RuleOptimizer
-
-        return RuleOptimizer(params, self, self.value_at(0) if learning_rate is None else learning_rate)
-
-    def check(self) -> None:
-        """Raise ValueError on an invalid hyper-parameter."""
 
     def ort_optimizer(self) -> Any:
         """The optimizer full training asks onnxruntime's ``generate_artifacts`` for (an ``OptimType`` or an

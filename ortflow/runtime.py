@@ -4,18 +4,14 @@ IOBinding (``OnnxFunction``)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 
-from ._ort import InferenceSession, OrtValue, SessionOptions, ort
+from ._ort import _C, InferenceSession, OrtValue, SessionOptions
 from .validation import check_device, device_index, resolve_device
-
-# Pybind classes _ort does not re-export yet (OrtDevice, SessionIOBinding, TrainingGraphTransformerConfiguration,
-# the C OrtValue): they live in the module onnxruntime has already imported.
-_C = ort.capi._pybind_state
 
 
 # --- device buffers -------------------------------------------------------------------------------------------
@@ -104,6 +100,12 @@ class DeviceBuffer:
 
 
 # --- small graphs ------------------------------------------------------------------------------------------
+def c_session(session: InferenceSession):
+    """onnxruntime's C session behind ``session``: what IOBinding, ``TrainingAgent`` and the hot loops run (the one
+    place ortflow reaches into onnxruntime's private ``_sess``)."""
+    return session._sess
+
+
 class OnnxFunction:
     """A graph run on OrtValues with IOBinding: ``run`` binds per call, ``bind`` + ``run_bound`` bind once."""
 
@@ -113,7 +115,7 @@ class OnnxFunction:
         self.device = device = resolve_device(device)
         self.session = InferenceSession(model.SerializeToString(), options or make_session_options(),
                                         providers=providers)
-        self._sess = self.session._sess
+        self._sess = c_session(self.session)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._device = ort_device(device)
@@ -134,6 +136,11 @@ class OnnxFunction:
 
     def run_bound(self, binding) -> None:
         self._sess.run_with_iobinding(binding, None)
+
+    @property
+    def run_with_iobinding(self) -> Callable:
+        """The C session's ``run_with_iobinding(binding, run_options)``, for a hot loop to look up once."""
+        return self._sess.run_with_iobinding
 
     def run(self, *inputs) -> list[OrtValue]:
         """Run on ``inputs`` (OrtValues or arrays); outputs are OrtValues on the device."""

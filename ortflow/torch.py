@@ -37,13 +37,11 @@ from torch.utils.dlpack import to_dlpack
 _from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
 
 from . import graph as g
-from ._ort import TRAINING, OrtValueVector, SessionOptions, ort
+from ._ort import _C, TRAINING, OrtValueVector, SessionOptions
 from .exceptions import UnsupportedModelError
 from .fwbw.forward_backward import OrtGradientForwardBackward
 from .runtime import OnnxFunction, make_session_options, threads_for_work
 from .validation import check_weights_to_train
-
-_C = ort.capi._pybind_state
 
 #: who builds the layer's gradient graphs: onnxruntime's TrainingAgent on the training build (its per-shape agents
 #: and buffer reuse are what the layer's DLPack path is built around), ortflow's graphs on the plain build
@@ -501,14 +499,15 @@ class OnnxModule(nn.Module):
 
 class RuleOptimizer(torch.optim.Optimizer):
     """A torch optimizer running an ortflow optimizer's update rule (:mod:`ortflow.learning_rates`: the rule written
-    once, here on torch tensors), so a torch loop trains exactly as ortflow's trainers do. Build it with
-    ``rate.torch_optimizer(params)``. ``lr`` (per parameter group) is the rule's ``learning_rate``: torch's LR
-    schedulers change it; ``state[p]`` holds the rule's slots and the step count."""
+    once, here on torch tensors), so a torch loop trains exactly as ortflow's trainers do:
+    ``RuleOptimizer(model.parameters(), ortflow.LearningRateAdamW(eta0=0.01))``. ``lr`` (per parameter group, default
+    the schedule's first value) is the rule's ``learning_rate``: torch's LR schedulers change it; ``state[p]`` holds
+    the rule's slots and the step count."""
 
-    def __init__(self, params, rate, lr: float):
+    def __init__(self, params, rate, lr: float | None = None):
         rate.check()
         self.rate = rate
-        super().__init__(params, {"lr": float(lr)})
+        super().__init__(params, {"lr": float(rate.value_at(0) if lr is None else lr)})
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -5,7 +5,7 @@ optimizer, on the epoch loop, callbacks, history, early stopping, divergence han
 Forward and backward run in onnxruntime through the layer; the loss is the loss family's own graph (its value and
 its gradient with respect to the prediction, :meth:`ortflow.losses.BaseLearningLoss.loss_gradient`), so the three
 trainers minimize the same loss. The update is the optimizer's one rule on torch tensors
-(:meth:`ortflow.learning_rates.BaseLearningRate.torch_optimizer`), its rate set every epoch from ``value_at`` like
+(:class:`ortflow.torch.RuleOptimizer`), its rate set every epoch from ``value_at`` like
 the other trainers: the three trainers take the same steps.
 
 torch is imported when the trainer fits (``import ortflow`` does not import it): ``pip install 'ortflow[torch]'``.
@@ -72,7 +72,7 @@ class TorchTrainer(BaseTrainer):
 
     def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec, rate: BaseLearningRate) -> None:
         from .runtime import OnnxFunction, make_session_options
-        from .torch import OnnxModule
+        from .torch import OnnxModule, RuleOptimizer
 
         output = spec.trained_output
         train_graph = g.keep_outputs(model, [output])
@@ -89,7 +89,7 @@ class TorchTrainer(BaseTrainer):
         self._rt_module, self._rt_rate, self._rt_loss = module, rate, _family_loss(function)
         self._rt_penalty = clone(select("penalty", self.learning_penalty))
         self._rt_penalty.check()
-        self._rt_optimizer = rate.torch_optimizer(list(module.parameters()))
+        self._rt_optimizer = RuleOptimizer(list(module.parameters()), rate)
         self.module_, self.optimizer_ = module, self._rt_optimizer
 
     def _penalty(self):

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
-from .errors import UserError, exit_if_expected
+from .base.errors import UserError, exit_if_expected
 
 #: what ``python -m pipelines`` runs besides the stages: the chain
 CHAIN = "main"
@@ -31,7 +31,7 @@ def app(name: str) -> Callable[[], Any]:
     entry module (the job name names a sweep's run and Hydra's log file)."""
     import hydra
 
-    from .config import CONFIG_DIR, register_configs
+    from .base.config import CONFIG_DIR, register_configs
     from .overrides import guarded
 
     register_configs()
@@ -54,7 +54,7 @@ class SweepError(UserError, RuntimeError):
 
 def _closing_sweep(main: Callable[[], Any]) -> Callable[[], Any]:
     """``main`` (Hydra's entry point); when it raises after a sweep opened its parent run, that run ends FAILED
-    with the reason (Hydra calls no callback then, see :mod:`pipelines.callbacks`) and the error becomes a
+    with the reason (Hydra calls no callback then, see :mod:`pipelines.orchestration.sweep_callback`) and the error becomes a
     :class:`SweepError` naming it: one line and status 2 instead of a traceback (``debug=true`` shows it)."""
 
     @functools.wraps(main)
@@ -62,7 +62,7 @@ def _closing_sweep(main: Callable[[], Any]) -> Callable[[], Any]:
         try:
             return main(*args, **kwargs)
         except BaseException as exc:
-            from .callbacks import fail_unclosed_sweep
+            from .orchestration.sweep_callback import fail_unclosed_sweep
 
             closed = fail_unclosed_sweep(exc)
             if closed is None or not isinstance(exc, Exception):
@@ -100,7 +100,7 @@ def run_stage(name: str, cfg: DictConfig) -> float | None:
 
     def stage() -> float | None:
         check_inputs(cfg, [name])
-        from .runner import run_standalone
+        from .execution.runner import run_standalone
         from .stages import stage_function
 
         return run_standalone(name, stage_function(name), cfg)
@@ -113,7 +113,7 @@ def run_main(cfg: DictConfig) -> float | None:
 
     def chain() -> float | None:
         check_inputs(cfg, [str(s) for s in cfg.stages])
-        from .chain import report, run_chain
+        from .orchestration.chain import report, run_chain
 
         result = run_chain(cfg)
         print(report(result, cfg))
@@ -124,17 +124,17 @@ def run_main(cfg: DictConfig) -> float | None:
 
 def check_inputs(cfg: DictConfig, stages: list[str]) -> None:
     """The checks that need no MLflow and no training: the config's combinations, and the table that ``convert``
-    would read, with its labels for a classifier (raises :class:`~pipelines.config.ConfigError` or
-    :class:`~pipelines.errors.DataError`; a bundled set's labels are checked by the chain's precheck)."""
-    from .config import DataKind, data_loader, validate, validate_data
+    would read, with its labels for a classifier (raises :class:`~pipelines.base.config.ConfigError` or
+    :class:`~pipelines.base.errors.DataError`; a bundled set's labels are checked by the chain's precheck)."""
+    from .base.config import DataKind, data_loader, validate, validate_data
 
     validate_data(cfg.data)
     if "convert" in stages and data_loader(cfg.data) == DataKind.file.value:
-        from .tables import read_table
+        from .data.tables import read_table
 
         table = read_table(cfg.data)  # first: listing the registry's names in validate() takes seconds
         if str(cfg.data.task) == "classification":
-            from .labels import class_labels, target_description
+            from .data.labels import class_labels, target_description
 
             class_labels(table.y, target_description(cfg.data))
     validate(cfg)
@@ -142,7 +142,7 @@ def check_inputs(cfg: DictConfig, stages: list[str]) -> None:
 
 def _guarded(cfg: DictConfig, body: Callable[[], float | None], what: str) -> float | None:
     """Run ``body``; in a sweep, a failure becomes a FAILED run plus the worst objective instead of an exception,
-    elsewhere an expected error ends the command with one line, a hint and status 2 (:mod:`pipelines.errors`).
+    elsewhere an expected error ends the command with one line, a hint and status 2 (:mod:`pipelines.base.errors`).
 
     Raising would stop Hydra's basic sweeper after the batch (leaving the sweep run open) and NaN crashes the
     Optuna sweeper; an infinite value keeps the sweep going and steers Optuna away.

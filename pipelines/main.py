@@ -1,5 +1,5 @@
 """``python -m pipelines.main key=value ...``: the chain, the same as ``python -m pipelines main`` (see
-pipelines/__main__.py and pipelines/chain.py); examples in ``--help`` and docs/PIPELINES.md."""
+pipelines/__main__.py and pipelines/orchestration/chain.py); examples in ``--help`` and docs/PIPELINES.md."""
 from .cli import app
 
 main = app("main")

@@ -30,8 +30,9 @@ import shlex
 import sys
 from pathlib import Path
 
+from .base.handoff import OUTER_RUN_ENV
 from .cli import CHAIN, app
-from .errors import USER_ERROR_STATUS, UserError, report
+from .base.errors import USER_ERROR_STATUS, UserError, report
 from .stages import names
 
 #: the MLproject file, at the repository root
@@ -49,8 +50,6 @@ entry_points:
 """
 #: MLflow's Default experiment, where ``mlflow run`` puts its run when it was given no experiment
 DEFAULT_EXPERIMENT_ID = "0"
-#: mlflow run's run, when the pipelines log into an experiment of their own (see the module's docstring)
-OUTER_RUN_ENV = "ORTFLOW_MLFLOW_RUN_ID"
 
 
 def own_experiment(environ: dict = os.environ) -> None:  # noqa: B006 - the process environment, on purpose

@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import errors
-from .errors import UserError
+from .base import errors
+from .base.errors import UserError
 
 #: the ``_target_`` values an override may name (the project's own)
-ALLOWED_TARGETS = frozenset({"pipelines.callbacks.MlflowSweepCallback"})
+ALLOWED_TARGETS = frozenset({"pipelines.orchestration.sweep_callback.MlflowSweepCallback"})
 #: flags that only print information or choose between a run and a multirun, with the values they take
 _INFO = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
 ALLOWED_FLAGS: dict[str, tuple[str, ...] | None] = {
@@ -112,7 +112,7 @@ def _check_target(text: str, target: Any) -> None:
 
 def guarded(main: Callable[[], Any]) -> Callable[[], Any]:
     """Wrap a ``@hydra.main`` entry point: ``sys.argv`` is checked by :func:`check_overrides` first, and an
-    expected error (:func:`pipelines.errors.hint_for`) ends the command with one line, a hint and status 2."""
+    expected error (:func:`pipelines.base.errors.hint_for`) ends the command with one line, a hint and status 2."""
 
     @functools.wraps(main)
     def entry(*args: Any, **kwargs: Any) -> Any:

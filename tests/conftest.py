@@ -150,7 +150,7 @@ def compose_pipeline():
     """Compose the pipelines' Hydra config (conf/config.yaml) with overrides, as the CLI would."""
     from hydra import compose, initialize_config_dir
 
-    from pipelines.config import register_configs
+    from pipelines.base.config import register_configs
 
     register_configs()
 

@@ -106,7 +106,9 @@ def test_rmsprop_is_torchs_rmsprop():
     start = rng.normal(size=(5,)).astype(np.float32)
     ours, theirs = (torch.nn.Parameter(torch.from_numpy(start.copy())) for _ in range(2))
     rate = LearningRateRMSProp(eta0=0.01, rho=0.9, epsilon=1e-8)
-    optimizers = [rate.torch_optimizer([ours]), torch.optim.RMSprop([theirs], lr=0.01, alpha=0.9, eps=1e-8)]
+    from ortflow.torch import RuleOptimizer
+
+    optimizers = [RuleOptimizer([ours], rate), torch.optim.RMSprop([theirs], lr=0.01, alpha=0.9, eps=1e-8)]
     for _ in range(5):
         grad = torch.from_numpy(rng.normal(size=(5,)).astype(np.float32))
         for param, optimizer in zip((ours, theirs), optimizers):

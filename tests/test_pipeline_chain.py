@@ -13,8 +13,8 @@ import pytest
 from mlflow import MlflowClient
 
 import ortflow
-from pipelines.chain import report, run_chain
-from pipelines.runner import run_standalone
+from pipelines.orchestration.chain import report, run_chain
+from pipelines.execution.runner import run_standalone
 from pipelines.stages.add_loss import add_loss
 from pipelines.stages.convert import convert
 from pipelines.stages.evaluate import evaluate

@@ -10,9 +10,9 @@ from mlflow import MlflowClient
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score, f1_score, log_loss
 
-from pipelines.chain import run_chain
-from pipelines.errors import DataError
-from pipelines.data import Split, make_split
+from pipelines.orchestration.chain import run_chain
+from pipelines.base.errors import DataError
+from pipelines.data.datasets import Split, make_split
 
 
 def _no_runs(uri: str) -> bool:

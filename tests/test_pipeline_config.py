@@ -11,9 +11,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipelines.tracking import promotion
-from pipelines.bundle import Bundle, MissingInputError
-from pipelines.config import ConfigError, validate
-from pipelines.models import with_scaling
+from pipelines.execution.bundle import Bundle, MissingInputError
+from pipelines.base.config import ConfigError, validate
+from pipelines.modeling.estimators import with_scaling
 from pipelines.tracking import flatten, is_transient, resolve_tracking_uri
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -263,8 +263,8 @@ def test_torch_trainer_fits_with_the_settings_it_was_given(compose_pipeline):
 def test_every_metric_evaluate_writes_is_a_valid_promotion_metric():
     import numpy as np
 
-    from pipelines.config import check_promotion_metric
-    from pipelines.metrics import classification_metrics, regression_metrics
+    from pipelines.base.config import check_promotion_metric
+    from pipelines.modeling.metrics import classification_metrics, regression_metrics
 
     y = np.array([0.0, 1.0, 2.0])
     written = {**regression_metrics(y, y), **regression_metrics(y, y, "sklearn_test_")}

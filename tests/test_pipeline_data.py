@@ -6,11 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.config import ConfigError, validate
-from pipelines.data import load_dataset
-from pipelines.errors import DataError
+from pipelines.base.config import ConfigError, validate
+from pipelines.data.datasets import load_dataset
+from pipelines.base.errors import DataError
 from pipelines.tracking.lineage import logged_model_name
-from pipelines.tables import read_table
+from pipelines.data.tables import read_table
 
 
 def _table(tmp_path, frame, name="houses.csv"):
@@ -63,7 +63,7 @@ def test_non_numeric_column_refused_by_default_dropped_when_asked(compose_pipeli
     path = _table(tmp_path, frame, "houses.parquet")
     with pytest.raises(DataError, match=r"non-numeric columns \['city'\].*data.drop_invalid=true"):
         read_table(_data(compose_pipeline, path))
-    with caplog.at_level(logging.WARNING, logger="pipelines.tables"):
+    with caplog.at_level(logging.WARNING, logger="pipelines.data.tables"):
         table = read_table(_data(compose_pipeline, path, "data.drop_invalid=true"))
     assert table.features == ["area", "rooms"] and table.dropped_columns == ["city"]
     assert table.report() == {"n_rows_read": 40, "n_rows_dropped": 0, "n_columns_dropped": 1,
@@ -84,7 +84,7 @@ def test_rows_with_missing_or_infinite_values_refused_by_default_dropped_when_as
         read_table(_data(compose_pipeline, path))
     assert "3 of 40 rows of houses.csv" in str(info.value) and "['area', 'rooms', 'price']" in str(info.value)
     assert "first at data row 4" in str(info.value) and "data.drop_invalid=true" in str(info.value)
-    with caplog.at_level(logging.WARNING, logger="pipelines.tables"):
+    with caplog.at_level(logging.WARNING, logger="pipelines.data.tables"):
         table = read_table(_data(compose_pipeline, path, "data.drop_invalid=true"))
     assert len(table.y) == 37 and table.n_rows_dropped == 3 and table.report()["n_rows_read"] == 40
     np.testing.assert_array_equal(table.y, frame["price"].drop(index=[3, 7, 9]).to_numpy())
@@ -97,7 +97,7 @@ def test_rows_with_missing_or_infinite_values_refused_by_default_dropped_when_as
     (lambda f: f.assign(price="high"), [], r"data.target='price' of houses.csv holds text \('high'"),
     (lambda f: f.head(6), [], r"6 usable rows: at least 10"),
 ])
-# (classification labels are checked for every data set by pipelines.labels: tests/test_pipeline_classification.py)
+# (classification labels are checked for every data set by pipelines.data.labels: tests/test_pipeline_classification.py)
 def test_unusable_targets_and_columns_fail_naming_them(compose_pipeline, tmp_path, change, overrides, message):
     path = _table(tmp_path, change(_frame()))
     with pytest.raises(DataError, match=message):

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.config import trainer_verbose
+from pipelines.base.config import trainer_verbose
 
 
 _NO_CUDA = "CUDAExecutionProvider" not in __import__("onnxruntime").get_available_providers()
@@ -65,7 +65,7 @@ def test_stage_alone_and_debug_traceback(tmp_path, pipeline_subprocess_env):
     proc = subprocess.run([sys.executable, "-m", "pipelines.convert", *args, "debug=true"], cwd=tmp_path,
                           env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "Traceback (most recent call last)" in proc.stderr
-    assert "pipelines.errors.DataError: data.path='missing.csv'" in proc.stderr
+    assert "pipelines.base.errors.DataError: data.path='missing.csv'" in proc.stderr
     assert not (tmp_path / "mlflow.db").exists()
 
 

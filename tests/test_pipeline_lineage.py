@@ -6,7 +6,7 @@ import pandas as pd
 
 
 def test_split_datasets_hold_raw_features_and_original_labels(compose_pipeline, tmp_path):
-    from pipelines.data import make_split
+    from pipelines.data.datasets import make_split
     from pipelines.tracking.lineage import split_datasets
 
     rng = np.random.default_rng(1)

@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from pipelines.chain import run_chain
-from pipelines.data import Split
+from pipelines.orchestration.chain import run_chain
+from pipelines.data.datasets import Split
 from pipelines.server import ModelServer
 from pipelines.tracking.serving_model import probability_columns
 
@@ -104,7 +104,7 @@ def registry(tmp_path_factory):
 def _registry(folder: Path):
     from hydra import compose, initialize_config_dir
 
-    from pipelines.config import CONFIG_DIR, register_configs
+    from pipelines.base.config import CONFIG_DIR, register_configs
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ORTFLOW_"))}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + os.pathsep + env.get("PYTHONPATH", "")

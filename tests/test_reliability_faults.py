@@ -60,7 +60,7 @@ class _HealthOnly(http.server.BaseHTTPRequestHandler):
 
 
 def test_server_answering_health_but_hanging_fails_at_start(compose_pipeline, clean_mlflow_env, tmp_path):
-    from pipelines.runner import prepare
+    from pipelines.execution.runner import prepare
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HealthOnly)
     server.daemon_threads = True
@@ -103,8 +103,8 @@ def test_a_feature_beyond_float32_fails_the_run_and_registers_nothing(compose_pi
     import pandas as pd
     from sklearn.datasets import make_regression
 
-    from pipelines.chain import run_chain
-    from pipelines.predictions import NonFinitePredictionError
+    from pipelines.orchestration.chain import run_chain
+    from pipelines.modeling.predictions import NonFinitePredictionError
 
     X, y = make_regression(120, n_features=3, noise=1.0, random_state=0)
     frame = pd.DataFrame(X, columns=["a", "b", "c"]).assign(target=y)
@@ -129,8 +129,8 @@ def test_a_feature_beyond_float32_fails_the_run_and_registers_nothing(compose_pi
 
 def test_training_settings_the_data_or_graph_refuse_fail_before_the_first_stage(compose_pipeline, clean_mlflow_env,
                                                                                 tmp_path, store_uri):
-    from pipelines.chain import run_chain
-    from pipelines.config import ConfigError
+    from pipelines.orchestration.chain import run_chain
+    from pipelines.base.config import ConfigError
 
     uri = store_uri
     base = ("experiment=smoke", f"mlflow.tracking_uri={uri}", f"mlflow.root={tmp_path}",

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ortflow import UnsafePathError
-from pipelines.bundle import Bundle
+from pipelines.execution.bundle import Bundle
 
 
 def test_source_model_with_external_data_outside_its_folder_is_refused(model_with_outside_data):

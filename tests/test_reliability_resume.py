@@ -20,11 +20,11 @@ import pytest
 from mlflow import MlflowClient
 from onnx import numpy_helper
 
-from pipelines.bundle import Bundle
-from pipelines.chain import run_chain
+from pipelines.execution.bundle import Bundle
+from pipelines.orchestration.chain import run_chain
 from pipelines.tracking.checkpoints import (BACKUP_SUFFIX, MANIFEST, RESUMED_BY_TAG, RESUMED_FROM_EPOCH_TAG,
                                    RESUMED_FROM_RUN_TAG, RESUMED_FROM_TAG, check_folder)
-from pipelines.runner import execute_stage, prepare
+from pipelines.execution.runner import execute_stage, prepare
 from pipelines.stages.train import train
 
 # enough epochs that the killed run, writing and logging a checkpoint every epoch, trains for a few seconds
@@ -41,7 +41,7 @@ def prepared(tmp_path_factory):
     """One sqlite store for the module (creating its schema takes seconds) and an add_loss run in it."""
     from hydra import compose, initialize_config_dir
 
-    from pipelines.config import register_configs
+    from pipelines.base.config import register_configs
 
     folder = tmp_path_factory.mktemp("resume")
     uri = f"sqlite:///{folder / 'mlflow.db'}"

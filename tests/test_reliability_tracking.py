@@ -14,9 +14,9 @@ import pytest
 from mlflow import MlflowClient
 
 import ortflow
-from pipelines.bundle import Bundle
-from pipelines.chain import run_chain
-from pipelines.runner import execute_stage, prepare
+from pipelines.execution.bundle import Bundle
+from pipelines.orchestration.chain import run_chain
+from pipelines.execution.runner import execute_stage, prepare
 from pipelines.stages.train import train
 from pipelines.tracking import TrackingUnavailableError, resend
 
@@ -50,7 +50,7 @@ def test_unreachable_server_fails_at_once_naming_the_uri(tmp_path, pipeline_subp
     proc = subprocess.run([sys.executable, "-m", "pipelines.main", "experiment=smoke", "hydra.run.dir=out"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     seconds = time.monotonic() - begin
-    assert proc.returncode == 2  # an expected error: one line and a hint (pipelines.errors)
+    assert proc.returncode == 2  # an expected error: one line and a hint (pipelines.base.errors)
     assert proc.stderr.startswith("ortflow: error: TrackingUnavailableError: ") and uri in proc.stderr, proc.stderr
     assert "nothing was run" in proc.stderr
     assert not (tmp_path / "out" / "convert").exists() and not (tmp_path / "out" / "train").exists()

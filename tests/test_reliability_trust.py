@@ -15,10 +15,10 @@ from mlflow import MlflowClient
 from sklearn.linear_model import LinearRegression
 
 from ortflow import to_onnx
-from pipelines.bundle import Bundle, UntrustedManifestError
-from pipelines.data import Split
+from pipelines.execution.bundle import Bundle, UntrustedManifestError
+from pipelines.data.datasets import Split
 from pipelines.overrides import UnsafeOverrideError, check_overrides
-from pipelines.runner import execute_stage, prepare
+from pipelines.execution.runner import execute_stage, prepare
 from pipelines.stages.evaluate import evaluate
 
 

@@ -116,7 +116,7 @@ def test_a_dataset_inserted_by_a_concurrent_run_is_linked(postgres_server, clean
     second connection commits the same row just before MLflow's INSERT runs; the stage's inputs are still logged."""
     import sqlalchemy
 
-    from pipelines.data import Split, make_split
+    from pipelines.data.datasets import Split, make_split
     from pipelines.tracking import setup
     from pipelines.tracking.lineage import log_split_inputs
 

@@ -1,5 +1,5 @@
-"""The Optuna side of distributed sweeps (pipelines.study): the search space syntax and trials claimed exactly once
-by processes sharing one study."""
+"""The Optuna side of distributed sweeps (pipelines.orchestration.study): the search space syntax and trials claimed
+exactly once by processes sharing one study."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from pipelines import study as st
+from pipelines.orchestration import study as st
 
 
 def test_search_space_syntax_of_the_project_config():

@@ -77,10 +77,10 @@ def test_resume_equals_uninterrupted_run(tmp_path, regression_data, mlp):
 
 def test_the_optimizer_comes_from_the_learning_rate_object():
     params = [torch.nn.Parameter(torch.zeros(2))]
-    adamw = LearningRateAdamW(eta0=0.1, weight_decay=0.5).torch_optimizer(params)
+    adamw = RuleOptimizer(params, LearningRateAdamW(eta0=0.1, weight_decay=0.5))
     assert isinstance(adamw, RuleOptimizer) and adamw.rate.weight_decay == 0.5
     assert adamw.param_groups[0]["lr"] == 0.1
-    assert isinstance(LearningRateAdam().torch_optimizer(params).rate, LearningRateAdam)
+    assert RuleOptimizer(params, LearningRateAdam()).param_groups[0]["lr"] == LearningRateAdam().eta0
 
 
 def test_refused_settings_name_themselves(regression_data, mlp):

@@ -7,9 +7,9 @@ the study), ``n_jobs`` (trials per batch handed to the launcher), ``sampler`` (a
 ``interval(...)``, ``tag(log, interval(...))`` or a fixed value). Sweep overrides on the command line join the
 search space. Worker processes started with the same ``storage`` and ``study_name`` share one study: together they
 run ``n_trials`` trials, each exactly once, except that a trial whose worker was killed (no heartbeat for a
-minute) is failed and run once more by the next worker that claims trials (see pipelines.study). Each worker
-writes ``search_space.yaml`` and, at the end, ``optimization_results.yaml`` (the whole study's best) into its
-sweep folder.
+minute) is failed and run once more by the next worker that claims trials (see pipelines.orchestration.study).
+Each worker writes ``search_space.yaml`` and, at the end, ``optimization_results.yaml`` (the whole study's best)
+into its sweep folder.
 
 This module is imported whenever Hydra starts (plugin discovery): Optuna is imported only when a sweep runs.
 """
@@ -70,7 +70,7 @@ class OrtflowOptunaSweeper(Sweeper):
     def sweep(self, arguments: List[str]) -> Dict[str, Any]:
         from optuna.trial import TrialState
 
-        from pipelines import study as st
+        from pipelines.orchestration import study as st
 
         dimensions, fixed = st.parse_space(self.params, arguments)
         if not dimensions:

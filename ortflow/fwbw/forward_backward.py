@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 from .. import graph as g
 from .._ort import (
     TRAINING,
+    _C,
     InferenceSession,
     OrtModuleGraphBuilder,
     OrtModuleGraphBuilderConfiguration,
@@ -36,7 +37,7 @@ from ..exceptions import (
     explain_gradient_failure,
     with_training_build_hint,
 )
-from ..runtime import _C, DeviceBuffer, _c_value, make_session_options, ort_device, to_ortvalue
+from ..runtime import DeviceBuffer, _c_value, c_session, make_session_options, ort_device, to_ortvalue
 from ..validation import check_choice, check_device, check_weights_to_train, resolve_device
 from .own_graphs import ForwardState, build_own_graphs, free_inputs
 
@@ -163,7 +164,7 @@ class OrtGradientForwardBackward:
         dev = ort_device(self.device)
         n_fw = len(info.user_output_names) + len(info.frontier_node_arg_map)
         grads = [o.name for o in model.graph.output]
-        agent = TrainingAgent(sess._sess, [i.name for i in model.graph.input], [dev] * n_fw, grads,
+        agent = TrainingAgent(c_session(sess), [i.name for i in model.graph.input], [dev] * n_fw, grads,
                               [dev] * len(grads), 0)
         return agent, OrtValueCache(), model, builder
 
@@ -288,13 +289,7 @@ class OrtGradientForwardBackward:
 
     def save_onnx_graph(self, folder: str | os.PathLike) -> dict[str, str]:
         """Write :meth:`graphs` into ``folder`` as ``<name>.onnx``; return name -> path."""
-        os.makedirs(folder, exist_ok=True)
-        paths = {}
-        for name, model in self.graphs().items():
-            path = g.safe_join(folder, f"{name}.onnx")
-            onnx.save(model, str(path))
-            paths[name] = str(path)
-        return paths
+        return g.save_graphs(self.graphs(), folder)
 
 
 def _named_nodes(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -150,7 +150,7 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
     def _train_epoch(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
         X, y, w, n_samples = data.X, data.y, data.weight, data.n_samples
         rate = self._rt_rate
-        run_loss, grads, batches = self._rt_loss_fn._sess.run_with_iobinding, self._rt_grad_fetches, self._rt_batches
+        run_loss, grads, batches = self._rt_loss_fn.run_with_iobinding, self._rt_grad_fetches, self._rt_batches
         step = rate.stepper(learning_rate)
         with_penalty = rate.penalty_buffer_ is not None
         uniform = bool((w == 1).all())

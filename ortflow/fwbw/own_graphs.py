@@ -22,7 +22,8 @@ from ..autodiff.builder import refuse_unreached, unreached
 from ..autodiff.derivative import gradient_graph
 from ..exceptions import UnsupportedModelError
 from ..graph import FLOAT_TYPES
-from ..runtime import _C, InferenceSession, SessionOptions, ort_device
+from .._ort import _C, InferenceSession, SessionOptions
+from ..runtime import c_session, ort_device
 from ..validation import check_device
 
 
@@ -155,7 +156,7 @@ class GraphAgent:
 
     def __init__(self, forward: InferenceSession, backward: InferenceSession, sources: list, device: str,
                  n_outputs: int = 1):
-        self._fw, self._bw = forward._sess, backward._sess
+        self._fw, self._bw = c_session(forward), c_session(backward)
         self._n_outputs = n_outputs
         self._sessions = (forward, backward)
         self._fw_in = [i.name for i in forward.get_inputs()]

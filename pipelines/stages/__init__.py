@@ -3,10 +3,10 @@
 A stage is a function ``fn(ctx: StageContext) -> dict`` of summary metrics, named like the stage, in its own
 module (``pipelines/stages/<name>.py`` unless ``module`` says otherwise), imported on first use; one line of
 :data:`TABLE` declares it. The stage names (``cfg.stages`` is checked against them, in this order), the files the
-stages hand to each other (:data:`pipelines.bundle.FILES`), the data parts logged as dataset inputs
+stages hand to each other (:data:`pipelines.execution.bundle.FILES`), the data parts logged as dataset inputs
 (:data:`pipelines.tracking.lineage.STAGE_INPUTS`), ``python -m pipelines <stage>``, ``MLproject``'s entry points
 (:mod:`pipelines.mlproject`) and the ``--help`` listing all read the table. A stage module imports no other stage
-module: what two stages share lives in a module of ``pipelines/``.
+module: what two stages share lives in a lower layer (``pipelines/modeling/``, ``data/``, ``execution/``).
 
 This module imports nothing heavy: the entry points read it before the config is composed.
 """

@@ -14,9 +14,9 @@ from omegaconf import DictConfig
 
 import ortflow
 
-from ..config import loss
-from ..models import penalty_spec
-from ..runner import StageContext
+from ..base.config import loss
+from ..modeling.estimators import penalty_spec
+from ..execution.runner import StageContext
 
 
 def with_loss(cfg: DictConfig, onx: onnx.ModelProto) -> onnx.ModelProto:

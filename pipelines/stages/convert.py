@@ -18,9 +18,9 @@ from omegaconf import DictConfig
 
 import ortflow
 
-from ..data import Split, make_split
-from ..models import build_estimator, fit_estimator, sklearn_predict
-from ..runner import StageContext
+from ..data.datasets import Split, make_split
+from ..modeling.estimators import build_estimator, fit_estimator, sklearn_predict
+from ..execution.runner import StageContext
 
 
 def fitted_estimator(cfg: DictConfig, split: Split, max_iter: int | None = None):

@@ -18,12 +18,12 @@ import numpy as np
 import onnx
 import onnxruntime
 
-from .. import plots
-from ..data import Split
-from ..metrics import classification_metrics, regression_metrics
-from ..models import with_scaling
-from ..predictions import check_finite_predictions, onnx_predict
-from ..runner import StageContext
+from ..modeling import plots
+from ..data.datasets import Split
+from ..modeling.metrics import classification_metrics, regression_metrics
+from ..modeling.estimators import with_scaling
+from ..modeling.predictions import check_finite_predictions, onnx_predict
+from ..execution.runner import StageContext
 
 
 def deploy_graph(split: Split, trained: onnx.ModelProto) -> onnx.ModelProto:

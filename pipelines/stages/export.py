@@ -21,12 +21,13 @@ import onnx
 import onnxruntime
 import pandas as pd
 
-from ..config import RegisterPolicy
-from ..data import Split
+from .. import tracking as tr
+from ..base.config import RegisterPolicy
+from ..data.datasets import Split
 from ..tracking import promotion
 from ..tracking.lineage import logged_model_name
-from ..predictions import check_finite_predictions, onnx_predict
-from ..runner import StageContext, in_multirun
+from ..modeling.predictions import check_finite_predictions, onnx_predict
+from ..execution.runner import StageContext, in_multirun
 
 
 def model_config(split: Split) -> dict:

@@ -22,18 +22,18 @@ from omegaconf import DictConfig
 
 import ortflow
 
-from .. import plots
+from ..modeling import plots
 from .. import tracking as tr
 from ..tracking.checkpoints import MarkResumed, MlflowCheckpoint, resume_point
-from ..config import TRAINERS, trainer_arguments
-from ..data import Split
-from ..models import penalty_spec
-from ..runner import StageContext
+from ..base.config import TRAINERS, trainer_arguments
+from ..data.datasets import Split
+from ..execution.runner import StageContext
+from ..modeling.estimators import penalty_spec
 
 
 def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
-    """The estimator of ``trainer.name`` (:data:`pipelines.config.TRAINERS`), built the same way for the three:
-    its parameters from ``trainer`` (:func:`pipelines.config.trainer_arguments`), the loss and penalty from the
+    """The estimator of ``trainer.name`` (:data:`pipelines.base.config.TRAINERS`), built the same way for the three:
+    its parameters from ``trainer`` (:func:`pipelines.base.config.trainer_arguments`), the loss and penalty from the
     registry for the trainers that add the loss themselves (full training has them in its graph already)."""
     params = trainer_arguments(cfg, callbacks)
     if "learning_loss" in params:

@@ -18,7 +18,7 @@ Every store call retries transient errors (:mod:`.retries`); a store that stays 
 | ``lineage`` | the data a stage read as dataset inputs, the source tags, the logged model's name |
 | ``checkpoints`` | the train stage's checkpoints logged, and resumed from |
 | ``promotion`` | registering a version and the alias-based promotion gate |
-| ``sweep`` | the Hydra callback grouping a ``-m`` sweep under one run, registering its best trial |
+| ``sweep`` | a ``-m`` sweep's run, a failed job's run, its best trial registered (the callback is in ``orchestration``) |
 | ``serving_model`` | the registered model's code (logged as a file; imports nothing of ``pipelines``) |
 | ``deploy`` | the deploy graph logged as one model with a pyfunc and an onnx flavor; its signature and requirements |
 | ``logger`` | :class:`MlflowLogger`, the callback that records a fit made without the pipelines (notebooks) |
@@ -26,7 +26,7 @@ Every store call retries transient errors (:mod:`.retries`); a store that stays 
 
 from __future__ import annotations
 
-from ..errors import TrackingUnavailableError
+from ..base.errors import TrackingUnavailableError
 from .epoch_metrics import MlflowMetricsCallback, resend
 from .locks import file_lock, lock_path, sqlite_path
 from .records import (

@@ -35,10 +35,10 @@ from omegaconf import DictConfig
 import ortflow
 from ortflow.callbacks import Callback
 from ortflow.checkpoint import read_manifest, sha256
-from ortflow.exceptions import CheckpointError as OrtflowCheckpointError
+from ortflow.exceptions import CheckpointError  # no usable checkpoint where trainer.resume_from points
 
 from .. import tracking as tr
-from ..config import to_container
+from ..base.config import to_container
 from .records import download_artifacts
 
 _log = logging.getLogger("pipelines.checkpoints")
@@ -56,10 +56,6 @@ _FREE_KEYS = ("trainer.max_iter", "trainer.checkpoint_every", "trainer.resume_fr
 _COMPARED = ("seed", "data.", "model.", "loss.", "penalty.", "trainer.")
 _RUN_ID = re.compile(r"^[0-9a-fA-F]{32}$")
 _RUNS_URI = re.compile(r"^runs:/([^/]+)/*(.*)$")
-
-
-class CheckpointError(RuntimeError):
-    """No usable checkpoint where ``trainer.resume_from`` points; the message says why and what to do."""
 
 
 # ------------------------------------------------------------------------------------------------ manifest
@@ -98,7 +94,7 @@ def checkpoint_epoch(folder: str | Path) -> int | None:
     """The epoch ortflow's ``trainer.json`` holds, read only once it matches its own checksum."""
     try:
         return int(read_manifest(folder)["epoch"])
-    except (OSError, ValueError, KeyError, TypeError, OrtflowCheckpointError):
+    except (OSError, ValueError, KeyError, TypeError, CheckpointError):
         return None
 
 
@@ -286,7 +282,7 @@ def resolve(tracking: tr.Tracking, resume_from: str | None, dest: Path) -> Resum
                                   f"checkpoint ({state})")
         try:  # a local folder needs no manifest of ours, but ortflow's trainer.json must match its checksum
             read_manifest(folder)
-        except OrtflowCheckpointError as exc:
+        except CheckpointError as exc:
             raise CheckpointError(f"trainer.resume_from={str(resume_from)!r}: {exc}") from exc
         return ResumePoint(str(folder), str(folder), None, checkpoint_epoch(folder))
     match = _RUNS_URI.match(uri)

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from omegaconf import DictConfig
 
-from ..config import DataKind, data_loader
+from ..base.config import DataKind, data_loader
 from ..stages import DATA_PARTS
 
 if TYPE_CHECKING:
-    from ..data import Split
+    from ..data.datasets import Split
     from .store import Tracking
 
 #: the parts of the split each stage reads (the stages not named read no data), from the stage table
@@ -42,14 +42,14 @@ def data_source(data: DictConfig):
     if loader == DataKind.file.value:
         from mlflow.data.dataset_source_registry import resolve_dataset_source
 
-        from ..paths import user_path
+        from ..base.paths import user_path
 
         with warnings.catch_warnings():  # "file" and "" both name MLflow's local source
             warnings.simplefilter("ignore")
             return resolve_dataset_source(user_path(str(data.path)).resolve().as_uri())
     from mlflow.data.code_dataset_source import CodeDatasetSource
 
-    return CodeDatasetSource({"mlflow.source.name": BUILT_IN_SOURCES.get(loader, f"pipelines.data:{loader}"),
+    return CodeDatasetSource({"mlflow.source.name": BUILT_IN_SOURCES.get(loader, f"pipelines.data.datasets:{loader}"),
                               "ortflow.loader": loader, "ortflow.seed": str(data.seed)})
 
 

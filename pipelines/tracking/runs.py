@@ -14,9 +14,9 @@ from typing import Any
 import mlflow
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-from .. import periodic
-from ..errors import TrackingUnavailableError
-from ..mlproject import OUTER_RUN_ENV
+from ..base import periodic
+from ..base.errors import TrackingUnavailableError
+from ..base.handoff import OUTER_RUN_ENV
 from .lineage import source_tags
 from .records import set_tags
 from .store import Tracking

@@ -20,8 +20,8 @@ from omegaconf import DictConfig
 
 from ortflow.graph import safe_join
 
-from ..errors import TrackingUnavailableError
-from ..paths import original_cwd
+from ..base.errors import TrackingUnavailableError
+from ..base.paths import original_cwd
 from .locks import file_lock, lock_path, sqlite_path
 from .retries import RetryingClient, call
 

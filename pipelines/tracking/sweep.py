@@ -1,10 +1,11 @@
-"""The MLflow side of a ``-m`` sweep (the Hydra callback is :mod:`pipelines.callbacks`): the sweep's parent run, a
-FAILED run for a job that failed before making its own, and the end of the sweep (job counts, the best trial,
-its model registered once)."""
+"""The MLflow side of a ``-m`` sweep (the Hydra callback is :mod:`pipelines.orchestration.sweep_callback`): the
+sweep's parent run, a FAILED run for a job that failed before making its own, and the end of the sweep (job counts,
+the best trial, its model registered once)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig
 
 from .. import tracking as tr
-from ..callbacks import JOB_RUN_FILE, SWEEP_RUN_ENV, SWEEP_RUN_FILE
+from ..base.handoff import JOB_RUN_FILE, SWEEP_RUN_ENV, SWEEP_RUN_FILE
 from . import promotion
 from .lineage import source_tags
 from .promotion import default_direction
@@ -33,10 +34,12 @@ def sweep_direction(config: DictConfig) -> str:
     return str(direction) if direction else default_direction(str(config.optimized_metric))
 
 
-def close_sweep(tracking: Any, config: DictConfig, run_id: str, study: Any = None) -> None:
-    """End the sweep run: job counts, the search space, the best trial by ``objective`` (the optimized, validation
-    metric) with its parameters and test metrics (reported, never used to choose), the optimization results;
-    then the best trial's model is registered, once, through the promotion gate."""
+def close_sweep(tracking: Any, config: DictConfig, run_id: str, space: Mapping[str, str],
+                results: dict[str, Any] | None = None) -> None:
+    """End the sweep run: job counts, the search ``space`` (parameter -> its distribution, described), the best
+    trial by ``objective`` (the optimized, validation metric) with its parameters and test metrics (reported, never
+    used to choose), the optimization ``results`` of a shared Optuna study; then the best trial's model is
+    registered, once, through the promotion gate."""
     client = tracking.client
     children = client.search_runs([tracking.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run_id}'",
                                   max_results=10000)
@@ -44,22 +47,14 @@ def close_sweep(tracking: Any, config: DictConfig, run_id: str, study: Any = Non
     summary: dict[str, Any] = {"jobs": len(children), "jobs_finished": len(finished),
                                "jobs_failed": sum(r.info.status == "FAILED" for r in children)}
     sweep_dir = Path(str(config.hydra.sweep.dir))
-    if study is not None:  # the whole study, not only this worker's view
+    if results is not None:  # the whole study, not only this worker's view
         import yaml
 
-        from .. import study as st
-
-        (sweep_dir / "optimization_results.yaml").write_text(yaml.safe_dump(st.results(study), sort_keys=False))
+        (sweep_dir / "optimization_results.yaml").write_text(yaml.safe_dump(results, sort_keys=False))
     for name in ("search_space.yaml", "optimization_results.yaml"):
         if (sweep_dir / name).exists():
             tr.log_artifact(tracking, run_id, sweep_dir / name, "sweep")
-    from ..study import SearchSpaceError, parse_space
-
-    try:
-        dimensions, _ = parse_space(config.hydra.sweeper.get("params"), list(config.hydra.overrides.task))
-    except SearchSpaceError:  # e.g. a glob() sweep of the basic sweeper: no distribution to describe
-        dimensions = []
-    tags = {"ortflow.search_space": "; ".join(f"{d.key}: {d.distribution}" for d in dimensions)[:4900] or "(none)"}
+    tags = {"ortflow.search_space": "; ".join(f"{key}: {text}" for key, text in space.items())[:4900] or "(none)"}
     direction = sweep_direction(config)
     scored = [r for r in finished if tr.is_finite(r.data.metrics.get("objective"))]
     if scored:
@@ -69,8 +64,8 @@ def close_sweep(tracking: Any, config: DictConfig, run_id: str, study: Any = Non
         summary.update({f"best_trial_{k}": v for k, v in best.data.metrics.items() if k.startswith("test_")})
         tags.update({"ortflow.best_run_id": best.info.run_id,
                      "ortflow.best_overrides": best.data.tags.get("ortflow.overrides", "")})
-        client.log_batch(run_id, params=[Param(f"best.{d.key}", best.data.params.get(d.key, "")[:6000])
-                                         for d in dimensions])
+        client.log_batch(run_id, params=[Param(f"best.{key}", best.data.params.get(key, "")[:6000])
+                                         for key in space])
         export_id = best.data.tags.get("ortflow.run.export")
         candidate = promotion.Candidate.from_run(client.get_run(export_id)) if export_id else None
         if candidate is None:
@@ -97,7 +92,7 @@ def close_sweep(tracking: Any, config: DictConfig, run_id: str, study: Any = Non
 
 def fail_sweep(config: DictConfig, run_id: str, exc: BaseException) -> str:
     """End the sweep run ``run_id`` that stopped on ``exc`` before its end (see
-    :func:`pipelines.callbacks.fail_unclosed_sweep`), with the reason; the status it ended with."""
+    :func:`pipelines.orchestration.sweep_callback.fail_unclosed_sweep`), with the reason; the status it ended with."""
     tracking = tr.setup(config)
     mark_failed(tracking, run_id, exc, fluent=False)
     return status_of(exc)

@@ -2,7 +2,7 @@
 
 Nothing is dropped silently. By default a column that is not numeric, a row with a missing or non-finite value and
 a target the task cannot use stop the command with a
-:class:`~pipelines.errors.DataError` naming them; ``data.drop_invalid=true`` drops such columns and rows instead,
+:class:`~pipelines.base.errors.DataError` naming them; ``data.drop_invalid=true`` drops such columns and rows instead,
 with a warning, and the counts go into :class:`Table` (the ``convert`` stage logs them).
 
 Light on purpose (pandas and numpy, no MLflow, no scikit-learn): the entry points call :func:`read_table` before
@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
-from .errors import DataError
-from .paths import user_path
+from ..base.errors import DataError
+from ..base.paths import user_path
 
-_log = logging.getLogger("pipelines.tables")
+_log = logging.getLogger("pipelines.data.tables")
 SUFFIXES = {".csv": "csv", ".txt": "csv", ".parquet": "parquet", ".pq": "parquet"}
 #: fewest rows a split into train, validation and test can take
 MIN_ROWS = 10
@@ -166,7 +166,7 @@ def _target_present(y: np.ndarray) -> np.ndarray:
 
 
 def _check_rows(y: np.ndarray, file: str) -> None:
-    """Enough rows for the split; a classification target's labels are checked by :mod:`pipelines.labels`."""
+    """Enough rows for the split; a classification target's labels are checked by :mod:`pipelines.data.labels`."""
     if len(y) < MIN_ROWS:
         raise DataError(f"{file} has {len(y)} usable rows: at least {MIN_ROWS} are needed to split train, "
                         "validation and test")

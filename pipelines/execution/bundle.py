@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from ortflow.graph import load_model, safe_join
 
-from . import stages
+from .. import stages
 
 MANIFEST = "manifest.json"
 #: entry name -> the file name stages write it under (also what source.path folders are searched for), and which
@@ -92,7 +92,7 @@ class Bundle:
             return Path(local)
         if "uri" not in entry:
             raise MissingInputError(f"{name!r}: {local} does not exist")
-        from .tracking import download_artifacts
+        from ..tracking import download_artifacts
 
         if self._cache is None:
             self._cache = Path(tempfile.mkdtemp(prefix="ortflow-inputs-"))
@@ -112,7 +112,7 @@ class Bundle:
     # ------------------------------------------------------------------ sources
     @classmethod
     def from_run(cls, run_id: str) -> Bundle:
-        from .tracking import download_artifacts
+        from ..tracking import download_artifacts
 
         try:
             local = download_artifacts(run_id=run_id, artifact_path=MANIFEST)

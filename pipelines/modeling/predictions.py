@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime
 
-from .data import Split
+from ..data.datasets import Split
 
 
 def onnx_predict(session: onnxruntime.InferenceSession, X: np.ndarray, task: str) -> np.ndarray:

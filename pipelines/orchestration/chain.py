@@ -2,7 +2,7 @@
 
 Started by ``python -m pipelines.main`` (see pipelines/main.py). Under ``mlflow run`` (MLFLOW_RUN_ID set) the chain
 logs into that run as the parent; in a ``-m`` sweep each job's parent run nests under the sweep's run (see
-pipelines.callbacks).
+pipelines.orchestration.sweep_callback).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from . import tracking as tr
-from .bundle import Bundle
-from .stages import stage_function
-from .config import task_of
+from .. import tracking as tr
+from ..execution.bundle import Bundle
+from ..stages import stage_function
+from ..base.config import task_of
 from .precheck import check_training_settings
-from .runner import (
+from ..execution.runner import (
     execute_stage,
     job_dir,
     objective,

@@ -25,19 +25,15 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-#: file in the sweep directory holding the sweep run's id; environment variable with the same id
-SWEEP_RUN_FILE = ".mlflow_sweep_run_id"
-SWEEP_RUN_ENV = "ORTFLOW_SWEEP_RUN_ID"
+from ..base.handoff import SWEEP_RUN_ENV, SWEEP_RUN_FILE
 #: the sweep run this process opened and did not close (on_multirun_end not reached): [(config, run id)]
 _UNCLOSED: list[tuple[DictConfig, str]] = []
-#: file in a job's output directory holding the id of the run the job created
-JOB_RUN_FILE = ".mlflow_run_id"
 
 
 class MlflowSweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from . import tracking as tr
-        from .tracking.sweep import create_sweep_run
+        from .. import tracking as tr
+        from ..tracking.sweep import create_sweep_run
 
         tracking = tr.setup(config)
         sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -78,14 +74,14 @@ class MlflowSweepCallback(Callback):
 
         if job_return.status != JobStatus.FAILED or config.hydra.mode != RunMode.MULTIRUN:
             return
-        from .tracking.sweep import record_failed_job
+        from ..tracking.sweep import record_failed_job
 
         error = job_return._return_value
         with contextlib.suppress(Exception):  # best effort: the job already failed
             record_failed_job(config, config.hydra, error if isinstance(error, BaseException) else None)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from . import tracking as tr
+        from .. import tracking as tr
 
         run_id = getattr(self, "run_id", None)
         if run_id is None:
@@ -100,10 +96,12 @@ class MlflowSweepCallback(Callback):
                 print(f"ortflow: trials of study {self.study.study_name!r} are still running or were closed by "
                       f"another worker: the last worker to finish closes sweep run {run_id}")
                 return
-        from .tracking.sweep import close_sweep
+        from ..tracking.sweep import close_sweep
+        from . import study as st
 
         tracking = tr.setup(config)
-        close_sweep(tracking, config, run_id, self.study)
+        results = st.results(self.study) if self.study is not None else None
+        close_sweep(tracking, config, run_id, _search_space(config), results)
         _UNCLOSED.clear()  # closed: a failure in close_sweep leaves it to fail_unclosed_sweep
 
 
@@ -114,7 +112,7 @@ def fail_unclosed_sweep(exc: BaseException) -> str | None:
     if not _UNCLOSED:
         return None
     config, run_id = _UNCLOSED.pop()
-    from .tracking.sweep import fail_sweep
+    from ..tracking.sweep import fail_sweep
 
     launcher = config.hydra.launcher.get("_target_", "?")
     try:
@@ -122,6 +120,18 @@ def fail_unclosed_sweep(exc: BaseException) -> str | None:
     except Exception as error:  # noqa: BLE001 - the sweep's own failure is what the user must see
         return f"sweep run {run_id} could not be ended ({type(error).__name__}: {error}) (launcher {launcher})"
     return f"sweep run {run_id} ended {status} (launcher {launcher})"
+
+
+def _search_space(config: DictConfig) -> dict[str, str]:
+    """The sweep's parameters, each with its distribution described (none for a sweep that has no distribution to
+    describe, e.g. a ``glob()`` sweep of the basic sweeper)."""
+    from .study import SearchSpaceError, describe, parse_space
+
+    try:
+        dimensions, _ = parse_space(config.hydra.sweeper.get("params"), list(config.hydra.overrides.task))
+    except SearchSpaceError:
+        return {}
+    return describe(dimensions)
 
 
 def _shared_study(config: DictConfig) -> Any:

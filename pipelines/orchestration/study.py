@@ -1,7 +1,7 @@
 """An Optuna study that several processes (machines) share through its storage, and the search space syntax.
 
-The sweeper (``hydra_plugins/ortflow_optuna_sweeper``) asks trials here and the sweep callback (pipelines.callbacks)
-finds the sweep's MLflow run and who closes it here. Workers started with the same ``storage`` and ``study_name``
+The sweeper (``hydra_plugins/ortflow_optuna_sweeper``) asks trials here and the sweep callback
+(pipelines.orchestration.sweep_callback) finds the sweep's MLflow run and who closes it here. Workers started with the same ``storage`` and ``study_name``
 join one study. What must happen once across them happens under :func:`study_lock`, a lock held by one process
 at a time: a file lock next to a sqlite storage, a PostgreSQL advisory lock on a ``postgresql://`` one
 (in-memory storage: one process, nothing to lock). Under it:
@@ -36,8 +36,8 @@ from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback, fail_s
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import TrialState
 
-from . import periodic
-from .tracking import file_lock, lock_path, sqlite_path
+from ..base import periodic
+from ..tracking import file_lock, lock_path, sqlite_path
 
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 CLOSED_ATTR = "ortflow.sweep_closed"

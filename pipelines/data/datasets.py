@@ -2,7 +2,7 @@
 
 Synthetic sets come from ``make_regression``/``make_classification`` (seeded), ``diabetes``, ``breast_cancer``,
 ``iris`` and ``digits`` are bundled with scikit-learn (no download), ``file`` reads a CSV or Parquet table (checked
-by :mod:`pipelines.tables`). ``data.loader`` (or ``data.name``) picks the loader. The split is saved as one
+by :mod:`pipelines.data.tables`). ``data.loader`` (or ``data.name``) picks the loader. The split is saved as one
 ``split.npz`` so a stage run alone works on exactly the rows the earlier stages used.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
-from .config import data_loader
+from ..base.config import data_loader
 from .labels import class_labels, target_description
 
 
@@ -86,7 +86,7 @@ class Split:
 
 def load_dataset(data: DictConfig, notes: dict | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(X, y, feature names) of the configured data set; y holds the labels as they are for classification.
-    ``notes`` receives what loading a table dropped (see :meth:`pipelines.tables.Table.report`)."""
+    ``notes`` receives what loading a table dropped (see :meth:`pipelines.data.tables.Table.report`)."""
     from sklearn import datasets
 
     name = data_loader(data)

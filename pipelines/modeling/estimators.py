@@ -104,7 +104,7 @@ def penalty_spec(cfg: DictConfig, onx: onnx.ModelProto) -> dict | None:
     """``{weight: {'l1': a, 'l2': b}}`` for ``add_loss_output`` (default weights: every ``coef*``)."""
     if str(cfg.penalty.name) == "none":
         return None
-    from .config import penalty_weights
+    from ..base.config import penalty_weights
 
     weights = penalty_weights(cfg, [i.name for i in onx.graph.initializer])
     return {name: {"l1": float(cfg.penalty.l1), "l2": float(cfg.penalty.l2)} for name in weights}

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from ortflow.validation import check_positive_int, check_weights_to_train
 
-from .config import ConfigError
+from ..base.config import ConfigError
 
 
 def check_training_settings(cfg: DictConfig) -> None:
@@ -23,7 +23,7 @@ def check_training_settings(cfg: DictConfig) -> None:
     stages = [str(s) for s in cfg.stages]
     if "convert" not in stages or "train" not in stages:
         return
-    from .data import make_split
+    from ..data.datasets import make_split
 
     split = make_split(cfg.data)
     try:
@@ -33,8 +33,8 @@ def check_training_settings(cfg: DictConfig) -> None:
         raise ConfigError(f"{exc}: lower trainer.batch_size (nothing was run)") from None
     if not cfg.trainer.weights_to_train:
         return
-    from .stages.add_loss import with_loss
-    from .stages.convert import fitted_estimator, prediction_graph
+    from ..stages.add_loss import with_loss
+    from ..stages.convert import fitted_estimator, prediction_graph
 
     graph = prediction_graph(cfg, fitted_estimator(cfg, split, max_iter=1), split)
     if str(cfg.trainer.name) == "full":

@@ -46,9 +46,9 @@ _ELSEWHERE = (
     ("hydra.errors", ("ConfigCompositionException", "MissingConfigException", "OverrideParseException"),
      _CONFIG_HINT),
     ("omegaconf.errors", ("OmegaConfBaseException",), _CONFIG_HINT),
-    ("pipelines.bundle", ("MissingInputError", "UntrustedManifestError"),
+    ("pipelines.execution.bundle", ("MissingInputError", "UntrustedManifestError"),
      "pass source.run_id=<a run of the stage that produces the input> (see 'A stage alone' in docs/PIPELINES.md)"),
-    ("pipelines.study", ("SearchSpaceError",), "check hydra.sweeper.params"),
+    ("pipelines.orchestration.study", ("SearchSpaceError",), "check hydra.sweeper.params"),
 )
 
 

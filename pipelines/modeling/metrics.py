@@ -18,25 +18,7 @@ def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray, prefix: str = "te
     }
 
 
-REGRESSION = ("mse", "mae", "r2")
-CLASSIFICATION = ("accuracy", "f1_macro", "log_loss", "roc_auc")
-#: the per-class metrics of a classifier, one per class: ``test_<name>_class_<label>``
-PER_CLASS = ("precision", "recall", "f1")
-PREFIXES = ("test_", "sklearn_test_")
-
-
-def metric_names(task: str) -> list[str]:
-    """The metric names ``evaluate`` writes for ``task`` (per-class ones as a pattern)."""
-    base = REGRESSION if task == "regression" else CLASSIFICATION
-    names = [f"{p}{m}" for p in PREFIXES for m in base]
-    return names + ([f"test_{m}_class_<label>" for m in PER_CLASS] if task == "classification" else [])
-
-
-def is_metric(name: str, task: str) -> bool:
-    """Whether ``evaluate`` writes a metric ``name`` for ``task`` (a per-class one for any class label)."""
-    if name in metric_names(task):
-        return True
-    return task == "classification" and any(name.startswith(f"test_{m}_class_") for m in PER_CLASS)
+from ..base.metric_names import CLASSIFICATION, PER_CLASS, PREFIXES, REGRESSION, is_metric, metric_names  # noqa: F401
 
 
 def classification_metrics(y_true: np.ndarray, proba: np.ndarray, classes: np.ndarray, prefix: str = "test_",

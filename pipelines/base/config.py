@@ -30,13 +30,13 @@ from ortflow.registry import names, select
 from ortflow.schedules import SCHEDULES
 
 from .errors import UserError
-from . import stages as stage_table
-from .stages import names as stage_names
+from .. import stages as stage_table
+from ..stages import names as stage_names
 
 
 #: conf/ at the repository root, as an absolute path: @hydra.main resolves it the same way whether a stage runs
 #: as ``python -m pipelines.<stage>`` or is imported (pipelines.mlproject, tests).
-CONFIG_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "conf")
 
 
 class _Choice(str, Enum):
@@ -405,7 +405,7 @@ def check_known_keys(cfg: DictConfig) -> None:
 
 def check_promotion_metric(metric: str | None, task: str) -> None:
     """``promotion.metric`` is one of the metrics ``evaluate`` writes for ``task`` (None: the task's default)."""
-    from .metrics import is_metric, metric_names
+    from .metric_names import is_metric, metric_names
 
     if metric is not None and not is_metric(str(metric), task):
         raise ConfigError(f"promotion.metric={metric!r} is not a metric of a {task} evaluation: one of "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from omegaconf import DictConfig
 
-from .errors import DataError
+from ..base.errors import DataError
 
 #: a class needs this many rows: one for the test split, one for training and one for validation
 MIN_ROWS_PER_CLASS = 3
@@ -24,7 +24,7 @@ _REGRESSION_HINT = "for a continuous target set data.task=regression (and a regr
 
 def target_description(data: DictConfig) -> str:
     """How messages name the target: ``data.target='y' of table.csv`` or ``the target of data=iris``."""
-    from .config import data_loader
+    from ..base.config import data_loader
 
     if data_loader(data) == "file":
         from .tables import table_path

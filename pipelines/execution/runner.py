@@ -19,12 +19,12 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from . import tracking as tr
+from .. import tracking as tr
 from .bundle import Bundle
-from .callbacks import JOB_RUN_FILE, SWEEP_RUN_ENV, SWEEP_RUN_FILE
-from .config import register_configs, task_of, validate
-from .data import Split
-from .tracking.lineage import STAGE_INPUTS, log_split_inputs
+from ..base.config import register_configs, task_of, validate
+from ..base.handoff import JOB_RUN_FILE, SWEEP_RUN_ENV, SWEEP_RUN_FILE
+from ..data.datasets import Split
+from ..tracking.lineage import STAGE_INPUTS, log_split_inputs
 
 
 @dataclass
@@ -103,7 +103,8 @@ def work_dir_for(name: str) -> Path:
 
 
 def sweep_parent_run_id() -> str | None:
-    """The sweep's parent run when this process runs a job of a Hydra multirun (see pipelines.callbacks)."""
+    """The sweep's parent run when this process runs a job of a Hydra multirun (see
+    pipelines.orchestration.sweep_callback)."""
     from hydra.core.hydra_config import HydraConfig
 
     if not in_multirun():

@@ -1,0 +1,2 @@
+"""The data: loaders and the train/validation/test split (``datasets``), your own tables (``tables``) and the
+class labels of a classification target (``labels``)."""
