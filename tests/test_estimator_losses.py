@@ -202,6 +202,9 @@ def _objective(est, X, y, coef, intercept):
             losses = _sgd(cls, est.epsilon)[0](y, raw)
         penalty = 0.5 * ((coef**2).sum() + (intercept / est.intercept_scaling) ** 2)
         return (penalty + est.C * losses.sum()) / (est.C * n)
+    if name == "LogisticRegression":  # C * sum(l) + ||w||^2 / 2 (l1_ratio=0), lbfgs: the intercept unpenalized
+        losses = HalfBinomialLoss().loss(y_true=y.astype(np.float64), raw_prediction=raw)
+        return (est.C * losses.sum() + 0.5 * (coef**2).sum()) / (est.C * n)
     raise AssertionError(name)
 
 
@@ -217,6 +220,7 @@ def _estimators():
         Ridge,
         SGDClassifier,
         SGDRegressor,
+        LogisticRegression,
         TweedieRegressor,
     )
     from sklearn.svm import LinearSVC, LinearSVR
@@ -236,6 +240,7 @@ def _estimators():
         "perceptron": (Perceptron(penalty="l2", alpha=0.01, max_iter=1), "binary", 0.05),
         "linear_svc": (LinearSVC(C=0.5, max_iter=1), "binary", 0.05),
         "linear_svr": (LinearSVR(C=0.5, epsilon=0.2, max_iter=1), "real", 0.05),
+        "logistic": (LogisticRegression(C=0.5, max_iter=1), "binary", 0.05),
     }
 
 
@@ -369,3 +374,28 @@ def test_onnxruntime_and_ortflow_gradients_of_the_new_losses_agree(key):
         # each update moves a weight by at most rate * |gradient|; two float32 runs differ by roundings of it
         step = np.abs(value - start).max() + np.abs(start).max()
         np.testing.assert_allclose(theirs.get_state()[name], value, rtol=0, atol=64 * U32 * step)
+
+
+def test_objectives_written_from_scikit_learns_formulas_are_what_it_minimizes():
+    """Where scikit-learn has no function for its objective (Ridge, liblinear's LinearSVC/LinearSVR, the lbfgs
+    LogisticRegression), the formula the tests compare ortflow's loss with is stationary at scikit-learn's converged
+    fit: the penalty's scale (alpha / n, 1 / (2 C n)) and liblinear's penalized intercept (intercept_scaling) are
+    those scikit-learn minimizes."""
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.svm import LinearSVC, LinearSVR
+
+    for est, kind in [(Ridge(alpha=3.0), "real"), (LinearSVC(C=0.5, tol=1e-12, max_iter=100000), "binary"),
+                      (LinearSVC(C=0.5, tol=1e-12, max_iter=100000, intercept_scaling=3.0), "binary"),
+                      (LinearSVR(C=0.5, epsilon=0.2, loss="squared_epsilon_insensitive", tol=1e-12, max_iter=100000),
+                       "real"),
+                      (LogisticRegression(C=0.5, tol=1e-12, max_iter=10000), "binary")]:
+        X, y = _data(kind)
+        X = X.astype(np.float64)
+        est.fit(X, y)
+        w = np.r_[np.ravel(est.coef_), np.ravel(est.intercept_)]
+        h = 1e-5
+        grad = [(_objective(est, X, y, (w + h * e)[:-1], (w + h * e)[-1])
+                 - _objective(est, X, y, (w - h * e)[:-1], (w - h * e)[-1])) / (2 * h) for e in np.eye(len(w))]
+        # a wrong scale or an unpenalized intercept leaves a gradient of the penalty's size (about 1e-2 here); the
+        # solvers stop within 1e-8 of the optimum, central differences err by h ** 2 times the third derivative
+        np.testing.assert_allclose(grad, 0.0, atol=1e-6, err_msg=repr(est))
