@@ -435,9 +435,6 @@ class PerceptronLearningLoss(HingeLearningLoss):
     def __init__(self):
         pass
 
-    def check(self) -> None:
-        pass
-
 
 class SquaredHingeLearningLoss(_MarginLoss):
     """``l = max(0, 1 - z) ** 2`` (LinearSVC's default, SGDClassifier's 'squared_hinge'); derivative
