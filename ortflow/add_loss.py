@@ -9,6 +9,8 @@ from typing import Union
 import onnx
 from onnx import TensorProto, helper
 
+from .convert import estimator_record, graph_classes
+from .estimator_loss import estimator_loss
 from .graph import ModelLike, all_names, check_loadable, elem_type, load_model, pick_output, shape_of
 from .losses import BaseLearningLoss
 from .ml_op_rewrites import holds_linear_ops, make_trainable
@@ -24,7 +26,7 @@ PROBABILITY_OUTPUTS = ("output_probability", "probabilities")
 
 def add_loss_output(
     onx: ModelLike,
-    score_name: str | BaseLearningLoss = "squared_error",
+    score_name: str | BaseLearningLoss | None = None,
     loss_name: str = "loss",
     label_name: str = "label",
     weight_name: str | None = None,
@@ -32,14 +34,21 @@ def add_loss_output(
     output_index: int | str | None = None,
     l1_weight: float = 0.5,
     l2_weight: float = 0.5,
+    n_samples: int | None = None,
 ) -> onnx.ModelProto:
     """Return a copy of ``onx`` with a new input ``label_name`` and a first output ``loss_name``.
 
     ``score_name`` is a loss of :mod:`ortflow.losses`, by name or instance: ``'squared_error'``/``'l2'``,
-    ``'absolute_error'``/``'l1'``, ``'elastic'`` (``l1_weight * |d| + l2_weight * d**2``) or ``'log'`` (log loss
+    ``'absolute_error'``/``'l1'``, ``'elastic'`` (``l1_weight * |d| + l2_weight * d**2``), ``'log'`` (log loss
     of raw scores: binary for one column with labels in {0, 1}, softmax cross-entropy with one-hot labels for k
-    columns). With ``w`` the optional per-sample weight input ``weight_name`` (1 when absent), the loss is
-    ``mean(w * l)``.
+    columns), or one of scikit-learn's (``'huber'``, ``'hinge'``, ``'quantile'``, ``'poisson'``... docs/LOSSES.md).
+    With ``w`` the optional per-sample weight input ``weight_name`` (1 when absent), the loss is ``mean(w * l)``.
+
+    ``score_name=None`` picks the loss and penalty of the estimator the graph comes from (recorded by
+    :func:`ortflow.to_onnx`; :func:`ortflow.estimator_loss.estimator_loss`), ``'squared_error'`` for other graphs;
+    an explicit ``penalty`` replaces the estimator's. ``n_samples`` (the number of training samples) is needed by the
+    penalty of an estimator whose objective sums its losses (Ridge, HuberRegressor, LinearSVC, LinearSVR,
+    LogisticRegression). The choice is recorded in the graph's metadata (key :data:`LOSS_METADATA`).
 
     ``penalty`` maps initializer names to ``{'l1': a, 'l2': b}`` (or to ``b`` alone, meaning L2) and adds
     ``a * sum|w| + b * sum(w**2)`` for each. ``output_index`` picks the prediction by position or name (default: the
@@ -54,11 +63,22 @@ def add_loss_output(
     check_loadable(model, "onx")
     if holds_linear_ops(model):
         model = make_trainable(model)
-    # l1_weight and l2_weight are the elastic loss's settings (onnxcustom's signature passes them to every loss)
-    elastic = isinstance(score_name, str) and "l1_weight" in settings_of(family("loss").get(score_name, object))
-    loss = select("loss", score_name, "score_name", **(dict(l1_weight=l1_weight, l2_weight=l2_weight) if elastic
-                                                      else {}))
+    chosen_from = None
+    if score_name is None:
+        score_name, settings, own_penalty = estimator_loss(model, n_samples)
+        chosen_from = estimator_record(model).get("class")
+        penalty = own_penalty if penalty is None else penalty
+        loss = select("loss", score_name, "score_name", **settings)
+    else:
+        # l1_weight and l2_weight are the elastic loss's settings (onnxcustom's signature passes them to every loss)
+        elastic = isinstance(score_name, str) and "l1_weight" in settings_of(family("loss").get(score_name, object))
+        loss = select("loss", score_name, "score_name", **(dict(l1_weight=l1_weight, l2_weight=l2_weight)
+                                                          if elastic else {}))
     loss.check()
+    record = estimator_record(model)
+    if loss.task == "classification" and record and graph_classes(model) is None:
+        raise ValueError(f"score_name={score_name!r} is a classification loss, but the graph comes from a regressor "
+                         f"({record['class']}): pick a regression loss")
     output = pick_output(model, output_index, "output_index")
     existing = all_names(model)
     for arg, name in (("loss_name", loss_name), ("label_name", label_name), ("weight_name", weight_name)):
@@ -93,10 +113,16 @@ def add_loss_output(
     entry = new.metadata_props.add()
     entry.key, entry.value = LOSS_METADATA, json.dumps({
         "loss": loss.names[0], "params": loss.get_params(), "prediction": output, "label": label_name,
-        "weight": weight_name, "loss_output": loss_name,
+        "weight": weight_name, "loss_output": loss_name, "penalty": _recorded(penalty), "chosen_from": chosen_from,
     })
     onnx.checker.check_model(new)
     return new
+
+
+def _recorded(penalty: PenaltySpec | None) -> dict:
+    """The penalty as the metadata records it: weight -> {'l1': a, 'l2': b}."""
+    return {name: ({k: float(v) for k, v in coef.items()} if isinstance(coef, Mapping) else {"l2": float(coef)})
+            for name, coef in (penalty or {}).items()}
 
 
 def _penalty_terms(b: GraphBuilder, model: onnx.ModelProto, penalty: PenaltySpec) -> list[str]:

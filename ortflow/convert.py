@@ -29,6 +29,11 @@ LABEL_OUTPUT = "output_label"
 PROBA_OUTPUT = "output_probability"
 RAW_SCORE_OUTPUT = "raw_score"
 CLASSES_NAME = "classes"
+#: metadata key under which :func:`to_onnx` records the estimator a graph comes from (class and settings), from which
+#: :func:`ortflow.add_loss_output` picks the estimator's own loss and penalty
+ESTIMATOR_METADATA = "ortflow.estimator"
+#: fitted attributes that decide a loss, by estimator class (HuberRegressor's scale)
+_FITTED_LOSS_ATTRIBUTES = {"HuberRegressor": ("scale_",)}
 IR_VERSION = 8  # any IR <= 10 works; 8 matches opset 15-17 era tools and stays readable by older runtimes.
 
 _ACTIVATIONS = {"relu": "Relu", "tanh": "Tanh", "logistic": "Sigmoid", "identity": None}
@@ -42,13 +47,20 @@ def to_onnx(model: Any, X: np.ndarray | None = None, target_opset: int = 17) -> 
     ``X`` (a sample of the inputs) is only needed by the skl2onnx fallback. Written directly: LinearRegression,
     Ridge, Lasso, ElasticNet, SGDRegressor and other linear regressors, MLPRegressor, LogisticRegression (binary or
     multinomial), other binary linear classifiers (probabilities are the sigmoid of the decision function) and
-    MLPClassifier (binary or multi-class).
+    MLPClassifier (binary or multi-class). The graph's metadata records the estimator (:func:`record_estimator`),
+    from which :func:`ortflow.add_loss_output` picks its own loss and penalty.
     """
+    if target_opset > MAX_OPSET:
+        raise ValueError(f"target_opset={target_opset}: onnxruntime-training 1.19.2 supports at most {MAX_OPSET}")
+    onx = _convert(model, X, target_opset)
+    record_estimator(onx, model)
+    return onx
+
+
+def _convert(model: Any, X: np.ndarray | None, target_opset: int) -> onnx.ModelProto:
     from sklearn.base import is_classifier, is_regressor
     from sklearn.neural_network import MLPClassifier, MLPRegressor
 
-    if target_opset > MAX_OPSET:
-        raise ValueError(f"target_opset={target_opset}: onnxruntime-training 1.19.2 supports at most {MAX_OPSET}")
     if isinstance(model, MLPRegressor):
         if model.out_activation_ != "identity":
             raise ValueError(f"MLPRegressor with out_activation_={model.out_activation_!r} is not supported")
@@ -67,6 +79,35 @@ def to_onnx(model: Any, X: np.ndarray | None = None, target_opset: int = 17) -> 
     if linear and is_regressor(model):
         return _build([_linear_layer(model)], None, None, target_opset)
     return _skl2onnx(model, X, target_opset)
+
+
+def record_estimator(onx: onnx.ModelProto, model: Any) -> None:
+    """Write into ``onx``'s metadata (key :data:`ESTIMATOR_METADATA`) the class of ``model`` (the last step of a
+    Pipeline), its settings that are plain values (numbers, strings, booleans, None) and the fitted attributes
+    that decide its loss."""
+    import json
+
+    estimator = model.steps[-1][1] if hasattr(model, "steps") else model
+    params = {k: v for k, v in estimator.get_params(deep=False).items()
+              if v is None or isinstance(v, (bool, int, float, str))}
+    fitted = {k: float(getattr(estimator, k)) for k in _FITTED_LOSS_ATTRIBUTES.get(type(estimator).__name__, ())}
+    record = {"class": type(estimator).__name__, "params": params, "fitted": fitted}
+    for entry in onx.metadata_props:
+        if entry.key == ESTIMATOR_METADATA:
+            entry.value = json.dumps(record)
+            return
+    entry = onx.metadata_props.add()
+    entry.key, entry.value = ESTIMATOR_METADATA, json.dumps(record)
+
+
+def estimator_record(model: ModelLike) -> dict:
+    """What :func:`to_onnx` recorded about the estimator a graph comes from ({} when nothing was)."""
+    import json
+
+    for entry in load_model(model).metadata_props:
+        if entry.key == ESTIMATOR_METADATA:
+            return json.loads(entry.value)
+    return {}
 
 
 def _linear_layer(model: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -211,7 +211,7 @@ def test_save_onnx_graph_and_bad_arguments(tmp_path, regression_data, linear_sta
     paths = est.save_onnx_graph(tmp_path)
     assert {"trained_model", "forward", "training", "backward", "optimized", "loss", "update"} <= set(paths)
     with pytest.raises(ValueError, match="is unknown"):
-        OrtGradientForwardBackwardOptimizer(linear_start, learning_loss="hinge").fit(X, y)
+        OrtGradientForwardBackwardOptimizer(linear_start, learning_loss="hinge_loss").fit(X, y)
     with pytest.raises(ValueError, match="output_name"):
         OrtGradientForwardBackwardOptimizer(linear_start, output_name="nope").fit(X, y)
 

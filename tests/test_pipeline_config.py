@@ -97,7 +97,7 @@ def test_unknown_key_and_unknown_choice_fail(compose_pipeline):
     (["data.test_size=1.5"], ["data.test_size"]),
     # registry names are checked here, not at composition (listing the registry imports scikit-learn)
     (["trainer.optimizer=lbfgs"], ["trainer.optimizer='lbfgs'", "'nesterov'"]),
-    (["loss=square", "loss.name=hinge"], ["loss.name='hinge'", "'absolute'"]),
+    (["loss=square", "loss.name=hinge_loss"], ["loss.name='hinge_loss'", "'absolute'"]),  # an unknown name
     (["data=file"], ["data.path", "data.target"]),
 ])
 def test_incompatible_groups_fail_with_the_keys(compose_pipeline, overrides, words):
