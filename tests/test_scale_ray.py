@@ -149,7 +149,7 @@ def test_a_node_lost_mid_sweep(postgres_server, clean_mlflow_env, tmp_path):
         driver = subprocess.Popen(cmd, cwd=tmp_path, env=chain_env(postgres_server.url), stdout=log,
                                   stderr=subprocess.STDOUT)
         try:
-            client, victim, deadline = MlflowClient(postgres_server.url), None, time.monotonic() + 300
+            client, victim, deadline = MlflowClient(postgres_server.url), None, time.monotonic() + 240
             while victim is None and driver.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.5)
                 pid = _task_on(worker["raylet_pid"])
@@ -159,7 +159,7 @@ def test_a_node_lost_mid_sweep(postgres_server, clean_mlflow_env, tmp_path):
                     victim = pid  # its chain is training: kill the node under it
             assert victim is not None, "no job reached training on the second node"
             _kill_node(worker["raylet_pid"])
-            driver.wait(timeout=480)
+            driver.wait(timeout=330)  # within pytest-timeout's 600 s with the wait above
         finally:
             if driver.poll() is None:
                 driver.kill()

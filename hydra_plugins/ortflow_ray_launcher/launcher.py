@@ -85,7 +85,10 @@ class RayLauncher(Launcher):
             # read when Ray is first imported, so set before
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        import ray
+        try:
+            import ray
+        except ImportError as error:
+            raise ImportError("hydra/launcher=ray needs Ray: pip install 'ortflow[ray]' (or -e '.[ray]')") from error
 
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
         setup_globals()
@@ -96,7 +99,8 @@ class RayLauncher(Launcher):
         task = ray.remote(_run).options(num_cpus=self.num_cpus, max_retries=self.max_retries,
                                         runtime_env=self._runtime_env(), **self.remote)
         _log.info("Launching %d jobs on Ray (%s)", len(job_overrides), self.address or "local")
-        state = Singleton.get_state()
+        # what every job shares goes to Ray's object store once
+        shared = [ray.put(x) for x in (self.hydra_context, self.task_function, Singleton.get_state())]
         jobs = []
         for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
             _log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
@@ -104,7 +108,8 @@ class RayLauncher(Launcher):
             with open_dict(config):
                 config.hydra.job.id = config.hydra.job.num = idx
                 config.hydra.sweep.dir = str(sweep_dir)  # the driver's folder, whatever the worker's cwd
-            jobs.append((config, task.remote(self.hydra_context, self.task_function, config, state)))
+            context, task_function, state = shared
+            jobs.append((config, task.remote(context, task_function, config, state)))
         return [self._result(ray, config, ref) for config, ref in jobs]
 
     def _connect(self, ray: Any) -> None:
