@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
-EXTRAS ?= cpu,pipelines,test,postgres,torch
+EXTRAS ?= cpu,pipelines,test,postgres,torch,ray
 
 .PHONY: install run test test-ort bench ui clean server postgres
 

@@ -70,3 +70,24 @@ def test_slurm_launcher_config_composes(compose_pipeline):
     sweeper = cfg.hydra.sweeper
     assert sweeper._target_ == "hydra_plugins.ortflow_optuna_sweeper.sweeper.OrtflowOptunaSweeper"
     assert sweeper.params["trainer.batch_size"] == "choice(16, 32, 64)" and sweeper.storage is None
+
+
+def test_ray_launcher_config_composes_and_checks_its_settings(compose_pipeline):
+    """hydra/launcher=ray composes without Ray installed (Ray is imported when a sweep launches); bad settings are
+    named when Hydra instantiates the launcher."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    def launcher(*overrides):
+        with initialize_config_dir(config_dir=str(Path(__file__).parent.parent / "conf"), version_base="1.3"):
+            return compose("config", overrides=["hydra/launcher=ray", *overrides], return_hydra_config=True)
+
+    cfg = launcher("hydra.launcher.address=127.0.0.1:6379", "hydra.launcher.num_cpus=2")
+    ray_launcher = instantiate(cfg.hydra.launcher)
+    assert type(ray_launcher).__name__ == "RayLauncher"
+    assert (ray_launcher.address, ray_launcher.num_cpus, ray_launcher.max_retries) == ("127.0.0.1:6379", 2, 3)
+    assert ray_launcher.env_prefixes == ("MLFLOW_", "ORTFLOW_") and ray_launcher.init == {"include_dashboard": False}
+    for override, named in (("hydra.launcher.num_cpus=0", "hydra.launcher.num_cpus=0"),
+                            ("hydra.launcher.max_retries=-2", "hydra.launcher.max_retries=-2")):
+        with pytest.raises(Exception, match=named):
+            instantiate(launcher(override).hydra.launcher)

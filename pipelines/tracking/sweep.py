@@ -43,9 +43,10 @@ def close_sweep(tracking: Any, config: DictConfig, run_id: str, space: Mapping[s
     client = tracking.client
     children = client.search_runs([tracking.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{run_id}'",
                                   max_results=10000)
+    lost = end_lost_attempts(tracking, children)
     finished = [r for r in children if r.info.status == "FINISHED"]
     summary: dict[str, Any] = {"jobs": len(children), "jobs_finished": len(finished),
-                               "jobs_failed": sum(r.info.status == "FAILED" for r in children)}
+                               "jobs_failed": sum(r.info.status == "FAILED" for r in children), "jobs_lost": lost}
     sweep_dir = Path(str(config.hydra.sweep.dir))
     if results is not None:  # the whole study, not only this worker's view
         import yaml
@@ -96,6 +97,30 @@ def fail_sweep(config: DictConfig, run_id: str, exc: BaseException) -> str:
     tracking = tr.setup(config)
     mark_failed(tracking, run_id, exc, fluent=False)
     return status_of(exc)
+
+
+#: the reason given to the runs of a job attempt whose process died without ending them
+LOST_REASON = ("lost: the process running this job ended without ending its run (killed, or its node lost); "
+               "the launcher may have run the job again (a run of its own)")
+
+
+def end_lost_attempts(tracking: Any, children: list) -> int:
+    """End KILLED, with :data:`LOST_REASON`, the sweep's job runs still RUNNING whose process is gone (a launcher
+    such as Ray runs a job again when its node dies; the lost attempt's runs would stay RUNNING for ever), and
+    their RUNNING stage runs; returns how many job runs were ended. The sweep closes once every job has returned,
+    so a job run still RUNNING then belongs to a lost attempt."""
+    client, count = tracking.client, 0
+    for run in children:
+        if run.info.status != "RUNNING" or tr.is_alive(run):
+            continue
+        stages = client.search_runs([tracking.experiment_id], max_results=1000,
+                                    filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}' and "
+                                                  "attributes.status = 'RUNNING'")
+        for lost in [*stages, run]:
+            tr.set_tags(tracking, lost.info.run_id, {tr.FAILURE_TAG: LOST_REASON})
+            client.set_terminated(lost.info.run_id, "KILLED")
+        count += 1
+    return count
 
 
 def _read(path: Path) -> str | None:

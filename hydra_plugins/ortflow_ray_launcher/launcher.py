@@ -1,0 +1,150 @@
+"""``hydra/launcher=ray``: each job of a ``-m`` sweep (a grid, or a batch of the Optuna sweeper) runs as a Ray task.
+
+Keys (``hydra.launcher.*``): ``address`` (a running cluster, e.g. ``127.0.0.1:6379`` or ``auto``; None: a local
+Ray started for the sweep with ``init`` as ``ray.init`` arguments, stopped when the command ends), ``num_cpus``
+(what each job reserves), ``max_retries`` (how many times Ray runs a job again when its worker or its node dies),
+``remote`` (more ``.options()`` of the task: ``memory``, ``resources``, ``scheduling_strategy``...),
+``runtime_env`` (Ray's runtime environment of the jobs, e.g. ``working_dir`` or ``pip`` for a cluster whose image
+lacks the project) and ``env_prefixes`` (the driver's environment variables starting with one of them reach the
+jobs through ``runtime_env.env_vars``: by default ``MLFLOW_`` and ``ORTFLOW_``, so the jobs write to the driver's
+tracking store and nest under its sweep run).
+
+Ray schedules, places and retries the tasks; this module is the glue Hydra's ``Launcher`` interface needs: the
+job's config composed in the driver (as Hydra's basic launcher does), the task running it with Hydra's
+``run_job`` after restoring Hydra's global state in the worker (as hydra-submitit-launcher does), and the
+``JobReturn`` (status, return value, the config, the job's working directory) coming back to the driver. The
+sweep folder is made absolute in the driver, so every job writes under the folder the driver names, whatever
+the worker's current directory. A task whose retries are spent (its node lost again and again) comes back as a
+FAILED ``JobReturn`` carrying Ray's error, as a job that raised would.
+
+Plugin discovery imports this module whenever Hydra starts: Ray is imported only when a sweep launches.
+"""
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.singleton import Singleton
+from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, run_job, setup_globals
+from hydra.plugins.launcher import Launcher
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class RayLauncherConf:
+    _target_: str = "hydra_plugins.ortflow_ray_launcher.launcher.RayLauncher"
+    address: Optional[str] = None
+    num_cpus: float = 1
+    max_retries: int = 3
+    remote: Dict[str, Any] = field(default_factory=dict)
+    runtime_env: Dict[str, Any] = field(default_factory=dict)
+    env_prefixes: List[str] = field(default_factory=lambda: ["MLFLOW_", "ORTFLOW_"])
+    # a local Ray (address null): ray.init's arguments, e.g. num_cpus (default: every CPU of the machine)
+    init: Dict[str, Any] = field(default_factory=lambda: {"include_dashboard": False})
+
+
+ConfigStore.instance().store(group="hydra/launcher", name="ray", node=RayLauncherConf, provider="ortflow")
+
+
+def _run(hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig,
+         singleton_state: Dict[Any, Any]) -> JobReturn:
+    """The Ray task: one Hydra job in a Ray worker, with the driver's Hydra state (config store, job runtime)."""
+    setup_globals()
+    Singleton.set_state(singleton_state)
+    return run_job(hydra_context=hydra_context, task_function=task_function, config=config,
+                   job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+
+
+class RayLauncher(Launcher):
+    def __init__(self, address: Optional[str], num_cpus: float, max_retries: int, remote: Any, runtime_env: Any,
+                 env_prefixes: Sequence[str], init: Any) -> None:
+        if num_cpus <= 0:
+            raise ValueError(f"hydra.launcher.num_cpus={num_cpus}: each job needs a positive number of CPUs")
+        if max_retries < -1:
+            raise ValueError(f"hydra.launcher.max_retries={max_retries}: use >= 0, or -1 for no limit")
+        self.address, self.num_cpus, self.max_retries = address or None, num_cpus, max_retries
+        self.remote, self.runtime_env, self.init = _plain(remote), _plain(runtime_env), _plain(init)
+        self.env_prefixes = tuple(env_prefixes)
+        self.config: Optional[DictConfig] = None
+        self.hydra_context: Optional[HydraContext] = None
+        self.task_function: Optional[TaskFunction] = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context, self.task_function = config, hydra_context, task_function
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+        if not self.address or _on_loopback(self.address):
+            # a Ray on this machine alone: Ray's own switch keeps it on 127.0.0.1 (else Ray replaces 127.0.0.1 by
+            # the machine's outward address, listens on every interface and refuses a driver given 127.0.0.1);
+            # read when Ray is first imported, so set before
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        try:
+            import ray
+        except ImportError as error:
+            raise ImportError("hydra/launcher=ray needs Ray: pip install 'ortflow[ray]' (or -e '.[ray]')") from error
+
+        assert self.config is not None and self.hydra_context is not None and self.task_function is not None
+        setup_globals()
+        configure_log(self.config.hydra.hydra_logging, self.config.hydra.verbose)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir)).resolve()
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        self._connect(ray)
+        task = ray.remote(_run).options(num_cpus=self.num_cpus, max_retries=self.max_retries,
+                                        runtime_env=self._runtime_env(), **self.remote)
+        _log.info("Launching %d jobs on Ray (%s)", len(job_overrides), self.address or "local")
+        # what every job shares goes to Ray's object store once
+        shared = [ray.put(x) for x in (self.hydra_context, self.task_function, Singleton.get_state())]
+        jobs = []
+        for idx, overrides in enumerate(job_overrides, start=initial_job_idx):
+            _log.info("\t#%d : %s", idx, " ".join(filter_overrides(overrides)))
+            config = self.hydra_context.config_loader.load_sweep_config(self.config, list(overrides))
+            with open_dict(config):
+                config.hydra.job.id = config.hydra.job.num = idx
+                config.hydra.sweep.dir = str(sweep_dir)  # the driver's folder, whatever the worker's cwd
+            context, task_function, state = shared
+            jobs.append((config, task.remote(context, task_function, config, state)))
+        return [self._result(ray, config, ref) for config, ref in jobs]
+
+    def _connect(self, ray: Any) -> None:
+        if ray.is_initialized():
+            return
+        if self.address:
+            ray.init(address=self.address)
+        else:  # a local Ray for this command; Ray stops it when the command exits
+            ray.init(address="local", **self.init)
+
+    def _runtime_env(self) -> Optional[Dict[str, Any]]:
+        env = {k: v for k, v in os.environ.items() if k.startswith(self.env_prefixes)}
+        runtime_env = dict(self.runtime_env)
+        if env:
+            runtime_env["env_vars"] = {**env, **runtime_env.get("env_vars", {})}
+        return runtime_env or None
+
+    @staticmethod
+    def _result(ray: Any, config: DictConfig, ref: Any) -> JobReturn:
+        """The job's JobReturn; a task Ray gave up on (retries spent, node lost) as a FAILED one with the error."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayError as error:
+            _log.error("Ray job #%s (%s) was lost: %s", config.hydra.job.num,
+                       " ".join(config.hydra.overrides.task), error)
+            ret = JobReturn(overrides=list(config.hydra.overrides.task), hydra_cfg=config,
+                            status=JobStatus.FAILED)
+            ret.return_value = error
+            return ret
+
+
+def _on_loopback(address: str) -> bool:
+    host = address.split("://")[-1].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else dict(value or {})

@@ -1,0 +1,209 @@
+"""Sweeps on Ray (``hydra/launcher=ray``, hydra_plugins/ortflow_ray_launcher): a local Ray started for the sweep, a
+two-node cluster on this machine (tests/ray_cluster.py) with the PostgreSQL tracking server, a node lost in the
+middle of a sweep, and an Optuna study on PostgreSQL whose trials run as Ray tasks."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")  # the `ray` extra
+
+import optuna  # noqa: E402
+import psutil  # noqa: E402
+from mlflow import MlflowClient  # noqa: E402
+from test_scale_server import _check_sweep, _sweep_runs  # noqa: E402
+
+from bench.concurrency import chain_env  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+CLUSTER = Path(__file__).with_name("ray_cluster.py")
+LEARNING_RATES = "0.002,0.005,0.01,0.02"
+
+
+@contextlib.contextmanager
+def ray_nodes(nodes: int, env: dict[str, str], timeout: float = 120):
+    """A Ray cluster of ``nodes`` nodes of one CPU each on 127.0.0.1 (tests/ray_cluster.py, its own processes);
+    yields what the script printed (``address``, ``nodes``). Stopped at the end, its leftovers killed by pid."""
+    proc = subprocess.Popen([sys.executable, str(CLUSTER), "--nodes", str(nodes), "--cpus", "1"], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    info = json.loads(line[0]) if line and line[0].strip() else None
+    try:
+        assert info is not None, f"the Ray cluster did not start within {timeout} s (exit status {proc.poll()})"
+        yield info
+    finally:
+        proc.stdin.close()  # the script stops its nodes and exits
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        for pid in [pid for node in (info or {}).get("nodes", []) for pid in node["pids"]]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+def _node_env() -> dict[str, str]:
+    """The nodes' environment (their workers inherit it): this checkout importable, no MLflow variable (each
+    sweep's reach its jobs from the driver)."""
+    env = chain_env("")
+    del env["MLFLOW_TRACKING_URI"]
+    return env
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A head and a second node, one CPU each, shared by the tests that do not kill a node."""
+    with ray_nodes(2, _node_env()) as info:
+        yield info
+
+
+def _sweep_cmd(*overrides: str) -> list[str]:
+    return [sys.executable, "-m", "pipelines.main", "-m", "hydra/launcher=ray", "experiment=smoke",
+            "mlflow.connect_timeout=30", *overrides]
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, float]:
+    begin = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=540)
+    seconds = time.perf_counter() - begin
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc, seconds
+
+
+def _report(what: str, jobs: int, seconds: float, retries: int = 0) -> None:
+    print(f"ray sweep, {what}: {jobs} jobs in {seconds:.1f} s ({60 * jobs / seconds:.2f} jobs/min), "
+          f"{retries} retried")
+
+
+def test_local_ray_sweep_on_sqlite(clean_mlflow_env, pipeline_subprocess_env, tmp_path):
+    """No address: the launcher starts a Ray on this machine for the sweep; it stops with the command."""
+    cmd = _sweep_cmd("trainer.learning_rate=0.002,0.005", f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    proc, seconds = _run(cmd, tmp_path, pipeline_subprocess_env)
+    assert "Launching 2 jobs on Ray (local)" in proc.stdout + proc.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    _check_sweep(client, "ortflow", "ortflow-smoke-regression-mlp_regressor", 2)
+    runs, _ = _sweep_runs(client, "ortflow")
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == ["0", "1"]  # the driver's folder
+    _report("local Ray, sqlite", 2, seconds)
+
+
+def test_two_node_cluster_sweep_on_postgres(ray_cluster, postgres_server, clean_mlflow_env, tmp_path):
+    cmd = _sweep_cmd(f"trainer.learning_rate={LEARNING_RATES}", f"hydra.launcher.address={ray_cluster['address']}",
+                     "mlflow.experiment_name=scale-ray", "mlflow.registered_model_name=scale-ray-smoke")
+    proc, seconds = _run(cmd, tmp_path, chain_env(postgres_server.url))
+    assert f"Launching 4 jobs on Ray ({ray_cluster['address']})" in proc.stdout + proc.stderr
+    client = MlflowClient(postgres_server.url)
+    _check_sweep(client, "scale-ray", "scale-ray-smoke", 4)
+    runs, _ = _sweep_runs(client, "scale-ray")
+    assert len(runs) == 25 and all(r.info.status == "FINISHED" for r in runs)
+    _report("2 nodes x 1 CPU, PostgreSQL", 4, seconds)
+
+
+def _task_on(raylet_pid: int) -> int | None:
+    """The pid of a worker of this raylet that runs a job (Ray titles it ``ray::_run``), if any."""
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(raylet_pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if "ray::_run" in " ".join(child.cmdline()):
+                    return child.pid
+    return None
+
+
+def _kill_node(raylet_pid: int) -> None:
+    """SIGKILL a node's processes at once, as when its machine goes: its raylet and the workers and agents it
+    started (alone, the raylet's death leaves a worker running its task to the end)."""
+    processes = [psutil.Process(raylet_pid)]
+    with contextlib.suppress(psutil.Error):
+        processes += processes[0].children(recursive=True)
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+
+
+def test_a_node_lost_mid_sweep(postgres_server, clean_mlflow_env, tmp_path):
+    """The second node's processes are SIGKILLed while it runs a job that already made its runs: Ray runs the job
+    again on the node left; every trial ends with one FINISHED chain, the lost attempt's runs end KILLED with the
+    reason, the best trial is registered once."""
+    experiment, model, rates = "scale-ray-loss", "scale-ray-loss-smoke", "0.002,0.005,0.01"
+    with ray_nodes(2, _node_env()) as cluster:
+        worker = next(node for node in cluster["nodes"] if not node["head"])
+        cmd = _sweep_cmd(f"trainer.learning_rate={rates}", f"hydra.launcher.address={cluster['address']}",
+                         f"mlflow.experiment_name={experiment}", f"mlflow.registered_model_name={model}")
+        log = open(tmp_path / "driver.log", "w")
+        begin = time.perf_counter()
+        driver = subprocess.Popen(cmd, cwd=tmp_path, env=chain_env(postgres_server.url), stdout=log,
+                                  stderr=subprocess.STDOUT)
+        try:
+            client, victim, deadline = MlflowClient(postgres_server.url), None, time.monotonic() + 240
+            while victim is None and driver.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+                pid = _task_on(worker["raylet_pid"])
+                exp = client.get_experiment_by_name(experiment)
+                if pid is not None and exp is not None and client.search_runs(
+                        [exp.experiment_id], f"tags.`ortflow.pid` = '{pid}' and tags.`ortflow.stage` = 'train'"):
+                    victim = pid  # its chain is training: kill the node under it
+            assert victim is not None, "no job reached training on the second node"
+            _kill_node(worker["raylet_pid"])
+            driver.wait(timeout=330)  # within pytest-timeout's 600 s with the wait above
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+            log.close()
+        seconds = time.perf_counter() - begin
+    output = (tmp_path / "driver.log").read_text()
+    assert driver.returncode == 0, output[-4000:]
+    runs, sweeps = _sweep_runs(client, experiment)
+    assert len(sweeps) == 1 and sweeps[0].info.status == "FINISHED"
+    sweep = sweeps[0]
+    chains = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweep.info.run_id]
+    by_trial = defaultdict(list)
+    for chain in chains:
+        by_trial[chain.data.params["trainer.learning_rate"]].append(chain)
+    assert sorted(by_trial, key=float) == rates.split(",")
+    lost = [c for c in chains if c.info.status != "FINISHED"]
+    assert [c.data.tags["ortflow.pid"] for c in lost] == [str(victim)]  # the attempt on the lost node
+    assert lost[0].info.status == "KILLED" and lost[0].data.tags["ortflow.failure_reason"].startswith("lost:")
+    for trial, attempts in by_trial.items():  # every trial accounted for: one FINISHED chain of 5 stages
+        done = [c for c in attempts if c.info.status == "FINISHED"]
+        assert len(done) == 1, (trial, [c.info.status for c in attempts])
+        stages = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == done[0].info.run_id]
+        assert len(stages) == 5 and all(r.info.status == "FINISHED" for r in stages)
+    assert not [r for r in runs if r.info.status == "RUNNING"]  # the lost attempt's stage runs ended too
+    assert sweep.data.metrics["jobs_finished"] == 3 and sweep.data.metrics["jobs_lost"] == 1
+    versions = client.search_model_versions(f"name='{model}'")
+    assert len(versions) == 1  # registered once, by the sweep
+    assert versions[0].run_id == client.get_run(sweep.data.tags["ortflow.best_run_id"]).data.tags[
+        "ortflow.run.export"]
+    assert str(client.get_model_version_by_alias(model, "champion").version) == str(versions[0].version)
+    _report("2 nodes x 1 CPU, one lost mid-job, PostgreSQL", 3, seconds, retries=len(lost))
+
+
+def test_optuna_trials_as_ray_tasks_on_postgres(ray_cluster, postgres_server, clean_mlflow_env, tmp_path):
+    study, trials, experiment, model = f"ray-{tmp_path.name}", 3, "scale-ray-optuna", "scale-ray-optuna-smoke"
+    cmd = _sweep_cmd("hparams_search=optuna", f"hydra.launcher.address={ray_cluster['address']}",
+                     f"hydra.sweeper.storage={postgres_server.postgres.optuna_uri}", f"hydra.sweeper.study_name={study}",
+                     f"hydra.sweeper.n_trials={trials}", "hydra.sweeper.n_jobs=2",
+                     f"mlflow.experiment_name={experiment}", f"mlflow.registered_model_name={model}")
+    proc, seconds = _run(cmd, tmp_path, chain_env(postgres_server.url))
+    output = proc.stdout + proc.stderr
+    assert "Launching 2 jobs on Ray" in output and "Launching 1 jobs on Ray" in output  # batches of n_jobs
+    loaded = optuna.load_study(study_name=study, storage=postgres_server.postgres.optuna_uri)
+    assert len(loaded.trials) == trials and all(t.state == optuna.trial.TrialState.COMPLETE for t in loaded.trials)
+    sweep, chains = _check_sweep(MlflowClient(postgres_server.url), experiment, model, trials)
+    assert sweep.data.metrics["best_objective"] == pytest.approx(loaded.best_value)
+    _report("Optuna, 2 nodes x 1 CPU, PostgreSQL study", trials, seconds)
