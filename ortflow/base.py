@@ -242,7 +242,7 @@ class BaseTrainer(BaseEstimator):
         ``lr_schedule`` and ``power_t``; a name is that class with its defaults; an instance is cloned."""
         value = self.learning_rate
         if isinstance(value, (str, BaseLearningRate)):
-            rate = clone(select("learning_rate", value))
+            rate = clone(select("optimizer", value))
         else:
             rate = LearningRateSGD(eta0=float(value), learning_rate=self.lr_schedule, power_t=self.power_t)
         rate.check()

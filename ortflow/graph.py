@@ -464,11 +464,14 @@ def _elem_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def pick_output(model: onnx.ModelProto, choice: int | str | None, argument: str = "output_name") -> str:
+def pick_output(model: onnx.ModelProto, choice: int | str | None, argument: str = "output_name",
+                first: bool = False) -> str:
     """The output a loss applies to: ``choice`` by name or position, else the only output, else ``raw_score``
-    (the score before the sigmoid/softmax of ortflow's classifier graphs). ``argument`` names the parameter in
-    errors."""
+    (the score before the sigmoid/softmax of ortflow's classifier graphs); with ``first``, None picks the first
+    output (a gradient's target). ``argument`` names the parameter in errors."""
     names = output_names(model)
+    if choice is None and first:
+        return names[0]
     if isinstance(choice, str):
         if choice not in names:
             raise ValueError(f"{argument}={choice!r} is not an output; outputs are {names}")

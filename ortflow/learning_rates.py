@@ -110,7 +110,7 @@ class BaseLearningRate(Registered, BaseEstimator):
     :meth:`_update`; see the module's docstring). Subclasses declare ``slots`` (state tensors per weight,
     ``'weight'`` first)."""
 
-    kind = "learning_rate"
+    kind = "optimizer"
     slots: ClassVar[tuple[str, ...]] = ("weight",)
     #: the scalars fed at every step (the update graph's and the step graph's scalar inputs)
     scalars: ClassVar[tuple[str, ...]] = (LEARNING_RATE, STEP)
@@ -284,7 +284,7 @@ class BaseLearningRate(Registered, BaseEstimator):
 
     def stepper(self, learning_rate: float) -> Callable[[], None]:
         """A function running one update at ``learning_rate`` (the trainer's hot loop calls it once per batch)."""
-        run, bindings = self.function_._sess.run_with_iobinding, self._bindings
+        run, bindings = self.function_.run_with_iobinding, self._bindings
         per_step = self.per_step_scalars
         if not per_step:
             self._write_scalars(learning_rate)
@@ -347,7 +347,7 @@ class BaseLearningRate(Registered, BaseEstimator):
 
 
 def _check_schedule(rate: BaseLearningRate) -> None:
-    check_choice("learning_rate", rate.learning_rate, SCHEDULES)
+    check_choice("learning_rate", rate.schedule, SCHEDULES)
     check_positive_float("eta0", rate.eta0)
     check_positive_float("alpha", rate.alpha)
     check_finite("power_t", rate.power_t)
@@ -369,11 +369,16 @@ class LearningRateSGD(BaseLearningRate):
         self.power_t = power_t
         self.learning_rate = learning_rate
 
+    @property
+    def schedule(self) -> str:
+        """The schedule's name: ``learning_rate`` is onnxcustom's name for it in the constructor, kept there only."""
+        return self.learning_rate
+
     def check(self) -> None:
         _check_schedule(self)
 
     def value_at(self, samples_seen: int) -> float:
-        return learning_rate_at(self.learning_rate, float(self.eta0), samples_seen, self.power_t, self.alpha)
+        return learning_rate_at(self.schedule, float(self.eta0), samples_seen, self.power_t, self.alpha)
 
     def ort_optimizer(self):
         return artifacts.OptimType.SGD

@@ -58,9 +58,9 @@ def _learning_rate(name: str, value: Any) -> None:
     if isinstance(value, BaseLearningRate):
         value.check()
     elif isinstance(value, str):
-        if value not in names("learning_rate"):
+        if value not in names("optimizer"):
             raise ValueError(f"{name}={value!r} is not a learning rate; use a positive float, one of "
-                             f"{names('learning_rate')} or a BaseLearningRate instance")
+                             f"{names('optimizer')} or a BaseLearningRate instance")
     else:
         check_positive_float(name, value)
 

@@ -1,4 +1,4 @@
-"""One registry of names for losses, penalties and learning rates, shared by the trainers and the pipelines.
+"""One registry of names for losses, penalties and optimizers, shared by the trainers and the pipelines.
 
 A class joins its family (``kind``) under the short ``names`` it declares, the first being its canonical name;
 a user subclass declaring ``names`` joins it the same way.
@@ -26,11 +26,14 @@ class Registered:
 
 #: the modules defining ortflow's own members of each family, imported on the first look-up (``import ortflow``
 #: loads nothing until a name is used)
-FAMILY_MODULES = {"loss": "ortflow.losses", "penalty": "ortflow.penalties", "learning_rate": "ortflow.learning_rates"}
+FAMILY_MODULES = {"loss": "ortflow.losses", "penalty": "ortflow.penalties", "optimizer": "ortflow.learning_rates"}
+#: earlier names of a family (the optimizers' family was called after onnxcustom's classes, learning rates)
+KIND_ALIASES = {"learning_rate": "optimizer"}
 
 
 def family(kind: str) -> dict[Any, type]:
-    """Name -> class of the family ``kind`` (``'loss'``, ``'penalty'``, ``'learning_rate'``)."""
+    """Name -> class of the family ``kind`` (``'loss'``, ``'penalty'``, ``'optimizer'``)."""
+    kind = KIND_ALIASES.get(kind, kind)
     if kind in FAMILY_MODULES:
         importlib.import_module(FAMILY_MODULES[kind])
     if kind not in Registered._registry:
@@ -48,6 +51,7 @@ def select(kind: str, value: Any, argument: str | None = None, **kwargs) -> Any:
     the settings ``kwargs``; a setting its class does not take is a ValueError naming the class and the setting
     (the caller passes only the settings that apply). ``argument`` names the parameter in errors (default:
     ``kind``)."""
+    kind = KIND_ALIASES.get(kind, kind)
     argument = argument or kind
     classes = family(kind)
     if isinstance(value, Registered) and value.kind == kind:

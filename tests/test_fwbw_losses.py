@@ -148,7 +148,7 @@ def test_select_by_name_instance_and_user_subclass():
     with pytest.raises(TypeError, match="registered name or an instance"):
         select("loss", LearningRateSGD())
     with pytest.raises(ValueError, match="not a family"):
-        select("optimizer", "SGD")
+        select("scheduler", "SGD")
 
 
 def test_select_refuses_a_setting_the_class_does_not_take():

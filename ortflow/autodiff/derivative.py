@@ -45,7 +45,7 @@ def onnx_derivative(
     feeds = input_names(model)
     weights = pick_weights(model, weights)
     diff_inputs = _pick_inputs(model, feeds, inputs)
-    target = pick_output(model, output)
+    target = graph.pick_output(model, output, "output", first=True)
     declared = {v.name: v for v in model.graph.output}[target]
     scalar = declared.type.tensor_type.HasField("shape") and not declared.type.tensor_type.shape.dim
     fill = scalar if fill_grad is None else bool(fill_grad)
@@ -149,8 +149,3 @@ def _pick(argument: str, names: Sequence[str], candidates: list[str], what: str)
     if unknown:
         raise ValueError(f"{argument} names {unknown}, which are not {what}; candidates: {candidates}")
     return list(dict.fromkeys(names))
-
-
-def pick_output(model: onnx.ModelProto, output: str | int | None) -> str:
-    """The output named or placed at ``output`` (the first one for None), checked."""
-    return output_names(model)[0] if output is None else graph.pick_output(model, output, "output")

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import onnx
 from onnx import TensorProto, helper
 
-from ..graph import ModelLike, all_names, load_model
+from ..graph import ModelLike, all_names, load_model, pick_output
 from ..learning_rates import LEARNING_RATE, STEP, BaseLearningRate, GraphOps
 from ..registry import family, names
 from .builder import build_gradients, refuse_unreached
-from .derivative import assemble, pick_output, pick_weights, value_info
+from .derivative import assemble, pick_weights, value_info
 from .emitter import Emitter, ValueInfo
 
 UPDATED = "_updated"
@@ -56,7 +56,7 @@ def training_step(
     wide = [w for w in weights if _init_type(model, w) != TensorProto.FLOAT]
     if wide:
         raise ValueError(f"training_step trains float32 weights; {wide} have another type")
-    loss = pick_output(model, loss_output)
+    loss = pick_output(model, loss_output, "loss_output", first=True)
     declared = {v.name: v for v in model.graph.output}[loss].type.tensor_type
     if declared.HasField("shape") and declared.shape.dim:
         raise ValueError(f"loss output {loss!r} has rank {len(declared.shape.dim)}; training_step needs a scalar loss")
@@ -101,10 +101,10 @@ def _optimizer(optimizer: str | BaseLearningRate, betas, epsilon: float, weight_
     """The optimizer object ``training_step`` writes: an instance as given, a name with the settings its class has."""
     if isinstance(optimizer, BaseLearningRate):
         return optimizer
-    classes = family("learning_rate")
+    classes = family("optimizer")
     if optimizer not in classes:
         raise ValueError(f"optimizer={optimizer!r} is not supported by training_step; choose an optimizer instance "
-                         f"or one of {names('learning_rate')}")
+                         f"or one of {names('optimizer')}")
     accepted = classes[optimizer]._get_param_names()
     if weight_decay and "weight_decay" not in accepted:
         raise ValueError(f"weight_decay={weight_decay} applies to optimizer='adamw' only, not {optimizer!r}")

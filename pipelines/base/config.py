@@ -87,7 +87,7 @@ def _registry_choice(name: str, values: list[str]) -> type[_Choice]:
 # rate registered in ortflow is a valid choice. They are plain strings in the schema, checked by validate():
 # listing the registry imports scikit-learn and onnxruntime (seconds), which composing the config must not wait
 # for (a data problem is reported before that).
-REGISTRY_KEYS = {"loss.name": "loss", "penalty.name": "penalty", "trainer.optimizer": "learning_rate"}
+REGISTRY_KEYS = {"loss.name": "loss", "penalty.name": "penalty", "trainer.optimizer": "optimizer"}
 Schedule = _registry_choice("Schedule", list(SCHEDULES))
 
 
@@ -210,7 +210,7 @@ class TrainerConfig:
 
     name: TrainerKind = MISSING  # type: ignore[valid-type]
     # a learning-rate name of ortflow's registry, built with the settings below that its class takes
-    optimizer: str = "sgd"  # a name of ortflow's registry (family "learning_rate")
+    optimizer: str = "sgd"  # a name of ortflow's registry (family "optimizer")
     learning_rate: float = 0.01  # the optimizer's eta0
     # sgd and nesterov only; None: constant
     lr_schedule: Optional[Schedule] = None  # type: ignore[valid-type]
@@ -453,10 +453,10 @@ def learning_rate(cfg: DictConfig) -> ortflow.BaseLearningRate:
     from ortflow.registry import family, settings_of
 
     t, name = cfg.trainer, _value(cfg.trainer.optimizer)
-    if name not in names("learning_rate"):
-        raise ConfigError(f"trainer.optimizer={name!r} is not one of {names('learning_rate')} (the names of "
+    if name not in names("optimizer"):
+        raise ConfigError(f"trainer.optimizer={name!r} is not one of {names('optimizer')} (the names of "
                           "ortflow's registry)")
-    taken = settings_of(family("learning_rate")[name])
+    taken = settings_of(family("optimizer")[name])
     settings = {}
     for key, candidates in OPTIMIZER_KEYS.items():
         value = _value(t[key]) if t[key] is not None else None
@@ -469,7 +469,7 @@ def learning_rate(cfg: DictConfig) -> ortflow.BaseLearningRate:
             raise ConfigError(f"trainer.{key}={value}: trainer.optimizer={name} takes no {key} (its settings: "
                               f"{[k for k, c in OPTIMIZER_KEYS.items() if any(x in taken for x in c)]})")
         settings[param] = value
-    rate = select("learning_rate", name, "trainer.optimizer", **settings)
+    rate = select("optimizer", name, "trainer.optimizer", **settings)
     try:
         rate.check()
     except ValueError as exc:  # the message names the class's parameter: name the trainer key instead
