@@ -28,11 +28,10 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 import onnx
-from sklearn.base import BaseEstimator
 
 from .onnx_builder import DEFAULT_OPSET, GraphBuilder
 from .penalties import BaseLearningPenalty, NoLearningPenalty
-from .registry import Registered
+from .registry import Parametrized, Registered
 from .runtime import DeviceBuffer, OnnxFunction
 from .schedules import SCHEDULES, learning_rate_at
 from ._ort import artifacts, onnxblock
@@ -105,7 +104,7 @@ def slot_name(slot: str, weight: str, new: bool = False) -> str:
     return f"{'new_' if new else ''}{slot}:{weight}"
 
 
-class BaseLearningRate(Registered, BaseEstimator):
+class BaseLearningRate(Registered, Parametrized):
     """An optimizer: a schedule (:meth:`value_at`) and an update rule written once (:meth:`_derived`,
     :meth:`_update`; see the module's docstring). Subclasses declare ``slots`` (state tensors per weight,
     ``'weight'`` first)."""

@@ -18,10 +18,9 @@ from typing import Any, ClassVar
 
 import onnx
 from onnx import TensorProto
-from sklearn.base import BaseEstimator
 
 from .onnx_builder import DEFAULT_OPSET, GraphBuilder
-from .registry import Registered
+from .registry import Parametrized, Registered
 from .runtime import OnnxFunction, OrtValue, to_ortvalue
 
 PREDICTION = "prediction"
@@ -30,7 +29,7 @@ LOSS = "loss"
 LOSS_GRAD = "loss_grad"
 
 
-class BaseLearningLoss(Registered, BaseEstimator):
+class BaseLearningLoss(Registered, Parametrized):
     """A loss of a prediction (a score) and a label of the same shape, (N,) or (N, k)."""
 
     kind = "loss"
@@ -249,7 +248,7 @@ def _multiclass(rank: int, width: int | None) -> bool:
     return rank == 2 and width is not None and width > 1
 
 
-def _check_non_negative(obj: BaseEstimator, *names: str) -> None:
+def _check_non_negative(obj: Any, *names: str) -> None:
     import math
 
     for name in names:

@@ -111,12 +111,15 @@ def _output(name: str, value: Any) -> None:
 
 
 def _random_state(name: str, value: Any) -> None:
-    from sklearn.utils import check_random_state
+    """What scikit-learn's ``check_random_state`` takes (None, an int in [0, 2**32), a numpy RandomState), checked
+    without importing scikit-learn (seconds of imports; the pipelines check settings before any run)."""
+    import numpy as np
 
-    try:
-        check_random_state(value)
-    except ValueError as exc:
-        raise ValueError(f"{name}={value!r} must be None, an int or a numpy RandomState") from exc
+    if value is None or isinstance(value, np.random.RandomState):
+        return
+    if isinstance(value, Integral) and not isinstance(value, bool) and 0 <= value < 2**32:
+        return
+    raise ValueError(f"{name}={value!r} must be None, an int or a numpy RandomState")
 
 
 MODEL = Param("model_onnx", REQUIRED, None, "the graph: a ModelProto, its bytes or a file path")

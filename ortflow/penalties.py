@@ -11,15 +11,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import onnx
-from sklearn.base import BaseEstimator
 
 from .onnx_builder import DEFAULT_OPSET, GraphBuilder
-from .registry import Registered
+from .registry import Parametrized, Registered
 from .runtime import OnnxFunction, OrtValue
 from .validation import check_non_negative
 
 
-class BaseLearningPenalty(Registered, BaseEstimator):
+class BaseLearningPenalty(Registered, Parametrized):
     """A penalty: :meth:`add_value` / :meth:`add_gradient` write its nodes into a graph under construction (the
     learning rates fuse them into their update graph); :meth:`build_onnx_function` gives standalone graphs."""
 
