@@ -1,9 +1,15 @@
 # Two commands do all the set-up on a fresh machine: `make run` and `make test`.
 PYTHON ?= python3
-VENV := .venv
+# The onnxruntime build the interpreter supports: onnxruntime-training (extra cpu, in .venv) up to Python 3.12, the
+# plain onnxruntime (extra ort, in .venv3<minor>) from 3.13 on, where the training build has no wheel.
+PY_MINOR := $(shell $(PYTHON) -c 'import sys; print(sys.version_info[1])' 2>/dev/null)
+TRAINING_BUILD := $(filter 9 10 11 12,$(PY_MINOR))
+VENV ?= $(if $(TRAINING_BUILD),.venv,.venv3$(PY_MINOR))
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
-EXTRAS ?= cpu,pipelines,test,postgres,torch,ray
+TRAINING_EXTRAS := cpu,pipelines,test,postgres,torch,ray
+PLAIN_EXTRAS := ort,pipelines,test,postgres
+EXTRAS ?= $(if $(TRAINING_BUILD),$(TRAINING_EXTRAS),$(PLAIN_EXTRAS))
 
 .PHONY: install run test test-ort bench ui clean server postgres
 
@@ -33,11 +39,13 @@ NON_CORE := $(wildcard tests/test_pipeline_*.py tests/test_scale_*.py) tests/tes
 CORE_TESTS := tests $(foreach f,$(NON_CORE),--ignore=$(f))
 ORT_CHAIN := "tests/test_pipeline_chain.py::test_default_chain_on_sqlite[full]"
 
+ifneq ($(STAMP),$(STAMP_ORT))  # else the rule above makes it (PYTHON is a 3.13 already)
 $(STAMP_ORT): pyproject.toml
 	test -x $(PY_ORT) || $(PYTHON313) -m venv $(VENV_ORT)
 	$(PY_ORT) -m pip install --quiet --upgrade pip
-	$(PY_ORT) -m pip install --quiet -e ".[ort,pipelines,test]"
+	$(PY_ORT) -m pip install --quiet -e ".[$(PLAIN_EXTRAS)]"
 	touch $(STAMP_ORT)
+endif
 
 test-ort: $(STAMP_ORT)
 	$(PY_ORT) -c "import ortflow; assert ortflow.backend() == 'plain', ortflow.backend()"
