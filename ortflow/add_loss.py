@@ -94,7 +94,7 @@ def add_loss_output(
         raise ValueError(f"score_name={score_name!r} applies to raw scores, but output {output!r} holds probabilities "
                          f"(shape {shape}): pick the raw score with output_index (ortflow.to_onnx names it 'raw_score')")
 
-    b = GraphBuilder(prefix=f"{loss_name}")
+    b = GraphBuilder(prefix=f"{loss_name}", taken=all_names(model))  # its nodes join the model's graph
     total = loss.mean_loss(b, output, label_name, weight_name, len(shape), width)
     if penalty:
         total = b.add_all([total, *_penalty_terms(b, model, penalty)])

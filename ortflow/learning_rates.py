@@ -28,6 +28,7 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 import onnx
+from onnx import TensorProto
 
 from .onnx_builder import DEFAULT_OPSET, GraphBuilder
 from .penalties import BaseLearningPenalty, NoLearningPenalty
@@ -53,11 +54,12 @@ STEP = "step"
 
 
 class GraphOps:
-    """The arithmetic of the update rules as ONNX nodes, written by a node writer's ``node(op, inputs)`` and
-    ``const(value)`` (:class:`~ortflow.onnx_builder.GraphBuilder`, or the step graph's emitter)."""
+    """The arithmetic of the update rules as ONNX nodes, through ortflow's node writer
+    (:class:`~ortflow.onnx_builder.Emitter`: a step graph's, or the update graph's :class:`GraphBuilder`)."""
 
-    def __init__(self, node: Callable[..., str], const: Callable[[float], str]):
-        self._node, self.const = node, const
+    def __init__(self, writer):
+        self._node = writer.op
+        self.const = lambda value: writer.const(value, dtype=TensorProto.FLOAT)
 
     def add(self, a, b):
         return self._node("Add", [a, b])
@@ -211,7 +213,7 @@ class BaseLearningRate(Registered, Parametrized):
                     values.append(value)
                 grad = penalty.add_gradient(b, state["weight"], grad)
             given[weight] = (state["weight"], grad, {k: v for k, v in state.items() if k != "weight"})
-        updates = self.write_update(GraphOps(b.node, b.const), given, scalars[LEARNING_RATE], scalars[STEP])
+        updates = self.write_update(GraphOps(b), given, scalars[LEARNING_RATE], scalars[STEP])
         if values:
             b.output(b.add_all(values), PENALTY_OUTPUT, [])
         for weight, shape in shapes.items():

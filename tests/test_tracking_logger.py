@@ -122,6 +122,7 @@ def test_system_metrics_are_sampled_at_the_configured_interval(store, tmp_path, 
 
     client = RetryingClient(MlflowClient(store))
     experiment = client.create_experiment("system-metrics", artifact_location=str(tmp_path / "system"))
+    mlflow.set_experiment(experiment_id=experiment)  # whatever an earlier test of this process made active
     tracking = Tracking(store, client, experiment, "system-metrics", tmp_path, retries=2)
     monkeypatch.delenv(runs.SAMPLING_INTERVAL_ENV, raising=False)
     with runs.stage_run(tracking, "sampled", system_metrics=True, system_metrics_interval=0.5) as run_id:

@@ -1,8 +1,8 @@
 """ortflow's own gradient graphs: reverse-mode differentiation of ONNX graphs into standard ONNX nodes.
 
 ``rules.py`` holds one vector-Jacobian product per op, ``builder.py`` the reverse pass over the graph,
-``emitter.py`` node writing and broadcasting, ``derivative.py`` the public :func:`onnx_derivative`,
-``training.py`` one optimizer step as one graph.
+``derivative.py`` the public :func:`onnx_derivative`, ``training.py`` one optimizer step as one graph; the nodes
+are written by :class:`ortflow.onnx_builder.Emitter`, ortflow's one node writer.
 """
 
 from .builder import Gradients, build_gradients

@@ -19,7 +19,7 @@ import onnx
 
 from ..exceptions import NotDifferentiableError
 from ..graph import FLOAT_TYPES, all_names
-from .emitter import Emitter, ValueInfo, value_infos
+from ..onnx_builder import Emitter, ValueInfo, value_infos
 from .rules import NO_GRADIENT, RULES, NodeGrad, node_label
 
 DEFAULT_DOMAINS = ("", "ai.onnx")

@@ -10,7 +10,7 @@ from onnx import helper
 from .. import graph
 from ..graph import FLOAT_TYPES, ModelLike, all_names, input_names, load_model, output_names, trainable_initializers
 from .builder import Gradients, build_gradients
-from .emitter import ValueInfo
+from ..onnx_builder import ValueInfo
 
 
 def onnx_derivative(

@@ -13,7 +13,7 @@ from ..learning_rates import LEARNING_RATE, STEP, BaseLearningRate, GraphOps
 from ..registry import family, names
 from .builder import build_gradients, refuse_unreached
 from .derivative import assemble, pick_weights, value_info
-from .emitter import Emitter, ValueInfo
+from ..onnx_builder import Emitter, ValueInfo
 
 UPDATED = "_updated"
 
@@ -85,7 +85,7 @@ def training_step(
             if not _update_in_gemm(e, w, grads[w]):
                 e.op_named("Sub", [w, grads[w]], w + UPDATED)
     else:
-        ops = GraphOps(e.op, lambda value: e.const(value, dtype=TensorProto.FLOAT))
+        ops = GraphOps(e)
         given = {w: (w, grads[w], slots[w]) for w in weights}
         new = rate.write_update(ops, given, LEARNING_RATE, STEP if STEP in scalars else None)
         for w in weights:
