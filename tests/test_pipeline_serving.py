@@ -318,7 +318,7 @@ def test_served_model_needs_only_the_plain_onnxruntime(registry, clean_mlflow_en
     assert graph.SerializeToString() == onnx.load(str(local / flavors["onnx"]["data"])).SerializeToString()
 
     if not PLAIN_PYTHON.exists():
-        pytest.skip(f"{PLAIN_PYTHON} (Python 3.13 with the plain onnxruntime, `make venv313`) is not there")
+        pytest.skip(f"{PLAIN_PYTHON} (Python 3.13 with the plain onnxruntime, made by `make test-ort`) is not there")
     probe = subprocess.run([str(PLAIN_PYTHON), "-c", "import importlib.util, mlflow, onnxruntime, sys; "
                             "print(sys.version_info >= (3, 13), importlib.util.find_spec('onnxruntime.training'))"],
                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, capture_output=True,
