@@ -63,7 +63,7 @@ def main(argv=None) -> None:
     bound = _per_call_us(lambda: run(batch.loss_binding, None), args.calls, args.repeats)
     rebound = _per_call_us(lambda: run(loss_fn.bind(inputs, outputs), None), args.calls, args.repeats)
     values = {name: rate.buffers_["weight", name][rate.parity_] for name in trainer.weights_to_train_}
-    values[trainer._spec.x_name] = batch.x
+    values.update(batch.xs)
 
     def vectors():
         fb.feed_vector(values)

@@ -44,14 +44,9 @@ from .parameters import check_parameters
 from .registry import select
 from .runtime import THREADS_WORK_THRESHOLD, OnnxFunction, make_session_options, threads_for_work
 from .convert import graph_classes
-from .validation import (
-    check_device,
-    check_fit_data,
-    check_positive_int,
-    check_weights_to_train,
-    check_X,
-    encode_labels,
-)
+from .frozen_prefix import FrozenPrefix
+from .inputs import InputMapping
+from .validation import check_device, check_positive_int, check_targets, check_weights_to_train, encode_labels
 
 logger = logging.getLogger("ortflow")
 
@@ -61,30 +56,46 @@ logger = logging.getLogger("ortflow")
 class GraphSpec:
     """What a trainer feeds and reads: input, label, weight and prediction outputs."""
 
-    x_name: str
-    n_features: int | None
+    inputs: InputMapping
     label_shape: list = field(default_factory=lambda: [None])
     weight_name: str | None = None
     prediction_outputs: list[str] = field(default_factory=list)
     trained_output: str | None = None  # the output the loss applies to (what predict returns for a regressor)
     classes: np.ndarray | None = None  # the classes of a classifier graph trained on its raw score
 
+    @property
+    def x_name(self) -> str:
+        """The first data input (the only one but for tables)."""
+        return self.inputs.names[0]
+
+    @property
+    def n_features(self) -> int | None:
+        return self.inputs.n_features
+
 
 @dataclass
 class TrainData:
-    """Validated float32 arrays, converted once per fit and sliced per batch."""
+    """Validated arrays, converted once per fit and sliced per batch: ``feeds`` (one array per data input of the
+    graph, see :mod:`ortflow.inputs`), float32 targets ``y`` and ``weight``."""
 
-    X: np.ndarray
+    feeds: dict[str, np.ndarray]
     y: np.ndarray
     weight: np.ndarray | None = None
 
     @property
     def n_samples(self) -> int:
-        return len(self.X)
+        return len(self.y)
+
+    @property
+    def X(self) -> np.ndarray:
+        """The feed of a graph with one data input."""
+        if len(self.feeds) != 1:
+            raise ValueError(f"the graph has {len(self.feeds)} data inputs {list(self.feeds)}, not one X")
+        return next(iter(self.feeds.values()))
 
     def take(self, index) -> TrainData:
         w = None if self.weight is None else self.weight[index]
-        return TrainData(self.X[index], self.y[index], w)
+        return TrainData({k: v[index] for k, v in self.feeds.items()}, self.y[index], w)
 
 
 class BaseTrainer(BaseEstimator):
@@ -114,8 +125,12 @@ class BaseTrainer(BaseEstimator):
         model = make_trainable(model, self.weights_to_train)  # the same graph when it holds no ai.onnx.ml linear op
         spec = self._graph_spec(model)
         spec.classes = _trained_classes(model, spec)
-        _resolve_symbolic_width(model, spec, X)
-        data, val = self._prepare_data(spec, X, y, sample_weight, validation_data)
+        feeds, names = spec.inputs.feeds(X)
+        _resolve_symbolic_width(model, spec, feeds)
+        output = self._trained_output_name(spec)
+        weights = self._check_weights(model, g.keep_outputs(model, [output]), output)
+        train_model, prefix = FrozenPrefix.split(model, weights, spec.inputs.names, [output], feeds)
+        data, val = self._prepare_data(spec, prefix, feeds, names, y, sample_weight, validation_data)
         max_iter = int(self.max_iter)
         check_positive_int("batch_size", self.batch_size, data.n_samples, "the number of training samples")
         rng = check_random_state(self.random_state)
@@ -129,12 +144,17 @@ class BaseTrainer(BaseEstimator):
         else:
             self._spec = spec
             self._model = model
+            self._train_model = train_model
             self._fit_settings = self._settings()
-            self.n_threads_ = self._threads(model)
-            self._build_runtime(model, spec, self._learning_rate())
+            self.n_threads_ = self._threads(train_model)
+            self._build_runtime(train_model, spec, self._learning_rate())
             self.history_ = []
             self._append(None)
-        self.n_features_in_ = spec.n_features if spec.n_features is not None else data.X.shape[1]
+        self.n_features_in_ = _n_features(spec, feeds)
+        if names is not None:
+            self.feature_names_in_ = np.asarray(names, dtype=object)
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
         self._predict_sess = None
         if resume_from is not None:
             rng = self._restore_checkpoint(resume_from, rng)
@@ -187,24 +207,28 @@ class BaseTrainer(BaseEstimator):
                 cb.on_train_end(self)
         return self
 
-    def _prepare_data(self, spec, X, y, sample_weight, validation_data):
-        X, y, w = check_fit_data(X, _targets(spec, y), sample_weight, spec.n_features, spec.label_shape)
+    def _prepare_data(self, spec, prefix, feeds, names, y, sample_weight, validation_data):
+        """The training and validation data: targets checked, the feeds of the trainable part (the frozen
+        prefix's outputs when the graph has one, see :mod:`ortflow.frozen_prefix`)."""
+        n_rows = len(next(iter(feeds.values())))
+        y, w = check_targets(_targets(spec, y), sample_weight, n_rows, spec.label_shape)
         if w is not None and spec.weight_name is None:
             raise ValueError(
                 "sample_weight was given but the graph has no weight input: add one "
                 "(add_loss_output(..., weight_name='weight')) or set the trainer's weight input name"
             )
         if spec.weight_name is not None and w is None:
-            w = np.ones(len(X), dtype=np.float32)
+            w = np.ones(n_rows, dtype=np.float32)
         val = None
         if validation_data is not None:
             if len(validation_data) != 2:
                 raise ValueError("validation_data must be a pair (X_val, y_val)")
-            Xv, yv, _ = check_fit_data(validation_data[0], _targets(spec, validation_data[1]), None,
-                                       spec.n_features, spec.label_shape)
-            wv = None if spec.weight_name is None else np.ones(len(Xv), dtype=np.float32)
-            val = TrainData(Xv, yv, wv)
-        return TrainData(X, y, w), val
+            feeds_v, _ = spec.inputs.feeds(validation_data[0], _matrix_width(spec, feeds), names)
+            yv, _ = check_targets(_targets(spec, validation_data[1]), None, len(next(iter(feeds_v.values()))),
+                                  spec.label_shape)
+            wv = None if spec.weight_name is None else np.ones(len(yv), dtype=np.float32)
+            val = TrainData(feeds_v if prefix is None else prefix.transform(feeds_v), yv, wv)
+        return TrainData(feeds if prefix is None else prefix.transform(feeds), y, w), val
 
     def _split_validation(self, data: TrainData, rng) -> tuple[TrainData, TrainData]:
         fraction = float(self.validation_fraction)
@@ -219,7 +243,7 @@ class BaseTrainer(BaseEstimator):
         perm = rng.permutation(data.n_samples)
         train, val = data.take(np.sort(perm[n_val:])), data.take(np.sort(perm[:n_val]))
         if val.weight is not None:
-            val.weight = np.ones(len(val.X), dtype=np.float32)
+            val.weight = np.ones(val.n_samples, dtype=np.float32)
         return train, val
 
     def _callbacks(self) -> list[Callback]:
@@ -253,6 +277,10 @@ class BaseTrainer(BaseEstimator):
         fixed = ("learning_rate", "lr_schedule", "power_t", "device", "weights_to_train", "n_threads",
                  *self._runtime_parameters)
         return {k: repr(getattr(self, k)) for k in fixed}
+
+    def _trained_output_name(self, spec: GraphSpec) -> str:
+        """The output training reduces: the prediction the loss applies to (the loss output in full training)."""
+        return spec.trained_output
 
     #: subclass parameters the runtime is built from (a warm start refuses a change of them)
     _runtime_parameters: tuple = ()
@@ -414,22 +442,31 @@ class BaseTrainer(BaseEstimator):
         return tags
 
     def _run_prediction(self, X, names: list[str] | None = None) -> dict[str, np.ndarray]:
-        self._check_fitted()
-        X = check_X(X, self.n_features_in_)
+        return self._run_feeds(self._feeds(X), names)
+
+    def _run_feeds(self, feeds: dict[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:
         if self._predict_sess is None:
             self._predict_sess = InferenceSession(
                 self.get_trained_onnx().SerializeToString(), self._session_options(), providers=self._providers()
             )
         names = names or self._spec.prediction_outputs
-        return dict(zip(names, self._predict_sess.run(names, {self._spec.x_name: X})))
+        return dict(zip(names, self._predict_sess.run(names, feeds)))
+
+    def _feeds(self, X) -> dict[str, np.ndarray]:
+        """``X`` as the prediction graph's feeds, checked against what fit saw (width, column names)."""
+        self._check_fitted()
+        inputs = self._spec.inputs
+        width = self.n_features_in_ if inputs.n_features is None and not inputs.is_table else None
+        names = getattr(self, "feature_names_in_", None)
+        return inputs.feeds(X, width, None if names is None else list(names))[0]
 
     def losses(self, X, y, sample_weight=None) -> np.ndarray:
         """The loss of every sample under the trained weights, ``w * l`` (no penalty): shape (n,)."""
-        self._check_fitted()
-        X, y, w = check_fit_data(X, _targets(self._spec, y), sample_weight, self.n_features_in_,
-                                 self._spec.label_shape)
+        feeds = self._feeds(X)
+        y, w = check_targets(_targets(self._spec, y), sample_weight, len(next(iter(feeds.values()))),
+                             self._spec.label_shape)
         output = self._spec.trained_output
-        prediction = self._run_prediction(X, [output])[output]
+        prediction = self._run_feeds(feeds, [output])[output]
         rank = prediction.ndim
         width = prediction.shape[1] if rank == 2 else None
         loss = self._loss_object()
@@ -478,7 +515,7 @@ class BaseTrainer(BaseEstimator):
         self.__dict__.update(state)
         self._predict_sess = None
         if weights is not None:
-            self._build_runtime(self._model, self._spec, self._learning_rate())
+            self._build_runtime(self._train_model, self._spec, self._learning_rate())
             self._set_weights(weights)
 
 
@@ -486,18 +523,13 @@ def prediction_spec(model: onnx.ModelProto, output_name, weight_name: str | None
     """The spec of a prediction graph (no loss inside) trained on one float output: ``output_name`` picks it
     (None: the only one, or ``raw_score`` when present); sample weights enter as ``weight_name`` (default
     ``'weight'``). Shared by the trainers that add the loss themselves."""
-    feeds = g.input_names(model)
-    if len(feeds) != 1:
-        raise ValueError(f"the graph must have exactly one input (the features), it has {feeds}")
     output = g.pick_output(model, output_name, "output_name")
     if g.elem_type(model, output) != onnx.TensorProto.FLOAT:
         raise ValueError(f"output {output!r} is not float32: only float32 predictions can be trained")
     shape = g.shape_of(model, output)
     if len(shape) not in (1, 2):
         raise ValueError(f"output {output!r} has rank {len(shape)}; the losses expect (N,) or (N, k)")
-    x_shape = g.shape_of(model, feeds[0])
-    n_features = x_shape[1] if len(x_shape) == 2 and isinstance(x_shape[1], int) and x_shape[1] > 0 else None
-    return GraphSpec(x_name=feeds[0], n_features=n_features, label_shape=shape, weight_name=weight_name or "weight",
+    return GraphSpec(inputs=InputMapping.of(model), label_shape=shape, weight_name=weight_name or "weight",
                      prediction_outputs=g.output_names(model), trained_output=output)
 
 
@@ -535,14 +567,30 @@ def _graph_is_classifier(model_onnx) -> bool:
         return False
 
 
-def _resolve_symbolic_width(model: onnx.ModelProto, spec: GraphSpec, X) -> None:
+def _matrix_width(spec: GraphSpec, feeds: dict[str, np.ndarray]) -> int | None:
+    """The width of a single matrix input (the graph may leave it symbolic), None for any other input."""
+    if spec.inputs.is_table:
+        return None
+    array = next(iter(feeds.values()))
+    return array.shape[1] if array.ndim == 2 else None
+
+
+def _n_features(spec: GraphSpec, feeds: dict[str, np.ndarray]) -> int:
+    """scikit-learn's ``n_features_in_``: the matrix's width, the number of columns of a table, the number of values
+    of one sample otherwise (an image's pixels)."""
+    if spec.inputs.is_table:
+        return len(feeds)
+    array = next(iter(feeds.values()))
+    return int(np.prod(array.shape[1:], dtype=np.int64))
+
+
+def _resolve_symbolic_width(model: onnx.ModelProto, spec: GraphSpec, feeds: dict[str, np.ndarray]) -> None:
     """A trained output whose column count is symbolic gets its real width from a run on one row, so a ``y`` of
     another width is refused instead of broadcast against it (a 1-column model would learn the mean of 2 columns)."""
     if len(spec.label_shape) != 2 or isinstance(spec.label_shape[1], int) or spec.trained_output is None:
         return
-    row = check_X(X, spec.n_features)[:1]
     pruned = g.keep_outputs(model, [spec.trained_output])
     sess = InferenceSession(pruned.SerializeToString(), make_session_options(1), providers=["CPUExecutionProvider"])
-    output = sess.run([spec.trained_output], {spec.x_name: row})[0]
+    output = sess.run([spec.trained_output], {k: v[:1] for k, v in feeds.items()})[0]
     if output.ndim == 2:
         spec.label_shape = [spec.label_shape[0], int(output.shape[1])]

@@ -270,9 +270,13 @@ def _skl2onnx(model: Any, X: np.ndarray | None, target_opset: int) -> onnx.Model
 
     if X is None:
         raise ValueError(f"to_onnx: {type(model).__name__} goes through skl2onnx, which needs a sample X")
+    if hasattr(X, "columns") and hasattr(X, "dtypes"):
+        sample = {"initial_types": table_input_types(X)}
+    else:
+        sample = {"X": np.asarray(X[:1], dtype=np.float32)}
     onx = skl_to_onnx(
         model,
-        np.asarray(X[:1], dtype=np.float32),
+        **sample,
         target_opset={"": target_opset, "ai.onnx.ml": 3},
         black_op={"LinearRegressor", "LinearClassifier"},
     )
@@ -280,3 +284,24 @@ def _skl2onnx(model: Any, X: np.ndarray | None, target_opset: int) -> onnx.Model
         onx.ir_version = 10
     check_loadable(onx)
     return onx
+
+
+def table_input_types(frame) -> list[tuple]:
+    """skl2onnx's initial types of a DataFrame: one ``(n, 1)`` input per column, named as the column: float for
+    numbers, int64 for integers and booleans, text for strings and categories (:mod:`ortflow.inputs` feeds them)."""
+    from skl2onnx.common.data_types import FloatTensorType, Int64TensorType, StringTensorType
+
+    types = []
+    for name, dtype in zip(frame.columns, frame.dtypes):
+        kind = getattr(dtype, "kind", "O")
+        if kind == "f":
+            tensor = FloatTensorType([None, 1])
+        elif kind in "iub":
+            tensor = Int64TensorType([None, 1])
+        elif kind in "OSU" or str(dtype) in ("category", "string"):
+            tensor = StringTensorType([None, 1])
+        else:
+            raise TypeError(f"column {name!r} has dtype {dtype}, which ortflow's graphs do not take; convert it "
+                            "(a date into numbers, for example) before converting the model")
+        types.append((str(name), tensor))
+    return types

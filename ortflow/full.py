@@ -15,6 +15,7 @@ from ._ort import TRAINING, OrtValueVector, api, artifacts, backend, captured_na
 from .add_loss import LOSS_METADATA
 from .artifact_cache import TRAINING_ARTIFACTS
 from .base import BaseTrainer, GraphSpec, TrainData
+from .inputs import InputMapping
 from .exceptions import (
     NotDifferentiableError,
     UnsupportedModelError,
@@ -65,21 +66,18 @@ class OrtGradientOptimizer(BaseTrainer):
         if self.label_name not in feeds:
             raise ValueError(f"label_name={self.label_name!r} is not an input of the graph (inputs: {feeds})")
         weight = self.sample_weight_name if self.sample_weight_name in feeds else None
-        xs = [f for f in feeds if f not in (self.label_name, weight)]
-        if len(xs) != 1:
-            raise ValueError(f"the graph must have exactly one data input besides label and weight, it has {xs}")
-        x_shape = g.shape_of(model, xs[0])
-        n_features = x_shape[1] if len(x_shape) == 2 and isinstance(x_shape[1], int) and x_shape[1] > 0 else None
         predictions = [o for o in outputs if o != self.loss_output_name]
         trained = _loss_metadata(model).get("prediction")
         return GraphSpec(
-            x_name=xs[0],
-            n_features=n_features,
+            inputs=InputMapping.of(model, exclude=(self.label_name, weight)),
             label_shape=g.shape_of(model, self.label_name),
             weight_name=weight,
             prediction_outputs=predictions,
             trained_output=trained if trained in predictions else (predictions[0] if predictions else None),
         )
+
+    def _trained_output_name(self, spec: GraphSpec) -> str:
+        return self.loss_output_name
 
     def _threads_threshold(self) -> int:
         return THREADS_WORK_THRESHOLD if self.gradients == "onnxruntime" else STEP_GRAPH_THREADS_THRESHOLD
@@ -168,7 +166,7 @@ class OrtGradientOptimizer(BaseTrainer):
         self._rt_feed_order = train_inputs
 
     def _arrays(self, data: TrainData) -> list[np.ndarray]:
-        by_name = {self._spec.x_name: data.X, self.label_name: data.y, self._spec.weight_name: data.weight}
+        by_name = {**data.feeds, self.label_name: data.y, self._spec.weight_name: data.weight}
         return [by_name[name] for name in self._rt_feed_order]
 
     def _epoch_learning_rate(self, samples_seen: int) -> float:

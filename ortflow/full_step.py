@@ -62,23 +62,25 @@ class StepGraphRuntime:
         self.eval_function = OnnxFunction(eval_graph, device, options)
 
     # --- training ---
-    def _batch(self, shapes: tuple) -> tuple:
-        """For one batch shape: the feed buffers, the session's run and its two bindings (state read from parity
-        0 or 1)."""
-        found = self._batches.get(shapes)
+    def _batch(self, shapes: tuple, dtypes: tuple | None = None) -> tuple:
+        """For one batch shape (and the feeds' dtypes, float32 by default): the feed buffers, the session's run and
+        its two bindings (state read from parity 0 or 1)."""
+        dtypes = dtypes or (np.float32,) * len(shapes)
+        found = self._batches.get((shapes, dtypes))
         if found is None:
             function = self._cached(shapes[0][0])[1]
             if function.input_names != self.input_names:  # pragma: no cover - the same graph, rows fixed
                 raise RuntimeError(f"the step graph for {shapes} has inputs {function.input_names}, "
                                    f"not {self.input_names}")
-            feeds = {n: DeviceBuffer(shape, self.device) for n, shape in zip(self.feed_names, shapes)}
+            feeds = {n: DeviceBuffer(shape, self.device, dtype=dtype)
+                     for n, shape, dtype in zip(self.feed_names, shapes, dtypes)}
             bindings = []
             for parity in (0, 1):
                 values = {**feeds, **{n: pair[parity] for n, pair in self._state.items()}, **self._scalars}
                 outputs = [self._loss] + [self._state[n][1 - parity] for n in self.state_names]
                 bindings.append(function.bind([values[n] for n in self.input_names], outputs))
             run = function.run_with_iobinding
-            found = self._batches[shapes] = ([feeds[n] for n in self.feed_names], run, bindings, function)
+            found = self._batches[shapes, dtypes] = ([feeds[n] for n in self.feed_names], run, bindings, function)
         return found
 
     def _cached(self, rows: int | None) -> tuple:
@@ -102,6 +104,7 @@ class StepGraphRuntime:
         step = self._scalars.get(STEP)
         n_samples = len(arrays[0])
         tails = [a.shape[1:] for a in arrays]
+        dtypes = tuple(a.dtype for a in arrays)
         losses = np.empty(n_batches, dtype=np.float64)
         # per batch, only what must happen: the rows copied into the bound buffers (numpy's copy on CPU), one run,
         # the loss read; the batch shape's session and bindings are looked up once per size
@@ -112,7 +115,7 @@ class StepGraphRuntime:
             n = (min(rows.stop, n_samples) - rows.start) if is_slice else len(rows)
             entry = by_rows.get(n)
             if entry is None:
-                buffers, run, bindings, _ = self._batch(tuple((n, *t) for t in tails))
+                buffers, run, bindings, _ = self._batch(tuple((n, *t) for t in tails), dtypes)
                 targets = [b.array for b in buffers] if all(b.array is not None for b in buffers) else None
                 entry = by_rows[n] = (buffers, targets, run, bindings)
             buffers, targets, run, bindings = entry

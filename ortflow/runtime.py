@@ -43,20 +43,22 @@ def to_ortvalue(value: Any, device: str = "cpu") -> OrtValue:
 
 
 class DeviceBuffer:
-    """A float32 tensor allocated once on a device. On CPU, ``array`` shares its memory with ``ortvalue``."""
+    """A tensor (float32 unless ``dtype`` says otherwise) allocated once on a device. On CPU, ``array`` shares its
+    memory with ``ortvalue``."""
 
-    __slots__ = ("array", "device", "ortvalue", "c", "shape")
+    __slots__ = ("array", "device", "ortvalue", "c", "shape", "dtype")
 
-    def __init__(self, shape: Sequence[int], device: str = "cpu", value: np.ndarray | None = None):
+    def __init__(self, shape: Sequence[int], device: str = "cpu", value: np.ndarray | None = None, dtype=np.float32):
         self.shape = tuple(int(d) for d in shape)
+        self.dtype = dtype = np.dtype(dtype)
         self.device = device = resolve_device(device)
         kind, _ = check_device(device)
         if kind == "cpu":
-            self.array = np.zeros(self.shape, dtype=np.float32)
+            self.array = np.zeros(self.shape, dtype=dtype)
             self.ortvalue = OrtValue.ortvalue_from_numpy(self.array)
         else:
             self.array = None
-            self.ortvalue = OrtValue.ortvalue_from_shape_and_type(self.shape, np.float32, "cuda", device_index(device))
+            self.ortvalue = OrtValue.ortvalue_from_shape_and_type(self.shape, dtype, "cuda", device_index(device))
         self.c = self.ortvalue._ortvalue  # the C object, what bindings and vectors take
         if value is not None:
             self.write(value)
@@ -68,6 +70,7 @@ class DeviceBuffer:
             raise ValueError("views of a device buffer exist only on CPU")
         obj = cls.__new__(cls)
         obj.shape = tuple(int(d) for d in shape)
+        obj.dtype = parent.dtype
         obj.device = parent.device
         obj.array = parent.array.reshape(-1)[offset : offset + int(np.prod(obj.shape))].reshape(obj.shape)
         obj.ortvalue = OrtValue.ortvalue_from_numpy(obj.array)
@@ -79,7 +82,7 @@ class DeviceBuffer:
         if self.array is not None:
             np.copyto(self.array, value, casting="same_kind")
         else:
-            self.ortvalue.update_inplace(np.ascontiguousarray(value, dtype=np.float32).reshape(self.shape))
+            self.ortvalue.update_inplace(np.ascontiguousarray(value, dtype=self.dtype).reshape(self.shape))
 
     def read(self) -> np.ndarray:
         """A numpy copy of the buffer."""

@@ -110,7 +110,8 @@ class TorchTrainer(BaseTrainer):
 
         y, weight = data.y[rows], data.weight[rows]
         scaled = np.multiply(weight, 1.0 / len(weight)).astype(np.float32).reshape((-1,) + (1,) * (y.ndim - 1))
-        return torch.from_numpy(np.ascontiguousarray(data.X[rows])), torch.from_numpy(y), torch.from_numpy(scaled)
+        xs = [torch.from_numpy(np.ascontiguousarray(data.feeds[name][rows])) for name in self._rt_module.input_names_]
+        return xs, torch.from_numpy(y), torch.from_numpy(scaled)
 
     def _train_epoch(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
         optimizer, module, loss_fn = self._rt_optimizer, self._rt_module, self._rt_loss
@@ -119,9 +120,9 @@ class TorchTrainer(BaseTrainer):
         module.train()
         losses = np.empty(len(self._batch_sizes(data.n_samples)), dtype=np.float64)
         for i, rows in enumerate(self._batches(data.n_samples, order)):
-            X, y, w = self._tensors(data, rows)
+            xs, y, w = self._tensors(data, rows)
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(module(X).reshape(y.shape), y, w)
+            loss = loss_fn(module(*xs).reshape(y.shape), y, w)
             total = loss + self._penalty()
             losses[i] = float(total.detach()) if hasattr(total, "detach") else float(total)
             if not np.isfinite(losses[i]):
@@ -134,8 +135,8 @@ class TorchTrainer(BaseTrainer):
         import torch
 
         with torch.no_grad():
-            X, y, w = self._tensors(data, slice(None))
-            return float(self._rt_loss(self._rt_module(X).reshape(y.shape), y, w) + self._penalty())
+            xs, y, w = self._tensors(data, slice(None))
+            return float(self._rt_loss(self._rt_module(*xs).reshape(y.shape), y, w) + self._penalty())
 
     # --- hooks: state and graphs ---------------------------------------------------------------------------
     def get_state(self) -> dict[str, np.ndarray]:

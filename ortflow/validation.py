@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Sequence
 from numbers import Integral, Real
 
@@ -13,8 +14,8 @@ from .exceptions import DeviceError
 from .graph import FLOAT_TYPES
 
 
-def check_array(name: str, value, ndim: Sequence[int], n_rows: int | None = None) -> np.ndarray:
-    """``value`` as a C-contiguous float32 array (copied only when needed), with finite values."""
+def check_array(name: str, value, ndim: Sequence[int], n_rows: int | None = None, dtype=np.float32) -> np.ndarray:
+    """``value`` as a C-contiguous ``dtype`` (float) array (copied only when needed), with finite values."""
     if value is None:
         raise ValueError(f"{name} is None")
     if hasattr(value, "tocsr") or hasattr(value, "todense"):
@@ -40,24 +41,16 @@ def check_array(name: str, value, ndim: Sequence[int], n_rows: int | None = None
         raise ValueError(f"{name} has 0 feature(s) (shape={array.shape}) while a minimum of 1 is required.")
     if n_rows is not None and array.shape[0] != n_rows:
         raise ValueError(f"{name} has {array.shape[0]} rows but X has {n_rows}")
-    array = np.ascontiguousarray(array, dtype=np.float32)
+    array = np.ascontiguousarray(array, dtype=dtype)
     if not np.isfinite(array).all():
         bad = np.argwhere(~np.isfinite(array))[0]
         raise ValueError(f"{name} holds NaN or infinite values (first at index {tuple(int(i) for i in bad)})")
     return array
 
 
-def check_X(X, n_features: int | None) -> np.ndarray:
-    X = check_array("X", X, ndim=(2,))
-    if n_features is not None and X.shape[1] != n_features:
-        raise ValueError(f"X has {X.shape[1]} features but the model expects {n_features}")
-    return X
-
-
-def check_fit_data(X, y, sample_weight, n_features: int | None, label_shape: Sequence) -> tuple:
-    """Validated (X, y, sample_weight) with y shaped like the graph's label input."""
-    X = check_X(X, n_features)
-    y = check_array("y", y, ndim=(1, 2), n_rows=X.shape[0])
+def check_targets(y, sample_weight, n_rows: int, label_shape: Sequence) -> tuple:
+    """Validated ``(y, sample_weight)`` for ``n_rows`` samples, ``y`` shaped like the graph's label input."""
+    y = check_array("y", y, ndim=(1, 2), n_rows=n_rows)
     if len(label_shape) == 2:
         width = label_shape[1] if isinstance(label_shape[1], int) and label_shape[1] > 0 else None
         y = y.reshape(len(y), -1)
@@ -68,7 +61,7 @@ def check_fit_data(X, y, sample_weight, n_features: int | None, label_shape: Seq
             raise ValueError(f"y has shape {y.shape}; the model predicts one value per sample")
         y = y.ravel()
     if sample_weight is not None:
-        sample_weight = check_array("sample_weight", sample_weight, ndim=(1, 2), n_rows=X.shape[0])
+        sample_weight = check_array("sample_weight", sample_weight, ndim=(1, 2), n_rows=n_rows)
         if sample_weight.ndim == 2:  # a column (n, 1), as onnxcustom's examples pass it
             if sample_weight.shape[1] != 1:
                 raise ValueError(f"sample_weight has shape {sample_weight.shape}; expected (n,) or (n, 1)")
@@ -77,7 +70,7 @@ def check_fit_data(X, y, sample_weight, n_features: int | None, label_shape: Seq
             raise ValueError("sample_weight has negative values")
         if not sample_weight.any():
             raise ValueError("sample_weight is zero everywhere: the loss and every gradient would be 0")
-    return X, y, sample_weight
+    return y, sample_weight
 
 
 def encode_labels(y, classes: np.ndarray, width: int | None) -> np.ndarray:
@@ -150,8 +143,13 @@ def check_choice(name: str, value, choices: Sequence[str]) -> str:
     return value
 
 
+def _is_pattern(name: str) -> bool:
+    return any(c in name for c in "*?[")
+
+
 def check_weights_to_train(model: onnx.ModelProto, weights_to_train) -> list[str]:
-    """The float initializers to train (all of them when ``weights_to_train`` is None)."""
+    """The float initializers to train (all of them when ``weights_to_train`` is None). A name holding ``*``, ``?``
+    or ``[`` is a glob pattern (``head.*`` for a fine-tuned head): it selects every float initializer it matches."""
     kinds = {init.name: init.data_type for init in model.graph.initializer}
     if weights_to_train is None:
         names = [n for n, t in kinds.items() if t in FLOAT_TYPES]
@@ -160,12 +158,21 @@ def check_weights_to_train(model: onnx.ModelProto, weights_to_train) -> list[str
         return names
     if isinstance(weights_to_train, str):
         raise TypeError(f"weights_to_train={weights_to_train!r} must be a list of names, not a string")
-    names = list(weights_to_train)
-    if not names:
+    patterns = list(weights_to_train)
+    if not patterns:
         raise ValueError("weights_to_train is empty")
-    unknown = [n for n in names if n not in kinds]
+    names, unknown = [], []
+    for pattern in patterns:
+        if _is_pattern(pattern):  # a pattern selects the float initializers it matches
+            matched = [n for n, t in kinds.items() if t in FLOAT_TYPES and fnmatch.fnmatchcase(n, pattern)]
+        else:
+            matched = [pattern] if pattern in kinds else []
+        if not matched:
+            unknown.append(pattern)
+        names.extend(n for n in matched if n not in names)
     if unknown:
-        raise ValueError(f"weights_to_train names unknown initializers {unknown}; the graph has {sorted(kinds)}")
+        raise ValueError(f"weights_to_train names unknown initializers {unknown} (nothing matches); the graph has "
+                         f"{sorted(kinds)}")
     not_float = [n for n in names if kinds[n] not in FLOAT_TYPES]
     if not_float:
         types = {n: onnx.TensorProto.DataType.Name(kinds[n]) for n in not_float}

@@ -35,7 +35,7 @@ class _Batch:
     """Buffers, feeds and bindings of one batch size. The vectors and bindings hold C OrtValues, which do not own
     the numpy memory they point to: every buffer they use must stay referenced here."""
 
-    x: DeviceBuffer
+    xs: dict  # name -> DeviceBuffer, one per data feed
     y: DeviceBuffer
     w: DeviceBuffer  # sample weights divided by n, shaped (n, 1, ...) like the label
     prediction: DeviceBuffer
@@ -121,7 +121,7 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         if batch is not None:
             return batch
         fb, rate, device = self._rt_fb, self._rt_rate, self._rt_device
-        x = DeviceBuffer((n,) + data.X.shape[1:], device)
+        xs = {name: DeviceBuffer((n,) + a.shape[1:], device, dtype=a.dtype) for name, a in data.feeds.items()}
         y = DeviceBuffer((n,) + data.y.shape[1:], device)
         w = DeviceBuffer((n,) + (1,) * (data.y.ndim - 1), device)
         prediction = DeviceBuffer((n,) + data.y.shape[1:], device)
@@ -129,7 +129,7 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         feeds = []
         for parity in (0, 1):
             values = {name: rate.buffers_["weight", name][parity] for name in self.weights_to_train_}
-            values[self._spec.x_name] = x
+            values.update(xs)
             feeds.append(fb.feed_vector(values))
         fetches, bw_feeds = OrtValueVector(), OrtValueVector()
         fetches.push_back(prediction.c)
@@ -138,8 +138,8 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         # Another batch size (the last, shorter batch) runs on one thread: a second thread pool, woken once per
         # epoch, spins against the main one on the next batches (measured: +15% per epoch on D-wide, 2 threads).
         single = make_session_options(1) if device == "cpu" and n != self.batch_size else None
-        agent, cache = fb.static_agent([x.shape], single)
-        batch = _Batch(x, y, w, prediction, loss, grad, feeds, fetches, binding, bw_feeds, agent, cache)
+        agent, cache = fb.static_agent([xs[name].shape for name in fb.input_names_], single)
+        batch = _Batch(xs, y, w, prediction, loss, grad, feeds, fetches, binding, bw_feeds, agent, cache)
         self._rt_batches[n] = batch
         return batch
 
@@ -148,7 +148,7 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         return self._rt_rate.value_at(samples_seen)
 
     def _train_epoch(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
-        X, y, w, n_samples = data.X, data.y, data.weight, data.n_samples
+        feeds, y, w, n_samples = data.feeds, data.y, data.weight, data.n_samples
         rate = self._rt_rate
         run_loss, grads, batches = self._rt_loss_fn.run_with_iobinding, self._rt_grad_fetches, self._rt_batches
         step = rate.stepper(learning_rate)
@@ -162,13 +162,16 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
             n = (min(rows.stop, n_samples) - rows.start) if is_slice else len(rows)
             batch = batches.get(n) or self._batch(n, data)
             if not on_cpu:
-                batch.x.gather(X, rows)
+                for name, x in batch.xs.items():
+                    x.gather(feeds[name], rows)
                 batch.y.gather(y, rows)
             elif is_slice:
-                copyto(batch.x.array, X[rows])
+                for name, x in batch.xs.items():
+                    copyto(x.array, feeds[name][rows])
                 copyto(batch.y.array, y[rows])
             else:
-                take(X, rows, axis=0, out=batch.x.array)
+                for name, x in batch.xs.items():
+                    take(feeds[name], rows, axis=0, out=x.array)
                 take(y, rows, axis=0, out=batch.y.array)
             if not (uniform and batch.uniform):
                 batch.load_weight(w, rows, uniform)
@@ -188,8 +191,8 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
     def _validation_loss(self, data: TrainData) -> float:
         fb, current = self._rt_fb, self._rt_rate.current()
         fb.set_weights(current)
-        prediction = fb.forward([data.X])[0]
-        weight = data.weight if data.weight is not None else np.ones(len(data.X), dtype=np.float32)
+        prediction = fb.forward([data.feeds[name] for name in fb.input_names_])[0]
+        weight = data.weight if data.weight is not None else np.ones(data.n_samples, dtype=np.float32)
         loss = float(self._rt_val_loss_fn.run(prediction, data.y, weight)[0].numpy())
         penalized = [buf for name, buf in current.items() if self._rt_penalty.penalizes(name)]
         if not self._rt_penalty.is_null() and penalized:

@@ -1,0 +1,111 @@
+"""The frozen prefix of a graph: the nodes no trained weight reaches, computed once per row instead of per step.
+
+A scikit-learn Pipeline's preprocessing (a ``ColumnTransformer`` with encoders, imputers, scalers) and the frozen
+layers of a fine-tuned network sit between the data inputs and the first trained weight. Their outputs do not change
+while training, so :class:`FrozenPrefix` cuts the graph there: the prefix runs in a plain ``InferenceSession``
+when the data is prepared (it takes text and any input type a session takes), and the trainers train the rest, the
+*trainable part*, whose inputs are the cut tensors. The trained weights are the same initializers in both graphs,
+so the trainer still predicts with the whole graph.
+
+Nodes that draw random numbers (``Dropout``, ``Random*``) and nodes holding subgraphs are never in the prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from . import graph as g
+from ._ort import InferenceSession
+from .runtime import make_session_options
+
+#: ops left in the trainable part even when no trained weight reaches them (their value changes per run)
+_PER_RUN = frozenset({"Dropout", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+                      "Bernoulli", "Multinomial"})
+
+
+class FrozenPrefix:
+    """The prefix session of a graph cut at ``cut`` (the tensors the trainable part reads)."""
+
+    def __init__(self, prefix: onnx.ModelProto, cut: list[str]):
+        self.model = prefix
+        self.cut = list(cut)
+        self.input_names = g.input_names(prefix)
+        # onnxruntime types the outputs itself (shape inference does not know every ai.onnx.ml op)
+        self._session = InferenceSession(prefix.SerializeToString(), make_session_options(),
+                                         providers=["CPUExecutionProvider"])
+
+    @classmethod
+    def split(cls, model: onnx.ModelProto, weights: Iterable[str], data_inputs: Iterable[str],
+              outputs: Iterable[str], sample: dict[str, np.ndarray]) -> tuple[onnx.ModelProto, FrozenPrefix | None]:
+        """``(trainable part, prefix)`` of ``model`` computing ``outputs`` with ``weights`` trained, the cut
+        tensors typed from a run of the prefix on ``sample`` (a few rows of the data inputs' feeds); ``(model, None)``
+        when every node is reached by a trained weight (nothing to cut)."""
+        model = g.keep_outputs(model, list(outputs))
+        weights, data_inputs = set(weights), set(data_inputs)
+        constant = {i.name for i in model.graph.initializer if i.name not in weights} | {""}
+        frozen = set(constant) | data_inputs
+        prefix_nodes, trainable_nodes = [], []
+        for node in model.graph.node:
+            fixed = (node.op_type not in _PER_RUN and not any(a.type in (onnx.AttributeProto.GRAPH,
+                     onnx.AttributeProto.GRAPHS) for a in node.attribute))
+            if fixed and all(i in constant for i in node.input):
+                constant.update(node.output)  # computed from constants only: stays where it is used
+                frozen.update(node.output)
+                trainable_nodes.append(node)
+            elif fixed and all(i in frozen for i in node.input):
+                frozen.update(node.output)
+                prefix_nodes.append(node)
+            else:
+                trainable_nodes.append(node)
+        cut = []
+        for node in trainable_nodes:
+            for name in node.input:
+                if name in frozen and name not in constant and name not in cut:
+                    cut.append(name)
+        if not prefix_nodes or set(cut) <= data_inputs:
+            return model, None
+        if any(o.name in frozen for o in model.graph.output):
+            return model, None  # an output no trained weight reaches: nothing to train through it
+        prefix_graph = helper.make_graph(
+            prefix_nodes,
+            f"{model.graph.name}_frozen_prefix",
+            [i for i in model.graph.input if i.name in data_inputs],
+            [onnx.ValueInfoProto(name=name) for name in cut],
+            [i for i in model.graph.initializer if i.name in constant],
+        )
+        prefix = helper.make_model(prefix_graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+        prefix = g.keep_outputs(prefix, cut)
+        frozen_prefix = cls(prefix, cut)
+        values = frozen_prefix.transform({k: v[:2] for k, v in sample.items()})
+        types = {name: helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype),
+                                                     ["N", *v.shape[1:]]) for name, v in values.items()}
+        kept_inputs = [i for i in model.graph.input if i.name not in data_inputs]
+        trainable = helper.make_graph(
+            trainable_nodes,
+            model.graph.name,
+            [types[name] for name in cut] + kept_inputs,
+            list(model.graph.output),
+            list(model.graph.initializer),
+            value_info=[v for v in model.graph.value_info if v.name not in cut],
+        )
+        part = helper.make_model(trainable, opset_imports=list(model.opset_import), ir_version=model.ir_version)
+        part.metadata_props.extend(model.metadata_props)
+        part = _drop_unused_initializers(part)
+        return part, frozen_prefix
+
+    def transform(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The trainable part's feeds (the cut tensors) for the data inputs' ``feeds``."""
+        values = self._session.run(self.cut, {name: feeds[name] for name in self.input_names})
+        return {name: np.ascontiguousarray(v) for name, v in zip(self.cut, values)}
+
+
+def _drop_unused_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    used = {n for node in model.graph.node for n in node.input} | {o.name for o in model.graph.output}
+    kept = [i for i in model.graph.initializer if i.name in used]
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    return model
