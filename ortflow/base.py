@@ -119,6 +119,66 @@ class BaseTrainer(BaseEstimator):
         to write it; what cannot be rewritten (a tree ensemble, one-vs-rest scores) is refused naming the node.
         ``model_onnx`` is left as given; :meth:`get_trained_onnx` returns the rewritten graph, trained.
         """
+        model, spec, feeds, names, train_model, prefix = self._graph_and_feeds(X)
+        data, val = self._prepare_data(spec, prefix, feeds, names, y, sample_weight, validation_data)
+        max_iter = int(self.max_iter)
+        check_positive_int("batch_size", self.batch_size, data.n_samples, "the number of training samples")
+        rng = check_random_state(self.random_state)
+        if val is None and self.validation_fraction is not None:
+            data, val = self._split_validation(data, rng)
+
+        warm = self.warm_start and hasattr(self, "history_") and resume_from is None
+        if warm:
+            self._check_warm_start(model, spec)
+        else:
+            self._start(model, spec, train_model)
+        self._fitted_inputs(spec, feeds, names)
+        if resume_from is not None:
+            rng = self._restore_checkpoint(resume_from, rng)
+        if warm:
+            max_iter += len(self.history_)
+
+        def chunks(epoch):
+            yield data, (rng.permutation(data.n_samples) if self.shuffle else None)
+
+        self._rt_prefix, self._rng = prefix, rng
+        self._train_epochs(range(len(self.history_), max_iter), chunks, lambda epoch: epoch * data.n_samples, val,
+                           rng)
+        self._samples_seen = len(self.history_) * data.n_samples
+        return self
+
+    def partial_fit(self, X, y, sample_weight=None):
+        """One pass over (X, y) in batches of ``batch_size``, continuing from the previous call (the first call
+        builds the runtime from ``model_onnx``). A loop of ``partial_fit`` calls over batches of a large table trains
+        as scikit-learn's ``SGDRegressor.partial_fit`` does (after ``fit``, it continues from the fitted weights);
+        each call adds one record to ``history_``, and the learning rate follows the samples seen across calls.
+        ``max_iter``, ``validation_fraction`` and early stopping do not apply."""
+        first = not hasattr(self, "history_")
+        if first:
+            model, spec, feeds, names, train_model, prefix = self._graph_and_feeds(X)
+        else:
+            spec = self._spec
+            feeds, names = spec.inputs.feeds(X, _fitted_width(self), _fitted_names(self))
+            prefix = self._rt_prefix if hasattr(self, "_rt_prefix") else self._split_again(feeds)
+        data, _ = self._prepare_data(spec, prefix, feeds, names, y, sample_weight, None)
+        if first:
+            self._start(model, spec, train_model)
+            self._fitted_inputs(spec, feeds, names)
+            self._samples_seen = 0
+            self._rng = check_random_state(self.random_state)
+        self._rt_prefix = prefix
+        rng, seen = self._rng, self._samples_seen
+
+        def chunks(epoch):
+            yield data, (rng.permutation(data.n_samples) if self.shuffle else None)
+
+        self._train_epochs(range(len(self.history_), len(self.history_) + 1), chunks, lambda epoch: seen, None, rng)
+        self._samples_seen += data.n_samples
+        return self
+
+    def _graph_and_feeds(self, X):
+        """Validate the parameters and the graph; ``(model, spec, feeds, column names, trainable part, frozen
+        prefix)`` for the data ``X``."""
         check_parameters(self)
         model = g.load_model(self.model_onnx)
         g.check_loadable(model)
@@ -130,37 +190,37 @@ class BaseTrainer(BaseEstimator):
         output = self._trained_output_name(spec)
         weights = self._check_weights(model, g.keep_outputs(model, [output]), output)
         train_model, prefix = FrozenPrefix.split(model, weights, spec.inputs.names, [output], feeds)
-        data, val = self._prepare_data(spec, prefix, feeds, names, y, sample_weight, validation_data)
-        max_iter = int(self.max_iter)
-        check_positive_int("batch_size", self.batch_size, data.n_samples, "the number of training samples")
-        rng = check_random_state(self.random_state)
-        if val is None and self.validation_fraction is not None:
-            data, val = self._split_validation(data, rng)
-        every = self._validation_period()
+        return model, spec, feeds, names, train_model, prefix
 
-        warm = self.warm_start and hasattr(self, "history_") and resume_from is None
-        if warm:
-            self._check_warm_start(model, spec)
-        else:
-            self._spec = spec
-            self._model = model
-            self._train_model = train_model
-            self._fit_settings = self._settings()
-            self.n_threads_ = self._threads(train_model)
-            self._build_runtime(train_model, spec, self._learning_rate())
-            self.history_ = []
-            self._append(None)
+    def _split_again(self, feeds) -> FrozenPrefix | None:
+        """The frozen prefix of the fitted graph (an unpickled estimator holds no session)."""
+        return FrozenPrefix.split(self._model, self.weights_to_train_, self._spec.inputs.names,
+                                  [self._trained_output_name(self._spec)], feeds)[1]
+
+    def _start(self, model, spec, train_model) -> None:
+        """A fresh training: the runtime built on the trainable part, an empty history."""
+        self._spec = spec
+        self._model = model
+        self._train_model = train_model
+        self._fit_settings = self._settings()
+        self.n_threads_ = self._threads(train_model)
+        self._build_runtime(train_model, spec, self._learning_rate())
+        self.history_ = []
+        self._append(None)
+
+    def _fitted_inputs(self, spec, feeds, names) -> None:
+        """``n_features_in_`` and ``feature_names_in_`` of the data fit saw."""
         self.n_features_in_ = _n_features(spec, feeds)
         if names is not None:
             self.feature_names_in_ = np.asarray(names, dtype=object)
         elif hasattr(self, "feature_names_in_"):
             del self.feature_names_in_
         self._predict_sess = None
-        if resume_from is not None:
-            rng = self._restore_checkpoint(resume_from, rng)
-        if warm:
-            max_iter += len(self.history_)
 
+    def _train_epochs(self, epochs: range, chunks, samples_seen, val, rng):
+        """Train the ``epochs``: epoch ``e`` runs over ``chunks(e)`` (pairs ``(TrainData, row order or None)``)
+        at the learning rate of ``samples_seen(e)`` samples; validation, records, callbacks, divergence."""
+        every = self._validation_period()
         self.stop_training_ = False
         self.diverged_ = False
         self.in_epoch_ = False
@@ -170,15 +230,13 @@ class BaseTrainer(BaseEstimator):
         last_good = self.get_state() if not self.exc else None
         log = self.enable_logging and logger.isEnabledFor(logging.INFO)
         try:
-            for epoch in range(len(self.history_), max_iter):
+            for epoch in epochs:
                 begin = time.perf_counter()
-                order = rng.permutation(data.n_samples) if self.shuffle else None
-                learning_rate = self._epoch_learning_rate(epoch * data.n_samples)
+                learning_rate = self._epoch_learning_rate(samples_seen(epoch))
                 self.in_epoch_ = True  # weights are mid-epoch until the epoch ends: no checkpoint then
-                losses = self._train_epoch(data, order, learning_rate)
+                losses, sizes, complete = self._epoch(chunks(epoch), learning_rate)
                 self.in_epoch_ = False
-                sizes = self._batch_sizes(data.n_samples)[: len(losses)]
-                if len(losses) < len(sizes) or not np.isfinite(losses).all():
+                if not complete or not len(losses):
                     self._diverged(epoch, losses, learning_rate, last_good)
                     break
                 record = {
@@ -206,6 +264,19 @@ class BaseTrainer(BaseEstimator):
             for cb in callbacks:
                 cb.on_train_end(self)
         return self
+
+    def _epoch(self, chunks, learning_rate) -> tuple[np.ndarray, np.ndarray, bool]:
+        """``(loss, row count)`` of every batch over ``chunks``, and whether every batch ran: the trainers stop
+        at the first non-finite loss."""
+        losses, sizes = [np.empty(0)], [np.empty(0)]
+        for data, order in chunks:
+            chunk = self._train_epoch(data, order, learning_rate)
+            full = self._batch_sizes(data.n_samples)
+            losses.append(np.asarray(chunk, dtype=np.float64))
+            sizes.append(full[: len(chunk)])
+            if len(chunk) < len(full) or not np.isfinite(chunk).all():
+                return np.concatenate(losses), np.concatenate(sizes), False
+        return np.concatenate(losses), np.concatenate(sizes), True
 
     def _prepare_data(self, spec, prefix, feeds, names, y, sample_weight, validation_data):
         """The training and validation data: targets checked, the feeds of the trainable part (the frozen
@@ -455,10 +526,7 @@ class BaseTrainer(BaseEstimator):
     def _feeds(self, X) -> dict[str, np.ndarray]:
         """``X`` as the prediction graph's feeds, checked against what fit saw (width, column names)."""
         self._check_fitted()
-        inputs = self._spec.inputs
-        width = self.n_features_in_ if inputs.n_features is None and not inputs.is_table else None
-        names = getattr(self, "feature_names_in_", None)
-        return inputs.feeds(X, width, None if names is None else list(names))[0]
+        return self._spec.inputs.feeds(X, _fitted_width(self), _fitted_names(self))[0]
 
     def losses(self, X, y, sample_weight=None) -> np.ndarray:
         """The loss of every sample under the trained weights, ``w * l`` (no penalty): shape (n,)."""
@@ -565,6 +633,17 @@ def _graph_is_classifier(model_onnx) -> bool:
         return graph_classes(model_onnx) is not None
     except Exception:  # noqa: BLE001 - fit reports an unreadable graph with the reason
         return False
+
+
+def _fitted_width(trainer) -> int | None:
+    """The matrix width fit saw, when the graph leaves it symbolic (None for tables and fixed widths)."""
+    inputs = trainer._spec.inputs
+    return trainer.n_features_in_ if inputs.n_features is None and not inputs.is_table else None
+
+
+def _fitted_names(trainer) -> list[str] | None:
+    names = getattr(trainer, "feature_names_in_", None)
+    return None if names is None else list(names)
 
 
 def _matrix_width(spec: GraphSpec, feeds: dict[str, np.ndarray]) -> int | None:
