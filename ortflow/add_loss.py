@@ -11,7 +11,8 @@ from onnx import TensorProto, helper
 
 from .convert import estimator_record, graph_classes
 from .estimator_loss import estimator_loss
-from .graph import ModelLike, all_names, check_loadable, elem_type, load_model, pick_output, shape_of
+from .graph import (ModelLike, all_names, check_loadable, elem_type, load_model, pick_output, shape_of,
+                    type_name)
 from .losses import BaseLearningLoss
 from .ml_op_rewrites import holds_linear_ops, make_trainable
 from .onnx_builder import GraphBuilder
@@ -85,7 +86,8 @@ def add_loss_output(
         if name is not None and name in existing:
             raise ValueError(f"{arg}={name!r} collides with a name already in the graph; pick another name")
     if elem_type(model, output) != TensorProto.FLOAT:
-        raise ValueError(f"output {output!r} is not float32: only float32 predictions can carry a loss")
+        raise ValueError(f"output {output!r} is {type_name(model, output)}, not float32: only float32 predictions "
+                         "can carry a loss; convert the graph to float32 (its weights, inputs and casts) first")
     shape = shape_of(model, output)
     if len(shape) not in (1, 2):
         raise ValueError(f"output {output!r} has rank {len(shape)}; the loss expects (N,) or (N, k)")

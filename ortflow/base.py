@@ -593,7 +593,8 @@ def prediction_spec(model: onnx.ModelProto, output_name, weight_name: str | None
     ``'weight'``). Shared by the trainers that add the loss themselves."""
     output = g.pick_output(model, output_name, "output_name")
     if g.elem_type(model, output) != onnx.TensorProto.FLOAT:
-        raise ValueError(f"output {output!r} is not float32: only float32 predictions can be trained")
+        raise ValueError(f"output {output!r} is {g.type_name(model, output)}, not float32: only float32 predictions "
+                         "can be trained; convert the graph to float32 (its weights, inputs and casts) first")
     shape = g.shape_of(model, output)
     if len(shape) not in (1, 2):
         raise ValueError(f"output {output!r} has rank {len(shape)}; the losses expect (N,) or (N, k)")

@@ -280,6 +280,11 @@ def elem_type(model: onnx.ModelProto, name: str) -> int:
     raise KeyError(f"{name!r} is neither an input nor an output of the graph")
 
 
+def type_name(model: onnx.ModelProto, name: str) -> str:
+    """The element type of a graph input or output as onnx names it, lower case (``float16``, ``double``)."""
+    return TensorProto.DataType.Name(elem_type(model, name)).lower()
+
+
 def shape_of(model: onnx.ModelProto, name: str) -> list[int | str | None]:
     """Declared shape of a graph input or output (ints, symbolic names or None)."""
     for value in list(model.graph.input) + list(model.graph.output):
