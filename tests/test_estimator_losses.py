@@ -8,6 +8,8 @@ scikit-learn's functions (or its documented formula where it has none) at the gr
 
 import warnings
 
+import importlib.util
+
 import numpy as np
 import onnx
 import pytest
@@ -321,6 +323,16 @@ def test_estimator_trains_on_its_own_objective(key):
     assert fwbw.train_losses_[-1] < fwbw.train_losses_[0]
     coef_f, intercept_f = _weights(fwbw.get_trained_onnx())
     assert _objective(start, X64, y, coef_f, intercept_f) < expected
+
+    # and in torch (trainer=torch), the same loss graph as an autograd function
+    if importlib.util.find_spec("torch") is not None:
+        from ortflow import TorchTrainer
+
+        in_torch = TorchTrainer(graph, learning_loss=loss, learning_penalty=learning_penalty(penalty), max_iter=8,
+                                learning_rate=rate, batch_size=20, random_state=0).fit(X, y)
+        assert in_torch.train_losses_[-1] < in_torch.train_losses_[0]
+        coef_t, intercept_t = _weights(in_torch.get_trained_onnx())
+        assert _objective(start, X64, y, coef_t, intercept_t) < expected
 
 
 def test_explicit_loss_wins_and_unknown_estimators_keep_squared_error(regression_data):
