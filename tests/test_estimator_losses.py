@@ -6,9 +6,8 @@ the derivative with central finite differences of the same graph. The objective 
 scikit-learn's functions (or its documented formula where it has none) at the graph's float32 weights.
 """
 
-import warnings
-
 import importlib.util
+import warnings
 
 import numpy as np
 import onnx
