@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .exceptions import CheckpointError
 
 META = "trainer.json"
@@ -108,3 +110,14 @@ def read(folder: str | os.PathLike, trainer: str, expected_fingerprint: str) -> 
             raise CheckpointError(f"resume_from={str(folder)!r}: {name} does not match its checksum (corrupt or "
                                   "truncated); the checkpoint is not trusted")
     return meta
+
+
+def load_arrays(folder: str | os.PathLike, file: str, what: str) -> dict[str, np.ndarray]:
+    """The arrays of the runtime-state file ``file`` in ``folder`` (``what`` says whose state it is, for the
+    error when the file is missing)."""
+    path = os.path.join(folder, file)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{str(folder)!r} holds no {what} ({file})")
+    with np.load(path, allow_pickle=False) as stored:
+        return {k: stored[k] for k in stored.files}
+

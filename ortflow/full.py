@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from . import checkpoint
 from . import graph as g
 from ._ort import TRAINING, OrtValueVector, api, artifacts, backend, captured_native_stderr, require_training
 from .add_loss import LOSS_METADATA
 from .artifact_cache import TRAINING_ARTIFACTS
 from .base import BaseTrainer, GraphSpec, TrainData
-from .inputs import InputMapping
 from .exceptions import (
     NotDifferentiableError,
     UnsupportedModelError,
@@ -23,6 +23,7 @@ from .exceptions import (
     with_training_build_hint,
 )
 from .full_step import STATE_FILE, StepGraphRuntime
+from .inputs import InputMapping
 from .learning_rates import BaseLearningRate
 from .parameters import TRAINERS, init_from
 from .registry import select
@@ -244,11 +245,8 @@ class OrtGradientOptimizer(BaseTrainer):
 
     def _load_runtime_state(self, folder: str) -> None:
         if self._rt_step is not None:
-            path = os.path.join(folder, STATE_FILE)
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"{folder!r} holds no state of ortflow's training-step graph ({STATE_FILE})")
-            with np.load(path, allow_pickle=False) as stored:
-                return self._rt_step.set_state({k: stored[k] for k in stored.files})
+            return self._rt_step.set_state(checkpoint.load_arrays(folder, STATE_FILE,
+                                                                  "state of ortflow's training-step graph"))
         path = os.path.join(folder, ORT_CHECKPOINT)
         if not os.path.exists(path):
             raise FileNotFoundError(f"{folder!r} holds no onnxruntime checkpoint ({ORT_CHECKPOINT})")

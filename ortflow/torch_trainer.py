@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from sklearn.base import clone
 
+from . import checkpoint
 from . import graph as g
 from ._ort import backend
 from .base import BaseTrainer, GraphSpec, TrainData, prediction_spec
@@ -175,11 +176,7 @@ class TorchTrainer(BaseTrainer):
     def _load_runtime_state(self, folder: str) -> None:
         import torch
 
-        path = os.path.join(folder, STATE_FILE)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{folder!r} holds no torch trainer state ({STATE_FILE})")
-        with np.load(path, allow_pickle=False) as stored:
-            arrays = {k: stored[k] for k in stored.files}
+        arrays = checkpoint.load_arrays(folder, STATE_FILE, "torch trainer state")
         self._set_weights({k[len("weight:"):]: v.astype(np.float32) for k, v in arrays.items()
                            if k.startswith("weight:")})
         state: dict[int, dict] = {}

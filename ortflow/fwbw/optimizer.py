@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from sklearn.base import clone
 
+from .. import checkpoint
 from .. import graph as g
 from .._ort import OrtValueVector, backend
 from ..base import BaseTrainer, GraphSpec, TrainData, prediction_spec
@@ -233,11 +234,8 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         np.savez(os.path.join(folder, STATE_FILE), **arrays)
 
     def _load_runtime_state(self, folder: str) -> None:
-        path = os.path.join(folder, STATE_FILE)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{folder!r} holds no forward-backward state ({STATE_FILE})")
-        with np.load(path, allow_pickle=False) as stored:
-            weights = {k[len("weight:"):]: stored[k] for k in stored.files if k.startswith("weight:")}
-            state = {k[len("state:"):]: stored[k] for k in stored.files if k.startswith("state:")}
+        stored = checkpoint.load_arrays(folder, STATE_FILE, "forward-backward state")
+        weights = {k[len("weight:"):]: v for k, v in stored.items() if k.startswith("weight:")}
+        state = {k[len("state:"):]: v for k, v in stored.items() if k.startswith("state:")}
         self._set_weights({k: v.astype(np.float32) for k, v in weights.items()})
         self._rt_rate.set_state(state)
