@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .rules import NodeGrad, rule
+from ..onnx_builder import ValueInfo
+from .rules import NodeGrad, _rank, rule
 
 
 @rule("Gather")
@@ -21,17 +22,21 @@ def _gather(n: NodeGrad):
     e, dy = n.e, n.dy
     if e.opset < 16:
         raise n.refuse("the gradient of Gather needs opset 16 or more (ScatterND with reduction)")
-    rank, depth = n.rank(data), n.rank(indices)
-    axis = int(n.attr("axis", 0)) % rank
+    depth, axis = n.rank(indices), int(n.attr("axis", 0))
+    # along the first axis the rank of data is not needed (shape inference may lose it in exported attention)
+    rank = n.rank(data) if axis else _rank(e, data)
+    axis = axis % rank if axis else 0
     if depth == 0:  # a single index: its slice as a batch of one
         dy, depth = e.unsqueeze(dy, [axis]), 1
-    front = list(range(axis, axis + depth)) + list(range(axis)) + list(range(axis + depth, rank - 1 + depth))
-    if front != sorted(front):
+    if axis:  # the indexed axes first
+        front = list(range(axis, axis + depth)) + list(range(axis)) + list(range(axis + depth, rank - 1 + depth))
         dy = e.op("Transpose", [dy], perm=front)
-    first = [axis] + [a for a in range(rank) if a != axis]  # data's axes with the gathered one first
-    static = e.static_shape(data)
-    shape = e.ints([static[a] for a in first]) if static else e.op("Gather", [e.shape(data), e.ints(first)])
-    rest = e.op("Slice", [shape, e.ints([1]), e.ints([rank])])
+        first = [axis] + [a for a in range(rank) if a != axis]  # data's axes with the gathered one first
+        static = e.static_shape(data)
+        shape = e.ints([static[a] for a in first]) if static else e.op("Gather", [e.shape(data), e.ints(first)])
+    else:
+        shape = e.shape(data)
+    rest = e.op("Slice", [shape, e.ints([1]), e.ints([np.iinfo(np.int64).max])])
     updates = e.op("Reshape", [dy, e.op("Concat", [e.ints([-1]), rest], axis=0)])
     flat = e.op("Reshape", [indices, e.ints([-1, 1])])
     if e.dtype(indices) != onnx.TensorProto.INT64:
@@ -45,7 +50,7 @@ def _gather(n: NodeGrad):
     if axis:
         back = [first.index(a) for a in range(rank)]
         grad = e.op("Transpose", [grad], perm=back)
-    e.info[grad] = e.info[data]
+    e.info[grad] = e.info.get(data, ValueInfo())
     return [grad, None]
 
 
