@@ -150,8 +150,8 @@ class Gelu(OpRun):
 
 def _run_reference(model, feeds):
     names = [i.name for i in model.graph.input]
-    return ReferenceEvaluator(model, new_ops=[ConvTranspose, MaxPool, GlobalMaxPool, Pad, Erf, Gelu]).run(None, {k: v for k, v in feeds.items()
-                                                                          if k in names})
+    evaluator = ReferenceEvaluator(model, new_ops=[ConvTranspose, MaxPool, GlobalMaxPool, Pad, Erf, Gelu])
+    return evaluator.run(None, {k: v for k, v in feeds.items() if k in names})
 
 
 def _session(model):
@@ -225,7 +225,8 @@ def _ints(name, values):
 # --- convolutions -----------------------------------------------------------------------------------------------
 CONVS = [
     ("plain", (2, 3, 6, 6), (4, 3, 3, 3), {}),
-    ("stride_pads_dilation", (1, 2, 8, 7), (3, 2, 3, 2), {"strides": [2, 3], "pads": [1, 0, 2, 1], "dilations": [2, 1]}),
+    ("stride_pads_dilation", (1, 2, 8, 7), (3, 2, 3, 2),
+     {"strides": [2, 3], "pads": [1, 0, 2, 1], "dilations": [2, 1]}),
     ("groups", (2, 4, 5, 5), (6, 2, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
     ("depthwise_stride", (1, 3, 7, 7), (3, 1, 3, 3), {"group": 3, "strides": [2, 2]}),
     ("1d", (2, 3, 9), (4, 3, 3), {"strides": [2], "pads": [1, 2]}),

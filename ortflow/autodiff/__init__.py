@@ -11,4 +11,5 @@ from .derivative import onnx_derivative
 from .rules import NO_GRADIENT, RULES
 from .training import training_step
 
-__all__ = ["NO_GRADIENT", "RULES", "Gradients", "build_gradients", "nodes_without_rule", "onnx_derivative", "training_step"]
+__all__ = ["NO_GRADIENT", "RULES", "Gradients", "build_gradients", "nodes_without_rule", "onnx_derivative",
+           "training_step"]
