@@ -48,21 +48,28 @@ def check_gradient(model, feeds, output="y", rtol=1e-6):
     got = dict(zip([o.name for o in sess.get_outputs()],
                    sess.run(None, {**feeds, **weights, f"{output}_grad": upstream})))
     values = {**feeds, **weights}
-    for name, value in values.items():
-        if value.dtype != np.float64:
-            continue
-        expected = np.zeros_like(value)
-        for idx in np.ndindex(value.shape):
-            diffs = []
-            for step in (1e-6, -1e-6):
-                moved = value.copy()
-                moved[idx] += step
-                y_moved = forward.run(None, {**values, name: moved})[0]
-                diffs.append(np.sum(y_moved * upstream))
-            expected[idx] = (diffs[0] - diffs[1]) / 2e-6
+    for name, expected in finite_differences(lambda v: forward.run(None, v)[0], values, upstream).items():
+        value = values[name]
         assert got[f"{name}_grad"].shape == value.shape, name
         np.testing.assert_allclose(got[f"{name}_grad"], expected, rtol=rtol, atol=1e-7, err_msg=name)
     return derivative
+
+
+def finite_differences(run, values, upstream, step=1e-6):
+    """Central finite differences of ``sum(run(values) * upstream)`` for every float64 array of ``values``."""
+    grads = {}
+    for name, value in values.items():
+        if value.dtype != np.float64:
+            continue
+        grads[name] = np.zeros_like(value)
+        for idx in np.ndindex(value.shape):
+            sums = []
+            for signed in (step, -step):
+                moved = value.copy()
+                moved[idx] += signed
+                sums.append(np.sum(run({**values, name: moved}) * upstream))
+            grads[name][idx] = (sums[0] - sums[1]) / (2 * step)
+    return grads
 
 
 def _weights_as_inputs(model):

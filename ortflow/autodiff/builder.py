@@ -71,14 +71,13 @@ def build_gradients(
     nodes = list(model.graph.node)
     active = _active(nodes, set(sources), info)
     path = _on_path(nodes, active, targets)
-    shown = targets[0] if len(targets) == 1 else targets
-    for index in path:
-        node = nodes[index]
-        if node.domain not in DEFAULT_DOMAINS or node.op_type not in RULES:
-            op = f"{node.domain}.{node.op_type}" if node.domain not in DEFAULT_DOMAINS else node.op_type
-            raise NotDifferentiableError(
-                f"node {node_label(node, index)!r} (op {op}) has no gradient rule but lies between {shown!r} and a "
-                "differentiated weight or input: leave those weights out, or add a rule in ortflow/autodiff/rules.py")
+    missing = _without_rule(nodes, path)
+    if missing:
+        shown = targets[0] if len(targets) == 1 else targets
+        verb = "has no gradient rule but lies" if len(missing) == 1 else "have no gradient rule but lie"
+        raise NotDifferentiableError(
+            f"{', '.join(missing)} {verb} between {shown!r} and a differentiated weight or input: leave those "
+            "weights out, or add a rule in ortflow/autodiff/rules.py")
     contributions: dict[str, list[str]] = {}
     for name, value in zip(targets, seeds):
         contributions.setdefault(name, []).append(value if value is not None else _ones(e, name))
@@ -94,6 +93,24 @@ def build_gradients(
                 contributions.setdefault(x, []).append(grad)
     grads = {s: _total(e, contributions, s) for s in sources}
     return Gradients(grads, e)
+
+
+def nodes_without_rule(model: onnx.ModelProto, sources: Sequence[str], target: str | Sequence[str]) -> list[str]:
+    """Every node on the way from ``sources`` to ``target`` that has no gradient rule, as ``"node 'name' (op
+    Type)"`` in graph order: empty when :func:`build_gradients` can differentiate the graph."""
+    targets = [target] if isinstance(target, str) else list(target)
+    nodes = list(model.graph.node)
+    return _without_rule(nodes, _on_path(nodes, _active(nodes, set(sources), value_infos(model)), targets))
+
+
+def _without_rule(nodes: list, path: list[int]) -> list[str]:
+    missing = []
+    for index in path:
+        node = nodes[index]
+        if node.domain not in DEFAULT_DOMAINS or node.op_type not in RULES:
+            op = f"{node.domain}.{node.op_type}" if node.domain not in DEFAULT_DOMAINS else node.op_type
+            missing.append(f"node {node_label(node, index)!r} (op {op})")
+    return missing
 
 
 def refuse_unreached(model: onnx.ModelProto, weights: list[str], loss: str) -> None:

@@ -200,6 +200,44 @@ def _pow(n: NodeGrad):
     return n.per_input(lambda i: n.op("Mul", [n.dy, slope]))
 
 
+@rule("Erf")
+def _erf(n: NodeGrad):
+    x = n.x[0]
+    slope = n.op("Exp", [n.op("Neg", [n.op("Mul", [x, x])])])
+    return [n.op("Mul", [n.dy, n.op("Mul", [slope, n.e.const(2 / np.sqrt(np.pi), like=x)])])]
+
+
+@rule("Gelu")
+def _gelu(n: NodeGrad):
+    """``x * Phi(x)`` (Phi the normal distribution function), or its tanh approximation; opset 20."""
+    x, e = n.x[0], n.e
+    half = e.const(0.5, like=x)
+    c = lambda value: e.const(value, like=x)  # noqa: E731
+    approximate = n.attr("approximate", b"none")
+    if (approximate.decode() if isinstance(approximate, bytes) else approximate) == "tanh":
+        # y = x / 2 (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3)
+        square = n.op("Mul", [x, x])
+        t = n.op("Tanh", [n.op("Mul", [c(np.sqrt(2 / np.pi)), n.op("Mul", [x, n.op("Add", [n.one(), n.op(
+            "Mul", [c(0.044715), square])])])])])
+        du = n.op("Mul", [c(np.sqrt(2 / np.pi)), n.op("Add", [n.one(), n.op("Mul", [c(3 * 0.044715), square])])])
+        inner = n.op("Mul", [n.op("Mul", [x, n.op("Sub", [n.one(), n.op("Mul", [t, t])])]), du])
+        slope = n.op("Mul", [half, n.op("Add", [n.op("Add", [n.one(), t]), inner])])
+    else:  # Phi(x) + x phi(x)
+        phi_cdf = n.op("Mul", [half, n.op("Add", [n.one(), n.op("Erf", [n.op("Mul", [x, c(np.sqrt(0.5))])])])])
+        density = n.op("Mul", [c(1 / np.sqrt(2 * np.pi)), n.op("Exp", [n.op("Mul", [c(-0.5), n.op("Mul", [x, x])])])])
+        slope = n.op("Add", [phi_cdf, n.op("Mul", [x, density])])
+    return [n.op("Mul", [n.dy, slope])]
+
+
+@rule("Max", "Min")
+def _max_min(n: NodeGrad):
+    """The gradient goes to the inputs equal to the result, shared evenly on ties (as torch.maximum does)."""
+    e = n.e
+    hits = [n.op("Cast", [e.op("Equal", [x, n.y])], to=e.dtype(n.y)) for x in n.x]
+    share = n.op("Div", [n.dy, hits[0] if len(hits) == 1 else n.op("Sum", hits)])
+    return n.per_input(lambda i: n.op("Mul", [share, hits[i]]))
+
+
 @rule("Where")
 def _where(n: NodeGrad):
     zero = n.e.const(0.0, like=n.y)
@@ -347,6 +385,36 @@ def _gemm(n: NodeGrad):
     return grads
 
 
+@rule("Einsum")
+def _einsum(n: NodeGrad):
+    """The gradient of operand k is the Einsum of the output's gradient with the other operands, written back to
+    k's subscripts; letters of k summed away alone (in no other term) are expanded back."""
+    equation = n.attr("equation")
+    equation = (equation.decode() if isinstance(equation, bytes) else equation).replace(" ", "")
+    terms, _, out = equation.partition("->")
+    terms = terms.split(",")
+    if "." in equation or any(len(set(t)) != len(t) for t in terms):
+        raise n.refuse(f"equation {equation!r}: ellipsis and repeated subscripts (diagonals) are not supported")
+    if "->" not in equation:  # implicit output: the letters seen once, in alphabetical order
+        out = "".join(sorted(c for c in set("".join(terms)) if "".join(terms).count(c) == 1))
+    e, grads = n.e, []
+    for k, (x, need) in enumerate(zip(n.x, n.needs)):
+        if not need:
+            grads.append(None)
+            continue
+        others = [t for i, t in enumerate(terms) if i != k]
+        seen = set(out).union(*others)
+        kept = "".join(c for c in terms[k] if c in seen)
+        grad = e.op("Einsum", [n.dy] + [v for i, v in enumerate(n.x) if i != k],
+                    equation=",".join([out] + others) + "->" + kept)
+        if kept != terms[k]:
+            lost = [i for i, c in enumerate(terms[k]) if c not in seen]
+            grad = e.op("Expand", [e.unsqueeze(grad, lost), e.shape(x)])
+        e.info[grad] = e.info.get(x, ValueInfo())
+        grads.append(grad)
+    return grads
+
+
 # --- reductions and shapes --------------------------------------------------------------------------------------
 @rule("ReduceSum", "ReduceMean")
 def _reduce(n: NodeGrad):
@@ -423,3 +491,7 @@ def _slice(n: NodeGrad):
     zeros = e.op("ConstantOfShape", [e.unsqueeze(size, [0])], value=zero)
     flat = e.op("ScatterElements", [zeros, picked, e.op("Reshape", [n.dy, e.ints([-1])])], axis=0)
     return [e.op("Reshape", [flat, e.shape(x)], like=x)] + [None] * (len(n.x) - 1)
+
+
+# the families of rules kept in modules of their own register into RULES when imported
+from . import rules_indexing, rules_nn  # noqa: E402,F401
