@@ -45,6 +45,8 @@ from .registry import select
 from .runtime import THREADS_WORK_THRESHOLD, OnnxFunction, make_session_options, threads_for_work
 from .convert import graph_classes
 from .frozen_prefix import FrozenPrefix
+from .prefetch import Prefetcher
+from .sources import is_source
 from .inputs import InputMapping
 from .validation import check_device, check_positive_int, check_targets, check_weights_to_train, encode_labels
 
@@ -105,7 +107,7 @@ class BaseTrainer(BaseEstimator):
     parameters: tuple = ()
 
     # --- fitting -------------------------------------------------------------------------------------------
-    def fit(self, X, y, sample_weight=None, validation_data=None, resume_from=None):
+    def fit(self, X, y=None, sample_weight=None, validation_data=None, resume_from=None):
         """Train on (X, y); ``validation_data=(X_val, y_val)`` or ``validation_fraction`` adds validation losses.
 
         ``resume_from`` names a folder written by :meth:`save_checkpoint`: training continues after its last
@@ -118,7 +120,13 @@ class BaseTrainer(BaseEstimator):
         own because the rewrite is unambiguous: it predicts what the original graph predicts and there is one way
         to write it; what cannot be rewritten (a tree ensemble, one-vs-rest scores) is refused naming the node.
         ``model_onnx`` is left as given; :meth:`get_trained_onnx` returns the rewritten graph, trained.
+
+        ``X`` may also be a data source (:mod:`ortflow.sources`: a Parquet file or folder, Arrow data, memory-mapped
+        arrays, a ``DataLoader``), read chunk by chunk with the next chunks prepared on a background thread; ``y``
+        is then None (the source holds the target) and ``validation_data`` may be another source.
         """
+        if is_source(X):
+            return self._fit_source(X, y, sample_weight, validation_data, resume_from)
         model, spec, feeds, names, train_model, prefix = self._graph_and_feeds(X)
         data, val = self._prepare_data(spec, prefix, feeds, names, y, sample_weight, validation_data)
         max_iter = int(self.max_iter)
@@ -145,6 +153,64 @@ class BaseTrainer(BaseEstimator):
         self._train_epochs(range(len(self.history_), max_iter), chunks, lambda epoch: epoch * data.n_samples, val,
                            rng)
         self._samples_seen = len(self.history_) * data.n_samples
+        return self
+
+    def _fit_source(self, source, y, sample_weight, validation_data, resume_from):
+        """``fit`` on a :class:`ortflow.sources.BatchSource`: the graph is set up from its first chunk, each epoch
+        streams the source's chunks (converted and read ahead on a background thread), validation streams too.
+        A checkpoint holds an epoch boundary and the random state the source's order comes from, so a resumed run
+        replays the interrupted epoch exactly."""
+        if y is not None or sample_weight is not None:
+            raise ValueError("fit(source, ...): the source holds the target and the sample weights; pass y=None")
+        # a few rows set the graph up: the source's head when it has one (one row group read), else its first chunk
+        first = source.head(max(2, self.batch_size)) if hasattr(source, "head") else next(iter(source.chunks(None)),
+                                                                                           None)
+        if first is None or len(first[1]) == 0:
+            raise ValueError(f"the source {source!r} yields no rows")
+        model, spec, feeds, names, train_model, prefix = self._graph_and_feeds(first[0])
+        rng = check_random_state(self.random_state)
+        self._prepare_data(spec, prefix, feeds, names, first[1], first[2], None)  # the first chunk's checks
+        warm = self.warm_start and hasattr(self, "history_") and resume_from is None
+        if warm:
+            self._check_warm_start(model, spec)
+        else:
+            self._start(model, spec, train_model)
+        self._fitted_inputs(spec, feeds, names)
+        if resume_from is not None:
+            rng = self._restore_checkpoint(resume_from, rng)
+        max_iter = int(self.max_iter) + (len(self.history_) if warm else 0)
+        seen = [0 if source.n_rows is None else source.n_rows * len(self.history_)]
+
+        def convert(chunk_source, order_rng, count: bool):
+            carry = None
+            for X, y_part, w_part in chunk_source.chunks(order_rng):
+                f, _ = spec.inputs.feeds(X, _matrix_width(spec, feeds), names)
+                data, _ = self._prepare_data(spec, prefix, f, names, y_part, w_part, None)
+                data = data if carry is None else _concat(carry, data)
+                whole = data.n_samples - data.n_samples % self.batch_size
+                carry = data.take(slice(whole, None)) if whole < data.n_samples else None
+                if whole:
+                    if count:
+                        seen[0] += whole
+                    yield data.take(slice(0, whole)), None
+            if carry is not None:
+                if count:
+                    seen[0] += carry.n_samples
+                yield carry, None
+
+        def chunks(epoch):
+            with Prefetcher(convert(source, rng if self.shuffle else None, True), self.prefetch_depth) as ahead:
+                yield from ahead
+
+        val = None
+        if validation_data is not None:
+            if not is_source(validation_data):
+                raise TypeError("fit(source, validation_data=...): the validation data must be a source too "
+                                "(source.split(fraction, key=...) holds part of it out)")
+            val = _StreamedValidation(lambda: convert(validation_data, None, False))
+        self._rt_prefix, self._rng = prefix, rng
+        self._train_epochs(range(len(self.history_), max_iter), chunks, lambda epoch: seen[0], val, rng)
+        self._samples_seen = seen[0]
         return self
 
     def partial_fit(self, X, y, sample_weight=None):
@@ -247,7 +313,7 @@ class BaseTrainer(BaseEstimator):
                     "time": None,
                 }
                 if val is not None and (epoch + 1) % every == 0:
-                    record["validation_loss"] = float(self._validation_loss(val))
+                    record["validation_loss"] = float(self._validation_value(val))
                 record["time"] = time.perf_counter() - begin
                 self._append(record)
                 if log:
@@ -264,6 +330,16 @@ class BaseTrainer(BaseEstimator):
             for cb in callbacks:
                 cb.on_train_end(self)
         return self
+
+    def _validation_value(self, val) -> float:
+        """The validation loss of ``val``: in-memory data, or a stream's chunks (their losses weighted by rows)."""
+        if isinstance(val, TrainData):
+            return self._validation_loss(val)
+        total, rows = 0.0, 0
+        for data, _ in val.chunks():
+            total += self._validation_loss(data) * data.n_samples
+            rows += data.n_samples
+        return total / rows
 
     def _epoch(self, chunks, learning_rate) -> tuple[np.ndarray, np.ndarray, bool]:
         """``(loss, row count)`` of every batch over ``chunks``, and whether every batch ran: the trainers stop
@@ -634,6 +710,20 @@ def _graph_is_classifier(model_onnx) -> bool:
         return graph_classes(model_onnx) is not None
     except Exception:  # noqa: BLE001 - fit reports an unreadable graph with the reason
         return False
+
+
+class _StreamedValidation:
+    """Validation data read from a source at each validation (never held whole)."""
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+
+
+def _concat(a: TrainData, b: TrainData) -> TrainData:
+    """The rows of ``a`` then ``b`` (a stream's leftover rows joined to its next chunk)."""
+    feeds = {k: np.concatenate([a.feeds[k], b.feeds[k]]) for k in a.feeds}
+    weight = None if a.weight is None else np.concatenate([a.weight, b.weight])
+    return TrainData(feeds, np.concatenate([a.y, b.y]), weight)
 
 
 def _fitted_width(trainer) -> int | None:

@@ -155,6 +155,8 @@ SHARED = (
           "thread for small batches through small graphs, all cores otherwise), the choice in ``n_threads_``"),
     Param("enable_logging", False, check_bool,
           "log every epoch (INFO) and every batch loss (DEBUG) to the 'ortflow' logger"),
+    Param("prefetch_depth", 2, check_positive_int,
+          "chunks of a streamed source (ortflow.sources) read and converted ahead on a background thread"),
 )
 
 def _gradients(name: str, value: Any) -> None:

@@ -1,0 +1,265 @@
+"""Data sources: tables read in chunks while training, so a table larger than memory trains with bounded memory.
+
+``fit(source)`` takes, besides arrays and frames, any object with the small interface of :class:`BatchSource`:
+
+- ``chunks(rng)`` yields one epoch of rows as ``(X, y, sample_weight or None)`` triples, ``X`` being anything the
+  trainers take (an array, a DataFrame, a dict of columns); ``rng`` (a ``numpy.random.RandomState``, None for no
+  shuffle) orders the epoch;
+- ``n_rows``: the rows of an epoch when known without reading them (None otherwise);
+- optionally ``head(rows)``: the first rows as one ``(X, y, sample_weight)`` triple, read cheaply (the trainer is
+  set up from them; without it, from the first chunk).
+
+The sources here:
+
+- :class:`ParquetSource`: a Parquet file or folder, read row group by row group through ``pyarrow.dataset``;
+- :class:`ArrowSource`: an Arrow table or ``RecordBatchReader`` factory;
+- :class:`NumpySource`: ``.npy`` files memory-mapped (``np.load(mmap_mode='r')``);
+- :class:`IterableSource`: anything iterable again each epoch over ``(X, y)`` batches, a torch ``DataLoader`` too.
+
+**Shuffling is not a full permutation.** A shuffled epoch visits the row groups (blocks) in a random order and
+permutes the rows within a buffer of ``buffer_rows`` rows gathered from consecutive groups: a row moves within its
+buffer only. It is reproducible: the same ``random_state`` gives the same epochs. A streamed epoch therefore differs
+from an in-memory one of the same rows; make ``buffer_rows`` large against the row group size for a better mix.
+
+**Validation** is a second source (``fit(source, validation_data=other)``) or a held-out part of the same source,
+``source.split(fraction, key=column)``: a row belongs to the validation part when a stable hash of its ``key`` value
+falls under ``fraction`` (the same rows on every run and machine); without a key, whole files are held out by the
+hash of their name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class BatchSource(Protocol):
+    """What ``fit`` streams from: ``chunks(rng)`` yields one epoch as ``(X, y, sample_weight)`` triples."""
+
+    n_rows: int | None
+
+    def chunks(self, rng: np.random.RandomState | None) -> Iterator[tuple[Any, Any, Any]]: ...
+
+
+def _stable_fraction(values: np.ndarray) -> np.ndarray:
+    """A number in [0, 1) per value, the same on every run and machine (pandas' SipHash with its fixed key)."""
+    import pandas as pd
+
+    hashed = pd.util.hash_array(np.asarray(values), categorize=False)
+    return (hashed >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+class _Held:
+    """Which rows of a source an epoch keeps: all, the held-out part (``validation=True``) or the rest."""
+
+    def __init__(self, fraction: float | None = None, key: str | None = None, validation: bool = False):
+        if fraction is not None and not 0.0 < fraction < 1.0:
+            raise ValueError(f"split fraction={fraction!r} must be in (0, 1)")
+        self.fraction, self.key, self.validation = fraction, key, validation
+
+    def keep_file(self, path: str) -> bool:
+        if self.fraction is None or self.key is not None:
+            return True
+        held = _stable_fraction(np.array([os.path.basename(path)], dtype=object))[0] < self.fraction
+        return held == self.validation
+
+    def rows(self, frame) -> np.ndarray | None:
+        """The mask of kept rows (None: all of them)."""
+        if self.fraction is None or self.key is None:
+            return None
+        if self.key not in frame:
+            raise KeyError(f"split key {self.key!r} is not a column of the source (columns: {list(frame)})")
+        held = _stable_fraction(np.asarray(frame[self.key])) < self.fraction
+        return held if self.validation else ~held
+
+
+class ParquetSource:
+    """A Parquet file or a folder of Parquet files, read one row group at a time.
+
+    ``target`` names the label column, ``weight`` an optional sample-weight column, ``columns`` the features (default:
+    every other column, the split key excluded). ``buffer_rows`` bounds the rows held at once (and the shuffle's reach).
+    """
+
+    def __init__(self, path: str | os.PathLike, target: str, columns: list[str] | None = None,
+                 weight: str | None = None, buffer_rows: int = 65536, _held: _Held | None = None):
+        import pyarrow.dataset as ds
+
+        self.path, self.target, self.weight = str(path), target, weight
+        self.buffer_rows = int(buffer_rows)
+        if self.buffer_rows < 1:
+            raise ValueError(f"buffer_rows={buffer_rows!r} must be a positive integer")
+        self._held = _held or _Held()
+        self._dataset = ds.dataset(self.path, format="parquet")
+        names = self._dataset.schema.names
+        for role, name in (("target", target), ("weight", weight)):
+            if name is not None and name not in names:
+                raise KeyError(f"{role} column {name!r} is not in {self.path} (columns: {names})")
+        skip = {target, weight, self._held.key}
+        self.columns = list(columns) if columns is not None else [n for n in names if n not in skip]
+        unknown = [c for c in self.columns if c not in names]
+        if unknown:
+            raise KeyError(f"columns {unknown} are not in {self.path} (columns: {names})")
+        self._files = [f.path for f in self._dataset.get_fragments() if self._held.keep_file(f.path)]
+        if not self._files:
+            raise ValueError(f"{self.path} holds no Parquet data for this part of the split")
+        self._readers: dict[int, Any] = {}
+        self._groups = [(fi, g, self._reader(fi).metadata.row_group(g).num_rows)
+                        for fi in range(len(self._files)) for g in range(self._reader(fi).num_row_groups)]
+        self.n_rows = sum(n for _, _, n in self._groups) if self._held.key is None else None
+
+    def split(self, fraction: float, key: str | None = None) -> tuple[ParquetSource, ParquetSource]:
+        """``(training part, validation part)``, by a stable hash of ``key``'s values, or of file names."""
+        parts = []
+        for validation in (False, True):
+            held = _Held(fraction, key, validation)
+            columns = [c for c in self.columns if c != key]  # the key says where a row goes, it is no feature
+            parts.append(ParquetSource(self.path, self.target, columns, self.weight, self.buffer_rows, held))
+        return parts[0], parts[1]
+
+    @property
+    def files(self) -> list[str]:
+        return list(self._files)
+
+    def _reader(self, index: int):
+        import pyarrow.parquet as pq
+
+        reader = self._readers.get(index)
+        if reader is None:
+            reader = self._readers[index] = pq.ParquetFile(self._files[index])
+        return reader
+
+    def _read(self, index: int) -> dict[str, np.ndarray]:
+        """One row group as numpy columns (features, target, weight, split key)."""
+        fi, group, _ = self._groups[index]
+        wanted = list(dict.fromkeys([*self.columns, self.target, *([self.weight] if self.weight else []),
+                                     *([self._held.key] if self._held.key else [])]))
+        table = self._reader(fi).read_row_group(group, columns=wanted)
+        return {name: table.column(name).to_numpy(zero_copy_only=False) for name in wanted}
+
+    def _features(self, columns: dict[str, np.ndarray]):
+        """The features as a DataFrame: one float block when every feature is a number of one dtype (what a
+        float-matrix graph takes without another copy), one column per feature otherwise."""
+        import pandas as pd
+
+        arrays = [columns[c] for c in self.columns]
+        dtypes = {a.dtype for a in arrays}
+        if len(dtypes) == 1 and next(iter(dtypes)).kind in "fiu":
+            matrix = np.empty((len(arrays[0]), len(arrays)), dtype=next(iter(dtypes)))
+            for i, array in enumerate(arrays):
+                matrix[:, i] = array
+            return pd.DataFrame(matrix, columns=self.columns, copy=False)
+        return pd.DataFrame(dict(zip(self.columns, arrays)), copy=False)
+
+    def head(self, rows: int):
+        """``(X, y, sample_weight)`` of the first rows (at most one row group read), for setting a trainer up."""
+        columns = self._read(0)
+        mask = self._held.rows(columns)
+        columns = {k: (v if mask is None else v[mask])[:rows] for k, v in columns.items()}
+        return self._features(columns), columns[self.target], columns.get(self.weight) if self.weight else None
+
+    def chunks(self, rng: np.random.RandomState | None) -> Iterator[tuple[Any, Any, Any]]:
+        order = np.arange(len(self._groups)) if rng is None else rng.permutation(len(self._groups))
+        pending: list[dict] = []
+        held = 0
+        for position, index in enumerate(order):
+            columns = self._read(int(index))
+            mask = self._held.rows(columns)
+            if mask is not None:
+                columns = {k: v[mask] for k, v in columns.items()}
+            pending.append(columns)
+            held += len(columns[self.target])
+            if held >= self.buffer_rows or position == len(order) - 1:
+                buffer = {k: np.concatenate([p[k] for p in pending]) if len(pending) > 1 else pending[0][k]
+                          for k in pending[0]}
+                pending, held = [], 0
+                n = len(buffer[self.target])
+                if n == 0:
+                    continue
+                if rng is not None:
+                    perm = rng.permutation(n)
+                    buffer = {k: v[perm] for k, v in buffer.items()}
+                weight = buffer[self.weight] if self.weight else None
+                yield self._features(buffer), buffer[self.target], weight
+
+
+class ArrowSource:
+    """Arrow data: a ``pyarrow.Table`` (re-read each epoch, blocks shuffled) or a callable returning a new
+    ``RecordBatchReader`` per epoch (a one-shot stream keeps its order: it is never shuffled)."""
+
+    def __init__(self, data, target: str, columns: list[str] | None = None, weight: str | None = None,
+                 block_rows: int = 65536):
+        self.data, self.target, self.weight, self.block_rows = data, target, weight, int(block_rows)
+        self.columns = columns
+        self.n_rows = data.num_rows if hasattr(data, "num_rows") else None
+
+    def chunks(self, rng: np.random.RandomState | None) -> Iterator[tuple[Any, Any, Any]]:
+        if callable(self.data):
+            batches, rng = iter(self.data()), None
+        else:
+            starts = list(range(0, self.data.num_rows, self.block_rows))
+            order = starts if rng is None else [starts[i] for i in rng.permutation(len(starts))]
+            batches = (self.data.slice(s, self.block_rows) for s in order)
+        for batch in batches:
+            frame = batch.to_pandas()
+            if rng is not None:
+                frame = frame.iloc[rng.permutation(len(frame))].reset_index(drop=True)
+            columns = self.columns or [c for c in frame.columns if c not in (self.target, self.weight)]
+            weight = None if self.weight is None else frame[self.weight].to_numpy()
+            yield frame[columns], frame[self.target].to_numpy(), weight
+
+
+class NumpySource:
+    """``X`` and ``y`` in ``.npy`` files (or arrays), memory-mapped and read in blocks of ``block_rows`` rows."""
+
+    def __init__(self, X, y, sample_weight=None, block_rows: int = 65536):
+        def load(value):
+            return np.load(value, mmap_mode="r") if isinstance(value, (str, os.PathLike)) else value
+
+        self.X, self.y = load(X), load(y)
+        self.sample_weight = None if sample_weight is None else load(sample_weight)
+        if len(self.X) != len(self.y):
+            raise ValueError(f"X has {len(self.X)} rows but y has {len(self.y)}")
+        self.block_rows = int(block_rows)
+        self.n_rows = len(self.X)
+
+    def chunks(self, rng: np.random.RandomState | None) -> Iterator[tuple[Any, Any, Any]]:
+        starts = np.arange(0, self.n_rows, self.block_rows)
+        if rng is not None:
+            starts = starts[rng.permutation(len(starts))]
+        for start in starts:
+            rows = slice(int(start), int(start) + self.block_rows)
+            order = None if rng is None else rng.permutation(min(self.block_rows, self.n_rows - int(start)))
+            X, y = np.asarray(self.X[rows]), np.asarray(self.y[rows])
+            w = None if self.sample_weight is None else np.asarray(self.sample_weight[rows])
+            if order is not None:
+                X, y, w = X[order], y[order], None if w is None else w[order]
+            yield X, y, w
+
+
+class IterableSource:
+    """Batches from anything iterable again each epoch (a torch ``DataLoader``, a generator function): each item is
+    ``(X, y)`` or ``(X, y, sample_weight)``; tensors become numpy arrays. The iterable orders the epoch itself."""
+
+    def __init__(self, iterable: Iterable | Callable[[], Iterable], n_rows: int | None = None):
+        self.iterable, self.n_rows = iterable, n_rows
+
+    def chunks(self, rng: np.random.RandomState | None) -> Iterator[tuple[Any, Any, Any]]:
+        items = self.iterable() if callable(self.iterable) else self.iterable
+        for item in items:
+            X, y, *rest = item
+            yield _numpy(X), _numpy(y), _numpy(rest[0]) if rest else None
+
+
+def _numpy(value):
+    if hasattr(value, "detach"):  # a torch tensor
+        return value.detach().cpu().numpy()
+    return value
+
+
+def is_source(X) -> bool:
+    """Whether ``fit`` streams ``X`` (it has ``chunks``) rather than holding it in memory."""
+    return isinstance(X, BatchSource)
