@@ -129,22 +129,11 @@ class BaseTrainer(BaseEstimator):
             return self._fit_source(X, y, sample_weight, validation_data, resume_from)
         model, spec, feeds, names, train_model, prefix = self._graph_and_feeds(X)
         data, val = self._prepare_data(spec, prefix, feeds, names, y, sample_weight, validation_data)
-        max_iter = int(self.max_iter)
         check_positive_int("batch_size", self.batch_size, data.n_samples, "the number of training samples")
         rng = check_random_state(self.random_state)
         if val is None and self.validation_fraction is not None:
             data, val = self._split_validation(data, rng)
-
-        warm = self.warm_start and hasattr(self, "history_") and resume_from is None
-        if warm:
-            self._check_warm_start(model, spec)
-        else:
-            self._start(model, spec, train_model)
-        self._fitted_inputs(spec, feeds, names)
-        if resume_from is not None:
-            rng = self._restore_checkpoint(resume_from, rng)
-        if warm:
-            max_iter += len(self.history_)
+        rng, max_iter = self._begin(model, spec, train_model, feeds, names, rng, resume_from)
 
         def chunks(epoch):
             yield data, (rng.permutation(data.n_samples) if self.shuffle else None)
@@ -168,17 +157,9 @@ class BaseTrainer(BaseEstimator):
         if first is None or len(first[1]) == 0:
             raise ValueError(f"the source {source!r} yields no rows")
         model, spec, feeds, names, train_model, prefix = self._graph_and_feeds(first[0])
-        rng = check_random_state(self.random_state)
-        self._prepare_data(spec, prefix, feeds, names, first[1], first[2], None)  # the first chunk's checks
-        warm = self.warm_start and hasattr(self, "history_") and resume_from is None
-        if warm:
-            self._check_warm_start(model, spec)
-        else:
-            self._start(model, spec, train_model)
-        self._fitted_inputs(spec, feeds, names)
-        if resume_from is not None:
-            rng = self._restore_checkpoint(resume_from, rng)
-        max_iter = int(self.max_iter) + (len(self.history_) if warm else 0)
+        self._prepare_data(spec, prefix, feeds, names, first[1], first[2], None)  # the first rows' checks
+        rng, max_iter = self._begin(model, spec, train_model, feeds, names, check_random_state(self.random_state),
+                                    resume_from)
         seen = [0 if source.n_rows is None else source.n_rows * len(self.history_)]
 
         def convert(chunk_source, order_rng, count: bool):
@@ -241,6 +222,19 @@ class BaseTrainer(BaseEstimator):
         self._train_epochs(range(len(self.history_), len(self.history_) + 1), chunks, lambda epoch: seen, None, rng)
         self._samples_seen += data.n_samples
         return self
+
+    def _begin(self, model, spec, train_model, feeds, names, rng, resume_from):
+        """A fresh start (or a warm one, checked), the fitted inputs recorded, a checkpoint restored: ``(random
+        state, the epoch to stop at)``."""
+        warm = self.warm_start and hasattr(self, "history_") and resume_from is None
+        if warm:
+            self._check_warm_start(model, spec)
+        else:
+            self._start(model, spec, train_model)
+        self._fitted_inputs(spec, feeds, names)
+        if resume_from is not None:
+            rng = self._restore_checkpoint(resume_from, rng)
+        return rng, int(self.max_iter) + (len(self.history_) if warm else 0)
 
     def _graph_and_feeds(self, X):
         """Validate the parameters and the graph; ``(model, spec, feeds, column names, trainable part, frozen
