@@ -37,6 +37,9 @@ def app(name: str) -> Callable[[], Any]:
     register_configs()
 
     def task(cfg: DictConfig) -> float | None:
+        from .base.config import follow_task
+
+        follow_task(cfg)  # model= and loss= left unchosen follow data.task, before anything reads them
         return run_main(cfg) if name == CHAIN else run_stage(name, cfg)
 
     task.__module__ = f"pipelines.{name}"
