@@ -160,24 +160,42 @@ def test_a_launcher_that_cannot_start_ends_the_sweep_run_failed(tmp_path, pipeli
 
 
 @pytest.mark.slow
-def test_mlflow_run_with_an_undeclared_parameter_is_refused_and_its_run_marked(tmp_path, pipeline_subprocess_env):
-    """Seen: ``mlflow run . -P trainer.max_iter=5`` (a key other than ``overrides``) left a FAILED run in the
-    Default experiment recording ``trainer.max_iter=5`` as a parameter, with only the guard's generic refusal of the
-    flag ``--trainer.max_iter`` on the console. MLflow creates the run before the project starts and gives no way
-    to refuse a key first; a deleted run makes mlflow run itself fail (it ends the run after the command)."""
+def test_mlflow_run_takes_the_config_keys_as_parameters(tmp_path, pipeline_subprocess_env):
+    """Seen: ``mlflow run . -P trainer.max_iter=5`` was refused (only ``-P overrides="..."`` was taken). Every key of
+    the schema and every config group is now a ``-P``; the model follows ``-P data=iris``."""
     env = dict(pipeline_subprocess_env, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "--env-manager", "local", "-P", "trainer.max_iter=5",
+    cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "-e", "convert", "--env-manager", "local",
+           "--experiment-name", "mlproject", "-P", "data=iris", "-P", "model.start_max_iter=2",
+           "-P", "mlflow.tags.team=ml", "-P", f"overrides=hydra.run.dir={tmp_path / 'c'}"]
+    proc, out = _run(cmd, tmp_path, env)
+    assert proc.returncode == 0, out[-4000:]
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
+    (convert,) = client.search_runs([client.get_experiment_by_name("mlproject").experiment_id])
+    assert convert.info.status == "FINISHED" and convert.data.tags["ortflow.stage"] == "convert"
+    params = convert.data.params
+    assert (params["data.name"], params["model.name"], params["model.start_max_iter"]) == ("iris", "logistic", "2")
+    assert params["start.n_iter"] == "2" and convert.data.tags["team"] == "ml"
+
+
+@pytest.mark.slow
+def test_mlflow_run_with_an_unknown_parameter_is_refused_and_its_run_marked(tmp_path, pipeline_subprocess_env):
+    """Seen: ``mlflow run . -P <key>=...`` with a key the config does not have left a FAILED run in the Default
+    experiment recording it as a parameter, with only the guard's generic refusal of the flag on the console.
+    MLflow creates the run before the project starts and gives no way to refuse a key first; a deleted run makes
+    mlflow run itself fail (it ends the run after the command)."""
+    env = dict(pipeline_subprocess_env, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "--env-manager", "local", "-P", "trainer.maxiter=5",
            "-P", "overrides=experiment=smoke"]
     proc, out = _run(cmd, tmp_path, env)
     assert proc.returncode != 0
     assert "Traceback" not in out, out[-4000:]
     (line,) = [line for line in out.splitlines() if line.startswith("ortflow: error:")]
-    assert "MlflowRunParameterError: mlflow run -P trainer.max_iter=5" in line
-    assert "write -P overrides='experiment=smoke trainer.max_iter=5'" in line
+    assert "MlflowRunParameterError: mlflow run -P trainer.maxiter=5: 'trainer.maxiter' is not a key" in line
+    assert "did you mean trainer.max_iter?" in line
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     (run,) = client.search_runs(["0"])
     assert run.info.run_id in line
     assert run.info.status == "FAILED" and run.info.run_name == "refused-parameters"
     assert run.data.tags["mlflow.note.content"].startswith("Refused before anything ran: MlflowRunParameterError")
-    assert run.data.tags["ortflow.failure_reason"].startswith("MlflowRunParameterError: mlflow run -P trainer.max_iter")
+    assert run.data.tags["ortflow.failure_reason"].startswith("MlflowRunParameterError: mlflow run -P trainer.maxiter")
     assert client.get_experiment_by_name("ortflow") is None  # nothing ran
