@@ -31,10 +31,11 @@ def app(name: str) -> Callable[[], Any]:
     entry module (the job name names a sweep's run and Hydra's log file)."""
     import hydra
 
-    from .base.config import CONFIG_DIR, register_configs
+    from .base.config import CONFIG_DIR, HELP_APP, register_configs
     from .overrides import guarded
 
     register_configs()
+    HELP_APP["name"] = name  # --help shows this app's keys
 
     def task(cfg: DictConfig) -> float | None:
         from .base.config import follow_task

@@ -137,9 +137,12 @@ def main(argv: list[str] | None = None) -> None:
         MLPROJECT.write_text(mlproject_text())
         print(f"wrote {MLPROJECT} ({', '.join(entry_points())})")
         return
+    usage = f"usage: python -m pipelines.mlproject {{{','.join(entry_points())}}} [overrides ...] | --write"
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"{usage}\n\n{__doc__.strip()}")
+        return
     if not argv or argv[0] not in entry_points():
-        print(f"usage: python -m pipelines.mlproject {{{','.join(entry_points())}}} [overrides ...] | --write",
-              file=sys.stderr)
+        print(usage, file=sys.stderr)
         raise SystemExit(2)
     parameters = accepted_parameters(argv[0], argv[1:])
     given = argv[1:2] if parameters else argv[1:]  # the overrides string (and, outside mlflow run, any words)

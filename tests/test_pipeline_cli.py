@@ -199,3 +199,29 @@ def test_mlflow_run_with_an_unknown_parameter_is_refused_and_its_run_marked(tmp_
     assert run.data.tags["mlflow.note.content"].startswith("Refused before anything ran: MlflowRunParameterError")
     assert run.data.tags["ortflow.failure_reason"].startswith("MlflowRunParameterError: mlflow run -P trainer.maxiter")
     assert client.get_experiment_by_name("ortflow") is None  # nothing ran
+
+
+_ENTRY_MODULES = sorted(f"pipelines.{p.stem}" if p.stem != "__main__" else "pipelines"
+                        for p in (REPO / "pipelines").glob("*.py") if 'if __name__ == "__main__"' in p.read_text())
+
+
+def test_every_entry_point_answers_help_with_status_0(tmp_path, pipeline_subprocess_env):
+    """Seen: ``python -m pipelines --help`` and ``python -m pipelines.mlproject --help`` exited 2 (usage as an
+    error), ``python -m pipelines.resend --help`` with a traceback (it read '--help' as a file); the stages all
+    showed the same text. Each stage's --help now lists the keys it reads."""
+    from pipelines.stages import TABLE
+
+    assert {"pipelines", "pipelines.main", "pipelines.mlproject", "pipelines.resend", "pipelines.server"} <= set(
+        _ENTRY_MODULES)
+    stages = {s.name: s for s in TABLE}
+    for module in _ENTRY_MODULES:
+        proc, out = _run([sys.executable, "-m", module, "--help"], tmp_path, pipeline_subprocess_env, timeout=120)
+        assert proc.returncode == 0, (module, out[-2000:])
+        assert "Traceback" not in out and proc.stdout.strip(), module
+        name = module.rsplit(".", 1)[-1]
+        if name in stages:
+            assert f"Keys of stage {name} (python -m pipelines.{name})" in proc.stdout, module
+            keys = proc.stdout.split("Keys of stage", 1)[1].split("==", 1)[0]
+            for group in stages[name].reads:
+                assert f"\n    {group}" in keys, (module, group)
+    assert not (tmp_path / "mlflow.db").exists()

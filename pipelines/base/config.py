@@ -415,6 +415,8 @@ def register_configs() -> None:
         OmegaConf.register_new_resolver("ortflow.stem", file_stem)
     if not OmegaConf.has_resolver("ortflow.stages"):  # the --help text (conf/hydra/help/ortflow.yaml)
         OmegaConf.register_new_resolver("ortflow.stages", stage_listing)
+    if not OmegaConf.has_resolver("ortflow.app_keys"):
+        OmegaConf.register_new_resolver("ortflow.app_keys", app_keys)
 
 
 def validate(cfg: DictConfig) -> None:
@@ -535,6 +537,29 @@ def check_stages(stages: Any) -> None:
     unknown = [str(s) for s in stages if str(s) not in stage_names()]
     if unknown:
         raise ConfigError(f"stages={[str(s) for s in stages]}: {unknown} not among the stages {list(stage_names())}")
+
+
+#: the app whose ``--help`` is shown: ``main`` or a stage (set by :func:`pipelines.cli.app`)
+HELP_APP = {"name": "main"}
+#: what every stage reads besides its own keys
+COMMON_KEYS = ("source", "mlflow", "seed", "debug")
+
+
+def app_keys() -> str:
+    """The keys the app of ``--help`` reads (the ``ortflow.app_keys`` resolver): a stage's own (its ``reads`` in
+    the stage table), the chain's every group; each group with its keys."""
+    name = HELP_APP["name"]
+    if name in stage_names():
+        own, title = stage_table.stage(name).reads, f"Keys of stage {name} (python -m pipelines.{name})"
+    else:
+        own, title = ("data", "model", "loss", "penalty", "trainer", "promotion", "stages", "optimized_metric"), \
+            "Keys of the chain (python -m pipelines.main)"
+    keys = schema_keys()
+    lines = [f"{title}; set any with key=value (--cfg job prints their values):"]
+    for entry in (*own, *COMMON_KEYS):
+        inside = [k[len(entry) + 1:] for k in keys if k.startswith(f"{entry}.")]
+        lines.append(f"    {entry}: {', '.join(inside)}" if inside else f"    {entry}")
+    return "\n".join(lines)
 
 
 def stage_listing() -> str:
