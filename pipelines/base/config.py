@@ -29,7 +29,7 @@ import ortflow
 from ortflow.registry import names, select
 from ortflow.schedules import SCHEDULES
 
-from .errors import UserError
+from .errors import CLOSE_KEYS, UserError
 from .. import stages as stage_table
 from ..stages import names as stage_names
 
@@ -411,6 +411,7 @@ def register_configs() -> None:
     """Store the schema under the name ``conf/config.yaml`` lists first in its defaults; register the resolvers
     the YAML files use."""
     ConfigStore.instance().store(name="ortflow_config", node=Config)
+    CLOSE_KEYS["find"] = lambda key: close_keys(key, schema_keys())  # the 'did you mean' of a refused key
     if not OmegaConf.has_resolver("ortflow.stem"):
         OmegaConf.register_new_resolver("ortflow.stem", file_stem)
     if not OmegaConf.has_resolver("ortflow.stages"):  # the --help text (conf/hydra/help/ortflow.yaml)

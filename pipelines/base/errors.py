@@ -107,12 +107,15 @@ def _close_key_hint(exc: BaseException) -> str:
     import re
 
     match = re.search(r"full_key: ([\w.]+)", f"{exc} {exc.__cause__ or ''}")
-    if not match or "not in" not in f"{exc} {exc.__cause__ or ''}":
+    if not match or "not in" not in f"{exc} {exc.__cause__ or ''}" or CLOSE_KEYS["find"] is None:
         return ""
-    from .config import close_keys, schema_keys
-
-    close = close_keys(match[1], schema_keys())
+    close = CLOSE_KEYS["find"](match[1])
     return f"did you mean {' or '.join(close)}? " if close else ""
+
+
+#: ``find(key)``: the schema's keys close to ``key`` (set by :func:`pipelines.base.config.register_configs`; this
+#: module imports nothing of the config)
+CLOSE_KEYS: dict = {"find": None}
 
 
 @contextlib.contextmanager
