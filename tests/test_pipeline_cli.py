@@ -225,3 +225,37 @@ def test_every_entry_point_answers_help_with_status_0(tmp_path, pipeline_subproc
             for group in stages[name].reads:
                 assert f"\n    {group}" in keys, (module, group)
     assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.slow
+def test_the_console_shows_ortflow_lines_not_harmless_third_party_warnings(tmp_path, pipeline_subprocess_env):
+    """Seen on a chain's stderr: MLflow's 'Add type hints to the `predict` method' UserWarning three times
+    (shown 'once' inside MLflow's own catch_warnings), its INFO lines creating the store's tables and its
+    download progress bars, between ortflow's own lines. A classification table with no model= given also runs
+    (logistic and log follow data.task), and ortflow's warning about dropped rows still shows."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"a": rng.normal(size=120), "b": rng.normal(size=120)})
+    frame["label"] = (frame.a + frame.b > 0).astype(int)
+    frame.loc[3, "a"] = np.nan
+    frame.to_csv(tmp_path / "t.csv", index=False)
+    cmd = [sys.executable, "-m", "pipelines.main", "data=file", "data.path=t.csv", "data.target=label",
+           "data.task=classification", "data.drop_invalid=true", "trainer.max_iter=2"]
+    proc, out = _run(cmd, tmp_path, pipeline_subprocess_env)
+    assert proc.returncode == 0, out[-4000:]
+    assert "t.csv: 1 of 120 rows dropped (missing or non-finite values)" in out  # ortflow's warning (Hydra's log)
+    for noise in ("Add type hints", "Warning:", "Creating initial MLflow database tables", "Downloading artifacts"):
+        assert noise not in proc.stderr, (noise, proc.stderr[-3000:])
+    assert "models:/ortflow-t-logistic/1" in proc.stdout
+
+    from pipelines.cli import is_harmless
+
+    # what is hidden is known by name; a warning of ortflow or scikit-learn is never hidden
+    assert is_harmless("\x1b[33mAdd type hints to the `predict` method", UserWarning,
+                       "/x/site-packages/mlflow/pyfunc/utils/data_validation.py")
+    assert is_harmless("noload is deprecated", DeprecationWarning, "/x/site-packages/mlflow/store/x.py")
+    assert not is_harmless("Stochastic Optimizer: Maximum iterations", UserWarning,
+                           "/x/site-packages/sklearn/neural_network/_multilayer_perceptron.py")
+    assert not is_harmless("deprecated", DeprecationWarning, str(REPO / "ortflow" / "base.py"))
