@@ -15,9 +15,12 @@ def main(argv: list[str] | None = None) -> None:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     choices = (CHAIN, *names())
+    usage = f"usage: python -m pipelines {{{','.join(choices)}}} [key=value ...] (<name> --help lists its keys)"
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"{usage}\n\n{__doc__.strip()}")
+        return
     if not argv or argv[0] not in choices:
-        print(f"usage: python -m pipelines {{{','.join(choices)}}} [key=value ...] (--help lists the config)",
-              file=sys.stderr)
+        print(usage, file=sys.stderr)
         raise SystemExit(2)
     sys.argv = [sys.argv[0], *argv[1:]]  # argv[0] stays: MLflow tags runs with it (mlflow.source.name)
     app(argv[0])()

@@ -22,6 +22,59 @@ from .base.errors import UserError, exit_if_expected
 #: what ``python -m pipelines`` runs besides the stages: the chain
 CHAIN = "main"
 
+_THIRD_PARTY = r"(mlflow|pydantic|alembic|sqlalchemy|hydra|omegaconf|google|pkg_resources|setuptools|git)(\.|$)"
+#: warnings of other packages known to be harmless here, hidden at the entry points: (category, message, module)
+#: regular expressions as ``warnings.filterwarnings`` takes them. Deprecation and future warnings of the tracking
+#: and config stacks are for their maintainers; MLflow's two UserWarnings below are advice about model signatures
+#: that the deploy model answers otherwise. Warnings of ortflow, scikit-learn (a reference that did not converge),
+#: onnxruntime and numpy are never hidden.
+HARMLESS_WARNINGS = (
+    (DeprecationWarning, "", _THIRD_PARTY),
+    (PendingDeprecationWarning, "", _THIRD_PARTY),
+    (FutureWarning, "", _THIRD_PARTY),
+    (UserWarning, r".*Add type hints to the `predict` method", r"mlflow\."),
+    (UserWarning, r"Hint: Inferred schema contains integer column", r"mlflow\."),
+)
+
+
+def is_harmless(message: Warning | str, category: type, filename: str) -> bool:
+    """Whether a warning is one of :data:`HARMLESS_WARNINGS` (its module read from the file's path)."""
+    import re
+
+    text = str(message)
+    parts = re.split(r"[\\/]", filename.removesuffix(".py"))
+    module = ".".join(parts[parts.index("site-packages") + 1:]) if "site-packages" in parts else ""
+    return any(issubclass(category, cls) and re.match(msg, text, re.I) and (not mod or re.match(mod, module))
+               for cls, msg, mod in HARMLESS_WARNINGS)
+
+
+def _unless_harmless(show: Callable) -> Callable:
+    def showwarning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - warnings' API
+        if not is_harmless(message, category, filename):
+            show(message, category, filename, lineno, file, line)
+
+    showwarning._ortflow = True  # type: ignore[attr-defined]
+    return showwarning
+
+
+def quiet_third_party(environ: dict | None = None) -> None:
+    """Hide :data:`HARMLESS_WARNINGS` and MLflow's INFO lines (its store's table creation, model validation) and
+    its artifact progress bars, so that the console shows ortflow's lines; GitPython's missing-git warning is
+    silenced. A variable the user set in the environment wins (``MLFLOW_LOGGING_LEVEL=INFO`` shows them again)."""
+    import os
+    import warnings
+
+    environ = os.environ if environ is None else environ
+    for category, message, module in HARMLESS_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    if not getattr(warnings.showwarning, "_ortflow", False):
+        # and where a library puts its own filter in front (MLflow shows its UserWarnings 'once' inside
+        # catch_warnings), at the moment a warning is shown
+        warnings.showwarning = _unless_harmless(warnings.showwarning)
+    for name, value in (("MLFLOW_LOGGING_LEVEL", "WARNING"), ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false"),
+                        ("GIT_PYTHON_REFRESH", "quiet")):
+        environ.setdefault(name, value)
+
 
 def app(name: str) -> Callable[[], Any]:
     """The Hydra app of ``python -m pipelines <name>`` (``main``: the chain; else a stage of the table): the
@@ -29,14 +82,20 @@ def app(name: str) -> Callable[[], Any]:
 
     Hydra names the job after the task function's module: ``pipelines.<name>``, as when each stage had its own
     entry module (the job name names a sweep's run and Hydra's log file)."""
+    quiet_third_party()  # before MLflow is imported: it reads its logging level once
     import hydra
 
-    from .base.config import CONFIG_DIR, register_configs
+    from .base.config import CONFIG_DIR, HELP_APP, register_configs
     from .overrides import guarded
 
     register_configs()
+    HELP_APP["name"] = name  # --help shows this app's keys
 
     def task(cfg: DictConfig) -> float | None:
+        from .base.config import follow_task
+
+        quiet_third_party()  # again: a launcher's worker process (joblib, Ray) starts here
+        follow_task(cfg)  # model= and loss= left unchosen follow data.task, before anything reads them
         return run_main(cfg) if name == CHAIN else run_stage(name, cfg)
 
     task.__module__ = f"pipelines.{name}"

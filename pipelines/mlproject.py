@@ -14,13 +14,16 @@ Hydra app (which finds MLFLOW_RUN_ID and logs into mlflow run's run). The app ch
 (``mlflow.experiment_name``, ``ortflow`` by default), in runs of their own linked to mlflow run's run by tags
 (:func:`pipelines.tracking.link_mlflow_run`); with an experiment named, they log into mlflow run's run.
 
-Every entry point takes one parameter, ``overrides``. ``mlflow run . -P trainer.max_iter=5`` (another key) is not
-refused by MLflow: it creates its run with ``trainer.max_iter`` as a parameter, then appends ``--trainer.max_iter 5``
-to the command. MLflow offers no way to refuse it before the run exists, so :func:`main` refuses such parameters
-first (:class:`MlflowRunParameterError`: one line naming them and the ``-P overrides=...`` to write, status 2) and
-marks mlflow run's run (:func:`pipelines.tracking.mark_refused_mlflow_run`: named ``refused-parameters``, FAILED,
-the reason as its description), so it cannot read as a run of those settings. It cannot be deleted: mlflow run
-ends its run itself once the command exits, and fails with a traceback when that run is deleted.
+Every entry point declares one parameter, ``overrides``, and takes any key of the config schema as a ``-P`` too:
+``mlflow run . -P trainer.max_iter=5 -P data=iris`` (MLflow records the key as a parameter of its run, then
+appends ``--trainer.max_iter 5`` to the command; :func:`accepted_parameters` turns each such pair into the Hydra
+override ``trainer.max_iter=5``, after those of ``overrides``). A key that is neither a key of the schema
+(:func:`pipelines.base.config.schema_keys`), a config group (``data``, ``experiment``...) nor a ``hydra`` key is
+refused before anything runs (:class:`MlflowRunParameterError`: one line naming it, the schema keys close to it,
+status 2), and since MLflow offers no way to refuse it before its run exists, mlflow run's run is marked
+(:func:`pipelines.tracking.mark_refused_mlflow_run`: named ``refused-parameters``, FAILED, the reason as its
+description), so it cannot read as a run of those settings. It cannot be deleted: mlflow run ends its run itself
+once the command exits, and fails with a traceback when that run is deleted.
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ from .stages import names
 MLPROJECT = Path(__file__).resolve().parent.parent / "MLproject"
 _HEADER = """\
 # mlflow run . --env-manager local -P overrides="trainer=fwbw trainer.max_iter=5"
-# mlflow run . -e train --env-manager local -P overrides="source.run_id=<an add_loss run>"
-# Every entry point takes Hydra overrides as one string; the chain and each stage log into mlflow run's run.
+# mlflow run . -e train --env-manager local -P source.run_id=<an add_loss run> -P trainer.max_iter=50
+# Every entry point takes Hydra overrides as one string (overrides) and any key of the config as -P key=value;
+# the chain and each stage log into mlflow run's run.
 # Written by `python -m pipelines.mlproject --write` from the stage table (pipelines/stages/__init__.py).
 name: ortflow
 
@@ -62,27 +66,48 @@ def own_experiment(environ: dict = os.environ) -> None:  # noqa: B006 - the proc
 
 
 class MlflowRunParameterError(UserError, ValueError):
-    """``mlflow run -P <key>=<value>`` with a key other than ``overrides``; the message names it."""
+    """``mlflow run -P <key>=<value>`` with a key that is not one of the config's; the message names it."""
 
-    hint = "every entry point of MLproject takes one parameter: mlflow run . -P overrides=\"key=value key=value\""
+    hint = ("mlflow run . -P key=value takes the keys of the config (python -m pipelines.main --cfg job lists "
+            "them) and config groups (-P data=iris); -P overrides=\"key=value ...\" takes any Hydra override")
 
 
-def refuse_extra_parameters(stage: str, argv: list[str], environ: dict = os.environ) -> None:  # noqa: B006
+def is_config_key(key: str) -> bool:
+    """Whether ``-P key=value`` names a key of the config schema (or a key inside one of its dicts, such as
+    ``mlflow.tags.team``), a config group (``data``, ``hydra/launcher``) or a ``hydra.`` key; the overrides
+    guard (:mod:`pipelines.overrides`) still checks what they hold."""
+    from .base.config import schema_keys
+    from .overrides import _GROUPS
+
+    keys = schema_keys()
+    return (key in keys or any(key.startswith(f"{k}.") for k in keys) or key in _GROUPS
+            or key.startswith(("hydra.", "hydra/")))
+
+
+def accepted_parameters(stage: str, argv: list[str], environ: dict = os.environ) -> list[str]:  # noqa: B006
     """Under ``mlflow run`` (``MLFLOW_RUN_ID`` set), ``argv`` is ``[overrides, --key, value, ...]``: MLflow appends
-    a ``--key value`` pair for each ``-P`` key the entry point does not declare. Refuse them, after marking
-    the run mlflow run made with them (see the module's docstring)."""
+    a ``--key value`` pair for each ``-P`` key the entry point does not declare. The Hydra overrides they give
+    (``key=value``), when every key is one of the config's; otherwise refuse them all, after marking the run
+    mlflow run made with them (see the module's docstring)."""
     run_id = environ.get("MLFLOW_RUN_ID")
     if not run_id or len(argv) <= 1:
-        return
+        return []
     extra = argv[1:]
     if not all(key.startswith("--") for key in extra[::2]):  # not what mlflow run writes: left to the guard
-        return
-    pairs = [f"{key[2:]}={value}" for key, value in zip(extra[::2], extra[1::2] + [""] * (len(extra) % 2))]
-    given = " ".join([*shlex.split(argv[0]), *pairs]) if argv[0] else " ".join(pairs)
-    keys = ", ".join(repr(pair.split("=", 1)[0]) for pair in pairs)
+        return []
+    pairs = [(key[2:], value) for key, value in zip(extra[::2], extra[1::2] + [""] * (len(extra) % 2))]
+    unknown = [key for key, _ in pairs if not is_config_key(key)]
+    from .base.config import close_keys, schema_keys
+
+    if not unknown:  # a key inside one of the schema's dicts (mlflow.tags.team) is added: ++
+        keys = set(schema_keys())
+        return [f"{'' if key in keys or '.' not in key or key.startswith('hydra') else '++'}{key}={value}"
+                for key, value in pairs]
+    close = sorted({c for key in unknown for c in close_keys(key, schema_keys())})
     error = MlflowRunParameterError(
-        f"mlflow run -P {' -P '.join(pairs)}: entry point {stage!r} takes one parameter, overrides (Hydra overrides "
-        f"in one string), not {keys}; write -P overrides={shlex.quote(given)}")
+        f"mlflow run -P {' -P '.join(f'{k}={v}' for k, v in pairs if k in unknown)}: "
+        f"{', '.join(map(repr, unknown))} {'is not a key' if len(unknown) == 1 else 'are not keys'} of the config"
+        + (f" (did you mean {' or '.join(close)}?)" if close else ""))
     try:
         from .tracking import REFUSED_RUN_NAME, mark_refused_mlflow_run
 
@@ -112,12 +137,16 @@ def main(argv: list[str] | None = None) -> None:
         MLPROJECT.write_text(mlproject_text())
         print(f"wrote {MLPROJECT} ({', '.join(entry_points())})")
         return
+    usage = f"usage: python -m pipelines.mlproject {{{','.join(entry_points())}}} [overrides ...] | --write"
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"{usage}\n\n{__doc__.strip()}")
+        return
     if not argv or argv[0] not in entry_points():
-        print(f"usage: python -m pipelines.mlproject {{{','.join(entry_points())}}} [overrides ...] | --write",
-              file=sys.stderr)
+        print(usage, file=sys.stderr)
         raise SystemExit(2)
-    refuse_extra_parameters(argv[0], argv[1:])
-    stage, rest = argv[0], [word for arg in argv[1:] for word in shlex.split(arg)]
+    parameters = accepted_parameters(argv[0], argv[1:])
+    given = argv[1:2] if parameters else argv[1:]  # the overrides string (and, outside mlflow run, any words)
+    stage, rest = argv[0], [*(word for arg in given for word in shlex.split(arg)), *parameters]
     own_experiment()
     sys.argv = [f"pipelines.{stage}", *rest]
     app(stage)()

@@ -13,6 +13,9 @@ from .tracking import TrackingUnavailableError, resend
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__.strip())
+        return 0
     if len(argv) not in (1, 2):
         print(__doc__.splitlines()[0], file=sys.stderr)
         return 2

@@ -147,16 +147,19 @@ def sqlite_uri(tmp_path):
 
 @pytest.fixture
 def compose_pipeline():
-    """Compose the pipelines' Hydra config (conf/config.yaml) with overrides, as the CLI would."""
+    """Compose the pipelines' Hydra config (conf/config.yaml) with overrides, as the CLI would (``model`` and
+    ``loss`` left unchosen get the options of ``data.task``, as the entry points give them)."""
     from hydra import compose, initialize_config_dir
 
-    from pipelines.base.config import register_configs
+    from pipelines.base.config import follow_task, register_configs
 
     register_configs()
 
     def _compose(*overrides: str):
         with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
-            return compose("config", overrides=list(overrides))
+            cfg = compose("config", overrides=list(overrides))
+        follow_task(cfg)
+        return cfg
 
     return _compose
 

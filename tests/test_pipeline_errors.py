@@ -91,3 +91,23 @@ def test_progress_bar_when_stdout_is_a_terminal(compose_pipeline, monkeypatch):
         assert trainer_verbose(cfg) == 0
         assert trainer_verbose(compose_pipeline("trainer.verbose=1")) == 1
 
+
+
+def test_every_config_problem_of_a_launch_at_once(tmp_path, pipeline_subprocess_env):
+    """Seen: each launch reported the first config error only. Now one report lists them all, each on its line,
+    and the suggested names exist (``trainer.optimizer=adam``; ``model.start_max_iter`` for the renamed key)."""
+    proc = subprocess.run([sys.executable, "-m", "pipelines.main", "data=iris", "model=linear",
+                           "trainer.optimizer=adm", "data.test_size=1.5"], cwd=tmp_path,
+                          env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-3000:]
+    assert lines[0] == "ortflow: error: ConfigError: 3 problems", lines
+    assert [line.startswith("  - ") for line in lines[1:4]] == [True] * 3 and lines[4].startswith("  hint: ")
+    text = "\n".join(lines)
+    assert "did you mean trainer.optimizer=adam" in text
+    assert "model=linear is a regression model but data=iris" in text and "data.test_size=1.5" in text
+    assert not (tmp_path / "mlflow.db").exists()
+
+    proc = subprocess.run([sys.executable, "-m", "pipelines.main", "model.sklearn_max_iter=1"], cwd=tmp_path,
+                          env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "hint: did you mean model.start_max_iter?" in proc.stderr, proc.stderr

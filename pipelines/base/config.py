@@ -29,7 +29,7 @@ import ortflow
 from ortflow.registry import names, select
 from ortflow.schedules import SCHEDULES
 
-from .errors import UserError
+from .errors import CLOSE_KEYS, UserError
 from .. import stages as stage_table
 from ..stages import names as stage_names
 
@@ -175,7 +175,9 @@ class ModelConfig:
     alpha: float = 1e-4
     C: float = 1.0
     fit_intercept: bool = True
-    sklearn_max_iter: int = 50
+    # the iterations of the *start*, the under-trained scikit-learn fit ONNX training begins from; the scikit-learn
+    # reference that evaluate compares with (sklearn_test_*) is fitted to convergence with the class's defaults
+    start_max_iter: int = 50
     target_opset: int = 17
 
 
@@ -291,8 +293,9 @@ class SourceConfig:
 @dataclass
 class Config:
     data: DataConfig = MISSING
-    model: ModelConfig = MISSING
-    loss: LossConfig = MISSING
+    # model= and loss= left unchosen (conf/config.yaml): their options follow data.task (see follow_task)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
     penalty: PenaltyConfig = MISSING
     trainer: TrainerConfig = MISSING
     mlflow: MlflowConfig = MISSING
@@ -308,7 +311,79 @@ class Config:
 
 
 class ConfigError(UserError, ValueError):
-    """A combination of values that cannot work; the message names the keys."""
+    """A combination of values that cannot work; the message names the keys. ``problems`` holds every problem
+    found in one check of the config (:func:`validate` reports them all at once, not the first only)."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = list(problems) if problems else [message]
+
+    @classmethod
+    def of(cls, problems: list[str]) -> "ConfigError":
+        if len(problems) == 1:
+            return cls(problems[0])
+        return cls(f"{len(problems)} problems in the config: " + "; ".join(
+            f"({i}) {p}" for i, p in enumerate(problems, 1)), problems)
+
+
+#: the options model= and loss= take for each data.task when neither the command line nor an experiment picks one
+TASK_DEFAULTS = {"regression": {"model": "linear", "loss": "square"},
+                 "classification": {"model": "logistic", "loss": "log"}}
+_GROUP_SCHEMA = {"model": ModelConfig, "loss": LossConfig}
+
+
+def follow_task(cfg: DictConfig) -> dict[str, str]:
+    """Give ``model`` and ``loss`` their option of :data:`TASK_DEFAULTS` for ``data.task`` when none was chosen
+    (their ``name`` is missing): the option's file under ``conf/``, with the keys the command line or an experiment
+    set (those that differ from the schema's defaults) on top. An explicit choice is kept as it is, a
+    contradictory one is refused by :func:`validate` naming both. Returns the options it picked."""
+    picked: dict[str, str] = {}
+    if OmegaConf.is_missing(cfg.data, "task"):
+        return picked
+    for group, option in TASK_DEFAULTS[_value(cfg.data.task)].items():
+        node = cfg[group]
+        if not OmegaConf.is_missing(node, "name"):
+            continue
+        defaults = OmegaConf.to_container(OmegaConf.structured(_GROUP_SCHEMA[group]), resolve=False)
+        current = OmegaConf.to_container(node, resolve=False, enum_to_str=True)
+        given = {k: v for k, v in current.items() if v != "???" and v != _plain(defaults.get(k))}
+        cfg[group] = OmegaConf.merge(OmegaConf.structured(_GROUP_SCHEMA[group]),
+                                     OmegaConf.load(Path(CONFIG_DIR) / group / f"{option}.yaml"), given)
+        picked[group] = option
+    return picked
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, Enum) else value
+
+
+def choice_hint(group: str, names_fitting: list[str]) -> str:
+    """How to pick each of ``names_fitting``: ``group=<option>`` where ``conf/<group>/<option>.yaml`` exists,
+    else ``<group>.name=<name>`` (a registry name with no file of its own is not a valid ``group=`` choice)."""
+    options = {p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml")}
+    files = [f"{group}={n}" for n in names_fitting if n in options]
+    others = [n for n in names_fitting if n not in options]
+    return " or ".join(files + ([f"{group}.name=<one of {others}>"] if others else []))
+
+
+def close_keys(key: str, candidates: list[str], n: int = 3) -> list[str]:
+    """The names of ``candidates`` closest to ``key`` (difflib), for a 'did you mean' hint; every one exists.
+    Dotted keys share their group's prefix, which alone makes them look alike: they must be closer."""
+    import difflib
+
+    return difflib.get_close_matches(key, candidates, n=n, cutoff=0.8 if "." in key else 0.6)
+
+
+def schema_keys(schema: type = None, prefix: str = "") -> list[str]:  # type: ignore[assignment]
+    """Every key of the config schema, dotted (``trainer.max_iter``), groups first: what ``key=value`` may set."""
+    schema = schema or Config
+    keys = []
+    for f, t in get_type_hints(schema).items():
+        if is_dataclass(t):
+            keys.extend(schema_keys(t, f"{prefix}{f}."))
+        else:
+            keys.append(f"{prefix}{f}")
+    return keys
 
 
 #: what ``data.name`` may hold: it names runs and the registered model (MLflow refuses '/' and ':')
@@ -336,57 +411,102 @@ def register_configs() -> None:
     """Store the schema under the name ``conf/config.yaml`` lists first in its defaults; register the resolvers
     the YAML files use."""
     ConfigStore.instance().store(name="ortflow_config", node=Config)
+    CLOSE_KEYS["find"] = lambda key: close_keys(key, schema_keys())  # the 'did you mean' of a refused key
     if not OmegaConf.has_resolver("ortflow.stem"):
         OmegaConf.register_new_resolver("ortflow.stem", file_stem)
     if not OmegaConf.has_resolver("ortflow.stages"):  # the --help text (conf/hydra/help/ortflow.yaml)
         OmegaConf.register_new_resolver("ortflow.stages", stage_listing)
+    if not OmegaConf.has_resolver("ortflow.app_keys"):
+        OmegaConf.register_new_resolver("ortflow.app_keys", app_keys)
 
 
 def validate(cfg: DictConfig) -> None:
     """Every check of the settings, once, before any stage runs: keys outside the schema, cross-group rules that
     a per-key type cannot express, the registry names (:data:`REGISTRY_KEYS`), the trainer's settings against its
-    table of parameters (:func:`check_trainer`) and ``promotion.metric`` against the task's metrics."""
-    check_known_keys(cfg)
-    validate_data(cfg.data)
-    check_promotion_metric(cfg.promotion.metric, _value(cfg.data.task))
-    check_trainer(cfg, registry=False)  # first the checks that need no registry (seconds of imports)
-    for key, kind in REGISTRY_KEYS.items():
-        value = OmegaConf.select(cfg, key)
-        if value not in names(kind):
-            raise ConfigError(f"{key}={value!r} is not one of {names(kind)} (the names of ortflow's registry)")
+    table of parameters (:func:`check_trainer`) and ``promotion.metric`` against the task's metrics. ``model`` and
+    ``loss`` left unchosen first get the options of ``data.task`` (:func:`follow_task`). Every problem found is
+    reported in one :class:`ConfigError` (its ``problems``), not the first only."""
+    follow_task(cfg)
+    problems: list[str] = []
+
+    def check(fn: Any, *args: Any) -> bool:
+        try:
+            fn(*args)
+        except ConfigError as exc:
+            problems.extend(p for p in exc.problems if p not in problems)
+            return False
+        return True
+
+    check(check_known_keys, cfg)
+    check(validate_data, cfg.data)
+    check(check_promotion_metric, cfg.promotion.metric, _value(cfg.data.task))
+    trainer_ok = check(check_trainer, cfg, False)  # first the checks that need no registry (seconds of imports)
+    registry_ok = {kind: check(_check_registry_name, cfg, key, kind) for key, kind in REGISTRY_KEYS.items()}
+    check(check_task, cfg, registry_ok["loss"])
+    if trainer_ok and all(registry_ok.values()):
+        check(check_trainer, cfg)
+    check(_check_values, cfg)
+    check(check_stages, cfg.stages)
+    if problems:
+        raise ConfigError.of(problems)
+
+
+def _check_registry_name(cfg: DictConfig, key: str, kind: str) -> None:
+    value = OmegaConf.select(cfg, key)
+    if value not in names(kind):
+        close = close_keys(str(value), names(kind))
+        raise ConfigError(f"{key}={value!r} is not one of {names(kind)} (the names of ortflow's registry)"
+                          + (f"; did you mean {' or '.join(f'{key}={c}' for c in close)}?" if close else ""))
+
+
+def check_task(cfg: DictConfig, loss_known: bool = True) -> None:
+    """``model`` and ``loss`` against ``data.task``: a contradictory choice is a ConfigError naming both sides
+    (``loss_known``: ``loss.name`` is a registry name, else its task is not checked)."""
     data_task = Task(_value(cfg.data.task))
+    data = f"data={_value(cfg.data.name)}" + (f" (data.task={data_task.value})"
+                                                if _value(cfg.data.name) != data_task.value else "")
+    problems = []
     model = ModelKind(_value(cfg.model.name))
-    chosen_loss = loss(cfg)
     if MODEL_TASK[model] != data_task:
-        raise ConfigError(
-            f"model={model.value} is a {MODEL_TASK[model].value} model but data={_value(cfg.data.name)} is a "
-            f"{data_task.value} data set (data.task); pick a matching model (e.g. "
-            f"{'mlp_classifier' if data_task == Task.classification else 'mlp_regressor'})"
-        )
-    if _value(cfg.model.task) != data_task.value:
-        raise ConfigError(f"model.task={_value(cfg.model.task)} does not match data.task={data_task.value}")
-    if chosen_loss.task != data_task.value:
-        fitting = [n for n in names("loss") if select("loss", n).task == data_task.value]
-        raise ConfigError(f"loss={_value(cfg.loss.name)} does not fit data.task={data_task.value}: use "
-                          + " or ".join(f"loss={n}" for n in fitting))
-    check_trainer(cfg)
+        fitting = [m.value for m, t in MODEL_TASK.items() if t == data_task]
+        problems.append(f"model={model.value} is a {MODEL_TASK[model].value} model but {data} is a "
+                        f"{data_task.value} data set: pick {choice_hint('model', fitting)}, or leave model= out "
+                        f"(it follows data.task: model={TASK_DEFAULTS[data_task.value]['model']})")
+    elif _value(cfg.model.task) != data_task.value:
+        problems.append(f"model.task={_value(cfg.model.task)} does not match data.task={data_task.value}")
+    if loss_known:
+        chosen_loss = loss(cfg)
+        if chosen_loss.task != data_task.value:
+            fitting = sorted({select("loss", n).names[0] for n in names("loss")
+                              if select("loss", n).task == data_task.value})
+            problems.append(f"loss={_value(cfg.loss.name)} is a {chosen_loss.task} loss but {data} is a "
+                            f"{data_task.value} data set: use {choice_hint('loss', fitting)}, or leave loss= out "
+                            f"(it follows data.task: loss={TASK_DEFAULTS[data_task.value]['loss']})")
+    if problems:
+        raise ConfigError.of(problems)
+
+
+def _check_values(cfg: DictConfig) -> None:
+    """The numeric ranges of ``data``, ``mlflow`` and ``penalty``."""
+    problems = []
     for key in ("data.test_size", "data.validation_fraction"):
         value = OmegaConf.select(cfg, key)
         if not 0.0 <= value < 1.0:
-            raise ConfigError(f"{key}={value} must be in [0, 1)")
+            problems.append(f"{key}={value} must be in [0, 1)")
     if not 0.0 < cfg.data.test_size:
-        raise ConfigError("data.test_size must be > 0: evaluate needs a test split")
+        problems.append("data.test_size must be > 0: evaluate needs a test split")
     if cfg.mlflow.metrics_flush_every < 0 or cfg.mlflow.metrics_flush_seconds <= 0:
-        raise ConfigError("mlflow.metrics_flush_every must be >= 0 and mlflow.metrics_flush_seconds > 0")
+        problems.append("mlflow.metrics_flush_every must be >= 0 and mlflow.metrics_flush_seconds > 0")
     if cfg.mlflow.retry_seconds <= 0 or cfg.mlflow.connect_timeout <= 0:
-        raise ConfigError("mlflow.retry_seconds and mlflow.connect_timeout must be > 0")
+        problems.append("mlflow.retry_seconds and mlflow.connect_timeout must be > 0")
     if cfg.mlflow.retries < 1:
-        raise ConfigError(f"mlflow.retries={cfg.mlflow.retries} must be >= 1")
+        problems.append(f"mlflow.retries={cfg.mlflow.retries} must be >= 1")
     if cfg.data.n_samples < 10 or cfg.data.n_features < 1:
-        raise ConfigError(f"data.n_samples={cfg.data.n_samples} must be >= 10 and data.n_features >= 1")
+        problems.append(f"data.n_samples={cfg.data.n_samples} must be >= 10 and data.n_features >= 1")
     if str(cfg.penalty.name) == "elastic" and cfg.penalty.l1 <= 0 and cfg.penalty.l2 <= 0:
-        raise ConfigError("penalty=elastic needs penalty.l1 > 0 or penalty.l2 > 0")
-    check_stages(cfg.stages)
+        problems.append("penalty=elastic needs penalty.l1 > 0 or penalty.l2 > 0")
+    if problems:
+        raise ConfigError.of(problems)
 
 
 def check_known_keys(cfg: DictConfig) -> None:
@@ -399,8 +519,9 @@ def check_known_keys(cfg: DictConfig) -> None:
         declared = {f.name for f in fields(schema)}
         unknown = [f"{group}{k}" for k in node.keys() if k not in declared]
         if unknown:
+            close = [c for k in unknown for c in close_keys(k, schema_keys())]
             raise ConfigError(f"{', '.join(unknown)}: not a setting of the config (the keys of {group[:-1] or 'the root'}"
-                              f": {sorted(declared)})")
+                              f": {sorted(declared)})" + (f"; did you mean {' or '.join(close)}?" if close else ""))
 
 
 def check_promotion_metric(metric: str | None, task: str) -> None:
@@ -417,6 +538,29 @@ def check_stages(stages: Any) -> None:
     unknown = [str(s) for s in stages if str(s) not in stage_names()]
     if unknown:
         raise ConfigError(f"stages={[str(s) for s in stages]}: {unknown} not among the stages {list(stage_names())}")
+
+
+#: the app whose ``--help`` is shown: ``main`` or a stage (set by :func:`pipelines.cli.app`)
+HELP_APP = {"name": "main"}
+#: what every stage reads besides its own keys
+COMMON_KEYS = ("source", "mlflow", "seed", "debug")
+
+
+def app_keys() -> str:
+    """The keys the app of ``--help`` reads (the ``ortflow.app_keys`` resolver): a stage's own (its ``reads`` in
+    the stage table), the chain's every group; each group with its keys."""
+    name = HELP_APP["name"]
+    if name in stage_names():
+        own, title = stage_table.stage(name).reads, f"Keys of stage {name} (python -m pipelines.{name})"
+    else:
+        own, title = ("data", "model", "loss", "penalty", "trainer", "promotion", "stages", "optimized_metric"), \
+            "Keys of the chain (python -m pipelines.main)"
+    keys = schema_keys()
+    lines = [f"{title}; set any with key=value (--cfg job prints their values):"]
+    for entry in (*own, *COMMON_KEYS):
+        inside = [k[len(entry) + 1:] for k in keys if k.startswith(f"{entry}.")]
+        lines.append(f"    {entry}: {', '.join(inside)}" if inside else f"    {entry}")
+    return "\n".join(lines)
 
 
 def stage_listing() -> str:

@@ -87,10 +87,35 @@ def wants_traceback(argv: Sequence[str]) -> bool:
 
 
 def report(exc: BaseException, stream: TextIO | None = None) -> None:
-    """Print the two lines of an expected error: the problem and the hint."""
+    """Print an expected error: the problem (or, for an error holding several ``problems``, a line and one line
+    per problem) and the hint."""
     stream = stream or sys.stderr
-    print(f"ortflow: error: {one_line(exc)}", file=stream)
-    print(f"  hint: {hint_for(exc) or UserError.hint}; debug=true shows the traceback", file=stream)
+    problems = list(getattr(exc, "problems", None) or [])
+    if len(problems) > 1:
+        print(f"ortflow: error: {type(exc).__name__}: {len(problems)} problems", file=stream)
+        for problem in problems:
+            print(f"  - {problem}", file=stream)
+    else:
+        print(f"ortflow: error: {one_line(exc)}", file=stream)
+    print(f"  hint: {_close_key_hint(exc)}{hint_for(exc) or UserError.hint}; debug=true shows the traceback",
+          file=stream)
+
+
+def _close_key_hint(exc: BaseException) -> str:
+    """``did you mean <key>?`` when Hydra refused a key the schema does not declare (``full_key: trainer.maxiter``)
+    and the schema holds keys close to it (every one suggested exists)."""
+    import re
+
+    match = re.search(r"full_key: ([\w.]+)", f"{exc} {exc.__cause__ or ''}")
+    if not match or "not in" not in f"{exc} {exc.__cause__ or ''}" or CLOSE_KEYS["find"] is None:
+        return ""
+    close = CLOSE_KEYS["find"](match[1])
+    return f"did you mean {' or '.join(close)}? " if close else ""
+
+
+#: ``find(key)``: the schema's keys close to ``key`` (set by :func:`pipelines.base.config.register_configs`; this
+#: module imports nothing of the config)
+CLOSE_KEYS: dict = {"find": None}
 
 
 @contextlib.contextmanager

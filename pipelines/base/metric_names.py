@@ -7,7 +7,9 @@ REGRESSION = ("mse", "mae", "r2")
 CLASSIFICATION = ("accuracy", "f1_macro", "log_loss", "roc_auc")
 #: the per-class metrics of a classifier, one per class: ``test_<name>_class_<label>``
 PER_CLASS = ("precision", "recall", "f1")
-PREFIXES = ("test_", "sklearn_test_")
+#: the trained model (``test_``), the scikit-learn reference fitted to convergence (``sklearn_test_``) and the start,
+#: the under-trained scikit-learn fit training began from (``start_test_``)
+PREFIXES = ("test_", "sklearn_test_", "start_test_")
 
 
 def metric_names(task: str) -> list[str]:

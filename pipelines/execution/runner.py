@@ -55,6 +55,10 @@ class StageContext:
     def set_tags(self, tags: dict[str, Any]) -> None:
         tr.set_tags(self.tracking, self.run_id, tags)
 
+    def log_params(self, params: dict[str, Any]) -> None:
+        for key, value in params.items():
+            tr.log_param(self.tracking, self.run_id, key, value)
+
 
 StageFn = Callable[[StageContext], dict]
 

@@ -1,4 +1,10 @@
-"""scikit-learn estimators from ``cfg.model`` and the ONNX graph surgery the pipelines need around them."""
+"""scikit-learn estimators from ``cfg.model`` and the ONNX graph surgery the pipelines need around them.
+
+Two fits of the configured estimator are made by ``convert``: the *start* (:func:`build_estimator`, capped at
+``model.start_max_iter`` iterations: the under-trained weights ONNX training begins from) and the scikit-learn
+*reference* (:func:`reference_estimator`: the same estimator with its own solver and its class's default
+iterations, fitted to convergence), whose test metrics ``evaluate`` logs as ``sklearn_test_*`` next to the
+start's ``start_test_*``."""
 
 from __future__ import annotations
 
@@ -20,9 +26,9 @@ def build_estimator(model: DictConfig, seed: int):
             return Ridge(alpha=model.alpha, fit_intercept=model.fit_intercept)
         return LinearRegression(fit_intercept=model.fit_intercept)
     if name == "logistic":
-        return LogisticRegression(C=model.C, fit_intercept=model.fit_intercept, max_iter=model.sklearn_max_iter)
+        return LogisticRegression(C=model.C, fit_intercept=model.fit_intercept, max_iter=model.start_max_iter)
     common = dict(hidden_layer_sizes=tuple(model.hidden_layer_sizes), activation=str(model.activation),
-                  alpha=model.alpha, max_iter=model.sklearn_max_iter, random_state=seed)
+                  alpha=model.alpha, max_iter=model.start_max_iter, random_state=seed)
     if name == "mlp_regressor":
         return MLPRegressor(**common)
     if name == "mlp_classifier":
@@ -30,13 +36,41 @@ def build_estimator(model: DictConfig, seed: int):
     raise ValueError(f"model.name={name!r} is unknown")  # pragma: no cover - the schema's enum rejects it
 
 
-def fit_estimator(estimator, X: np.ndarray, y: np.ndarray, task: str):
-    """Fit quietly: a few iterations are enough to give ONNX training a starting point."""
+def reference_estimator(start):
+    """The scikit-learn reference of a start estimator: a clone with the iterations its class takes by default
+    (its own solver unchanged), to be fitted to convergence. An estimator without ``max_iter`` (least squares,
+    Ridge) is solved exactly: the clone equals the start."""
+    import inspect
+
+    from sklearn.base import clone
+
+    reference = clone(start)
+    if "max_iter" in reference.get_params():
+        default = inspect.signature(type(reference)).parameters["max_iter"].default
+        reference.set_params(max_iter=default)
+    return reference
+
+
+def fit_summary(estimator) -> dict:
+    """How a fitted estimator's solver ended: ``max_iter``, the iterations it ran (``n_iter``) and whether it
+    converged (fewer iterations than allowed); an exact solver has none of them and counts as converged."""
+    params = estimator.get_params()
+    if "max_iter" not in params or not hasattr(estimator, "n_iter_"):
+        return {"solver": "exact", "converged": True}
+    n_iter = int(np.max(np.atleast_1d(estimator.n_iter_)))
+    return {"solver": str(params.get("solver", "")), "max_iter": int(params["max_iter"]), "n_iter": n_iter,
+            "converged": n_iter < int(params["max_iter"])}
+
+
+def fit_estimator(estimator, X: np.ndarray, y: np.ndarray, task: str, quiet: bool = True):
+    """Fit; ``quiet``: without scikit-learn's ConvergenceWarning (the start stops early on purpose; a reference
+    that does not converge says so in :func:`fit_summary`)."""
     from sklearn.exceptions import ConvergenceWarning
 
     target = y if task == "classification" else y.astype(np.float64)  # class labels as the data has them
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
+        if quiet:
+            warnings.simplefilter("ignore", ConvergenceWarning)
         estimator.fit(X, target)
     return estimator
 

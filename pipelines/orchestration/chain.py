@@ -80,7 +80,7 @@ def report(result: ChainResult, cfg: DictConfig) -> str:
         f"store {result.tracking.uri}",
         "  stage runs: " + ", ".join(f"{k}={v}" for k, v in result.stage_run_ids.items()),
     ]
-    shown = {k: v for k, v in sorted(m.items()) if (k.startswith(("test_", "sklearn_test_")) and "_class_" not in k)
+    shown = {k: v for k, v in sorted(m.items()) if (k.startswith(("test_", "sklearn_test_", "start_test_")) and "_class_" not in k)
              or k in ("train_loss", "validation_loss")}  # per-class metrics: in the evaluate run
     if shown:
         lines.append("  metrics: " + ", ".join(f"{k}={v:.5g}" for k, v in shown.items() if isinstance(v, float)))

@@ -22,13 +22,16 @@ from types import MappingProxyType
 @dataclass(frozen=True)
 class Stage:
     """One stage: its name (also its function's), a one-line summary, the bundle entries it writes (entry name
-    -> file name), the parts of the split it reads (logged as dataset inputs) and the module holding it."""
+    -> file name), the parts of the split it reads (logged as dataset inputs), the module holding it and the
+    config keys it reads (a group or a key; shown by its ``--help``, besides ``source``, ``mlflow`` and ``seed``
+    that every stage reads)."""
 
     name: str
     summary: str
     writes: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     data_parts: tuple[str, ...] = ()
     module: str = ""
+    reads: tuple[str, ...] = ()
 
     @property
     def module_name(self) -> str:
@@ -39,13 +42,15 @@ class Stage:
 TABLE: list[Stage] = [
     Stage("convert", "load and split the data, fit the scikit-learn model, convert it to ONNX",
           {"split": "split.npz", "sklearn_reference": "sklearn_reference.npz", "model": "model.onnx"},
-          ("train", "validation", "test")),
-    Stage("add_loss", "append the loss (and penalty) to the graph", {"model_with_loss": "model_with_loss.onnx"}),
+          ("train", "validation", "test"), reads=("data", "model")),
+    Stage("add_loss", "append the loss (and penalty) to the graph", {"model_with_loss": "model_with_loss.onnx"},
+          reads=("loss", "penalty", "trainer.name")),
     Stage("train", "train the graph with the configured ortflow trainer",
-          {"trained_model": "trained_model.onnx", "train_summary": "train_summary.json"}, ("train", "validation")),
+          {"trained_model": "trained_model.onnx", "train_summary": "train_summary.json"}, ("train", "validation"),
+          reads=("trainer", "loss", "penalty", "optimized_metric")),
     Stage("evaluate", "test metrics and plots of the deployable graph",
-          {"deploy_model": "deploy_model.onnx", "evaluation": "evaluation.json"}, ("test",)),
-    Stage("export", "log the MLflow model, register a version, promote it", {}, ("test",)),
+          {"deploy_model": "deploy_model.onnx", "evaluation": "evaluation.json"}, ("test",), reads=("data.task",)),
+    Stage("export", "log the MLflow model, register a version, promote it", {}, ("test",), reads=("promotion",)),
 ]
 
 

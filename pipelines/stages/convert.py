@@ -1,8 +1,14 @@
 """Stage ``convert``: load the data, split it (seeded), fit the scikit-learn model, convert it with ortflow.
 
+Two scikit-learn fits of the configured model: the *start* (``model.start_max_iter`` iterations, under-trained on
+purpose: the weights ONNX training begins from) and the *reference* (the same estimator with its own solver and
+its class's default iterations, fitted to convergence: what training is compared with). Logged: the params
+``start.max_iter``/``start.n_iter`` and ``sklearn_reference.max_iter``/``n_iter``/``converged``/``solver``, the
+metrics ``time_start_fit_seconds`` and ``time_sklearn_fit_seconds`` (the reference's).
+
 Outputs: ``split.npz`` (standardized train/validation/test arrays and the statistics), ``sklearn_reference.npz``
-(the scikit-learn model's test predictions, what ``evaluate`` compares with: data, never a pickle) and
-``model.onnx`` (the prediction graph training starts from).
+(the test predictions of the reference, ``test_predictions``, and of the start, ``start_test_predictions``: what
+``evaluate`` compares with; data, never a pickle) and ``model.onnx`` (the start as the graph training begins from).
 
     python -m pipelines.convert data=diabetes model=linear
 """
@@ -19,12 +25,14 @@ from omegaconf import DictConfig
 import ortflow
 
 from ..data.datasets import Split, make_split
-from ..modeling.estimators import build_estimator, fit_estimator, sklearn_predict
+from ..modeling.estimators import (build_estimator, fit_estimator, fit_summary, reference_estimator,
+                                   sklearn_predict)
 from ..execution.runner import StageContext
 
 
 def fitted_estimator(cfg: DictConfig, split: Split, max_iter: int | None = None):
-    """The configured scikit-learn model fitted on the training rows (``max_iter`` caps its iterations)."""
+    """The start: the configured scikit-learn model fitted on the training rows for ``model.start_max_iter``
+    iterations (``max_iter`` caps them further)."""
     estimator = build_estimator(cfg.model, int(cfg.seed))
     if max_iter is not None and "max_iter" in estimator.get_params():
         estimator.set_params(max_iter=max_iter)
@@ -54,11 +62,28 @@ def convert(ctx: StageContext) -> dict:
 
     begin = time.perf_counter()
     estimator = fitted_estimator(cfg, split)
+    ctx.log_metrics({"time_start_fit_seconds": time.perf_counter() - begin})
+    begin = time.perf_counter()
+    reference = reference_estimator(estimator)
+    if reference.get_params() == estimator.get_params():  # an exact solver: the start is the reference
+        reference = estimator
+    else:
+        reference = fit_estimator(reference, split.X_train, split.y_train, ctx.task, quiet=False)
     ctx.log_metrics({"time_sklearn_fit_seconds": time.perf_counter() - begin})
-    reference = sklearn_predict(estimator, split.X_test, ctx.task)
-    reference = split.raw_y(reference) if ctx.task == "regression" else reference
-    np.savez(ctx.work_dir / "sklearn_reference.npz", test_predictions=reference.astype(np.float64),
-             split_fingerprint=np.array(split.fingerprint()))
+    start_fit, reference_fit = fit_summary(estimator), fit_summary(reference)
+    ctx.log_params({**{f"start.{k}": v for k, v in start_fit.items() if k in ("max_iter", "n_iter")},
+                    **{f"sklearn_reference.{k}": v for k, v in reference_fit.items()}})
+    ctx.set_tags({"ortflow.sklearn_reference": f"{type(reference).__name__}: " + (
+        "exact solution, the start itself" if reference is estimator else
+        f"solver {reference_fit['solver'] or 'default'}, {reference_fit['n_iter']} of max_iter="
+        f"{reference_fit['max_iter']} iterations ({'converged' if reference_fit['converged'] else 'NOT converged'})")})
+
+    def test_predictions(model) -> np.ndarray:
+        predicted = sklearn_predict(model, split.X_test, ctx.task)
+        return (split.raw_y(predicted) if ctx.task == "regression" else predicted).astype(np.float64)
+
+    np.savez(ctx.work_dir / "sklearn_reference.npz", test_predictions=test_predictions(reference),
+             start_test_predictions=test_predictions(estimator), split_fingerprint=np.array(split.fingerprint()))
     ctx.log_file(ctx.work_dir / "sklearn_reference.npz", "sklearn", entry="sklearn_reference")
 
     begin = time.perf_counter()

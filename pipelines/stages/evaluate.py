@@ -1,8 +1,9 @@
 """Stage ``evaluate``: test metrics of the trained ONNX model, run by a plain onnxruntime InferenceSession.
 
 The trained graph gets the standardization folded in front (and the target's scale behind), giving
-``deploy_model.onnx``, which takes raw features: metrics are computed on the original units, next to the
-scikit-learn model's metrics on the same rows (``sklearn_test_*``). Regression: MSE, MAE, R²;
+``deploy_model.onnx``, which takes raw features: metrics are computed on the original units, next to those of
+the scikit-learn reference (fitted to convergence by ``convert``: ``sklearn_test_*``) and of the start (the
+under-trained scikit-learn fit training began from: ``start_test_*``) on the same rows. Regression: MSE, MAE, R²;
 classification (any number of classes): accuracy, macro F1, log loss, ROC AUC (one-vs-rest macro for more than two
 classes) and, for the ONNX model, precision/recall/F1 of every class. Plots: predicted vs actual, or ROC curves
 (one-vs-rest per class for more than two classes) and the confusion matrix.
@@ -26,6 +27,10 @@ from ..modeling.predictions import check_finite_predictions, onnx_predict
 from ..execution.runner import StageContext
 
 
+#: the metric prefix of each model's predictions: the trained graph, the converged reference, the start
+PREFIX = {"onnx": "test_", "sklearn": "sklearn_test_", "start": "start_test_"}
+
+
 def deploy_graph(split: Split, trained: onnx.ModelProto) -> onnx.ModelProto:
     input_name = trained.graph.input[0].name
     output = "variable" if split.task == "regression" else "__none__"
@@ -33,24 +38,32 @@ def deploy_graph(split: Split, trained: onnx.ModelProto) -> onnx.ModelProto:
                         output_name=output)
 
 
-def sklearn_reference(ctx: StageContext, split: Split) -> np.ndarray | None:
-    """The scikit-learn model's test predictions written by ``convert`` (an array, loaded without pickle), or
-    None (tagged ``ortflow.sklearn_baseline``) when the source has none or they were made on other rows."""
+def sklearn_reference(ctx: StageContext, split: Split) -> dict[str, np.ndarray]:
+    """The test predictions ``convert`` wrote (arrays, loaded without pickle): ``{'sklearn': the converged
+    reference, 'start': the start}``; a missing one is tagged ``ortflow.sklearn_baseline`` (no file, other test
+    rows, or a file written before the reference was fitted to convergence: its one array is the start's)."""
     if "sklearn_reference" not in ctx.bundle:
         ctx.set_tags({"ortflow.sklearn_baseline": "missing (no sklearn_reference in the source)"})
-        return None
+        return {}
     path = ctx.bundle.path("sklearn_reference", ctx.name)
     try:
         with np.load(path, allow_pickle=False) as data:
-            predictions, fingerprint = data["test_predictions"], str(data["split_fingerprint"])
+            fingerprint = str(data["split_fingerprint"])
+            if "start_test_predictions" in data:
+                found = {"sklearn": data["test_predictions"], "start": data["start_test_predictions"]}
+            else:  # written before the reference was converged: its predictions were the start's
+                found = {"start": data["test_predictions"]}
     except (ValueError, OSError, KeyError) as exc:
         raise ValueError(f"sklearn_reference ({ctx.bundle.origin}): {path.name} is not an .npz of plain arrays "
                          f"(never unpickled): {exc}") from exc
     expected = (len(split.y_test), len(split.classes)) if split.task == "classification" else (len(split.y_test),)
-    if fingerprint != split.fingerprint() or predictions.shape != expected:
+    if fingerprint != split.fingerprint() or any(p.shape != expected for p in found.values()):
         ctx.set_tags({"ortflow.sklearn_baseline": "missing (the reference predictions are for other test rows)"})
-        return None
-    return predictions
+        return {}
+    if "sklearn" not in found:
+        ctx.set_tags({"ortflow.sklearn_baseline": "missing (the source predates the converged reference: only the "
+                                                  "start's predictions, logged as start_test_*)"})
+    return found
 
 
 def evaluate(ctx: StageContext) -> dict:
@@ -65,15 +78,13 @@ def evaluate(ctx: StageContext) -> dict:
     X_raw = split.raw_X(split.X_test)
     predictions = {"onnx": onnx_predict(session, X_raw, split.task)}
     check_finite_predictions(predictions["onnx"], split)
-    baseline = sklearn_reference(ctx, split)
-    if baseline is not None:
-        predictions["sklearn"] = baseline
+    predictions.update(sklearn_reference(ctx, split))
 
     metrics: dict[str, float] = {}
     if split.task == "regression":
         y_true = split.raw_y(split.y_test)
         for label, y_pred in predictions.items():
-            metrics.update(regression_metrics(y_true, y_pred, "test_" if label == "onnx" else "sklearn_test_"))
+            metrics.update(regression_metrics(y_true, y_pred, PREFIX[label]))
         finite = {k: v for k, v in predictions.items() if np.isfinite(v).all()}
         if finite:
             ctx.log_file(plots.predicted_vs_actual(y_true, finite, ctx.work_dir / "plots" / "predicted_vs_actual.png"),
@@ -82,7 +93,7 @@ def evaluate(ctx: StageContext) -> dict:
         y_true, classes = split.y_test, split.classes
         for label, proba in predictions.items():
             onnx_model = label == "onnx"
-            metrics.update(classification_metrics(y_true, proba, classes, "test_" if onnx_model else "sklearn_test_",
+            metrics.update(classification_metrics(y_true, proba, classes, PREFIX[label],
                                                   per_class=onnx_model))
         folder = ctx.work_dir / "plots"
         y_pred = classes[np.argmax(predictions["onnx"], axis=1)]
