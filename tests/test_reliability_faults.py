@@ -138,7 +138,8 @@ def test_training_settings_the_data_or_graph_refuse_fail_before_the_first_stage(
     cases = [(("trainer.batch_size=1000",), r"trainer.batch_size=1000 is larger than the number of training rows "
                                             r"of data=regression \(128\)"),
              (("trainer.weights_to_train=[coef_0,nope]",), r"trainer.weights_to_train names unknown initializers "
-                                                           r"\['nope'\]; the graph has \['coef_0', 'coef_1'"),
+                                                           r"\['nope'\] \(nothing matches\); the graph has "
+                                                           r"\['coef_0', 'coef_1'"),
              (("trainer=fwbw", "trainer.weights_to_train=[loss_l2]"), r"unknown initializers \['loss_l2'\]")]
     for overrides, message in cases:
         with pytest.raises(ConfigError, match=message):

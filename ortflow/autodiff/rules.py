@@ -491,7 +491,3 @@ def _slice(n: NodeGrad):
     zeros = e.op("ConstantOfShape", [e.unsqueeze(size, [0])], value=zero)
     flat = e.op("ScatterElements", [zeros, picked, e.op("Reshape", [n.dy, e.ints([-1])])], axis=0)
     return [e.op("Reshape", [flat, e.shape(x)], like=x)] + [None] * (len(n.x) - 1)
-
-
-# the families of rules kept in modules of their own register into RULES when imported
-from . import rules_indexing, rules_nn  # noqa: E402,F401
