@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import io
 import sys
+import time
 
 import numpy as np
 import onnx
@@ -100,14 +101,16 @@ BUILDERS = {"lenet": lenet, "transformer": transformer}
 
 
 def torch_training(model: nn.Module, inputs: np.ndarray, labels: np.ndarray, learning_rate: float, batch_size: int,
-                   epochs: int) -> np.ndarray:
+                   epochs: int, times: list | None = None) -> np.ndarray:
     """torch's own loop: per batch (in order) ``zero_grad``, mean cross-entropy, ``backward``,
-    ``torch.optim.SGD.step`` (no momentum); the row-weighted mean of the batch losses of every epoch. The model
-    stays in eval mode (batch norm on its running statistics, as exported)."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=learning_rate)
+    ``torch.optim.SGD.step`` (no momentum) on the parameters that require a gradient; the row-weighted mean of the
+    batch losses of every epoch. The model stays in eval mode (batch norm on its running statistics, as exported).
+    ``times`` (a list) receives the wall and CPU seconds (``time.process_time``) of every epoch, in pairs."""
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=learning_rate)
     x, y = torch.from_numpy(inputs), torch.from_numpy(labels)
     losses = []
     for _ in range(epochs):
+        begin = time.perf_counter(), time.process_time()
         total = 0.0
         for start in range(0, len(x), batch_size):
             optimizer.zero_grad(set_to_none=True)
@@ -115,6 +118,8 @@ def torch_training(model: nn.Module, inputs: np.ndarray, labels: np.ndarray, lea
             loss.backward()
             optimizer.step()
             total += loss.item() * len(y[start: start + batch_size])
+        if times is not None:
+            times.append((time.perf_counter() - begin[0], time.process_time() - begin[1]))
         losses.append(total / len(x))
     return np.asarray(losses)
 
