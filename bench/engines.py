@@ -192,14 +192,19 @@ def epoch_clock():
 
     class EpochClock(Callback):
         def on_train_begin(self, trainer):
-            self.stamps = [time.perf_counter()]
+            self.stamps = [(time.perf_counter(), time.process_time())]
 
         def on_epoch_end(self, trainer, record):
-            self.stamps.append(time.perf_counter())
+            self.stamps.append((time.perf_counter(), time.process_time()))
 
         @property
         def epoch_times(self):
-            return list(np.diff(self.stamps))
+            return list(np.diff([wall for wall, _ in self.stamps]))
+
+        @property
+        def epoch_cpu_times(self):
+            """The process's CPU seconds of every epoch (all its threads)."""
+            return list(np.diff([cpu for _, cpu in self.stamps]))
 
     return EpochClock()
 

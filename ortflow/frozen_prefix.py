@@ -48,17 +48,19 @@ class FrozenPrefix:
         weights, data_inputs = set(weights), set(data_inputs)
         constant = {i.name for i in model.graph.initializer if i.name not in weights} | {""}
         frozen = set(constant) | data_inputs
-        prefix_nodes, trainable_nodes = [], []
-        for node in model.graph.node:
+        prefix_nodes, trainable_nodes, prefix_indices, constant_nodes = [], [], [], []
+        for index, node in enumerate(model.graph.node):
             fixed = (node.op_type not in _PER_RUN and not any(a.type in (onnx.AttributeProto.GRAPH,
                      onnx.AttributeProto.GRAPHS) for a in node.attribute))
             if fixed and all(i in constant for i in node.input):
                 constant.update(node.output)  # computed from constants only: stays where it is used
                 frozen.update(node.output)
                 trainable_nodes.append(node)
+                constant_nodes.append(index)
             elif fixed and all(i in frozen for i in node.input):
                 frozen.update(node.output)
                 prefix_nodes.append(node)
+                prefix_indices.append(index)
             else:
                 trainable_nodes.append(node)
         cut = []
@@ -71,7 +73,7 @@ class FrozenPrefix:
         if any(o.name in frozen for o in model.graph.output):
             return model, None  # an output no trained weight reaches: nothing to train through it
         prefix_graph = helper.make_graph(
-            prefix_nodes,
+            _with_constants(model, prefix_indices, constant_nodes),
             f"{model.graph.name}_frozen_prefix",
             [i for i in model.graph.input if i.name in data_inputs],
             [onnx.ValueInfoProto(name=name) for name in cut],
@@ -101,6 +103,21 @@ class FrozenPrefix:
         """The trainable part's feeds (the cut tensors) for the data inputs' ``feeds``."""
         values = self._session.run(self.cut, {name: feeds[name] for name in self.input_names})
         return {name: np.ascontiguousarray(v) for name, v in zip(self.cut, values)}
+
+
+def _with_constants(model: onnx.ModelProto, prefix: list[int], constants: list[int]) -> list[onnx.NodeProto]:
+    """The prefix's nodes (indices ``prefix`` of ``model``'s nodes) and the nodes computed from constants only
+    (``constants``: a ``Constant``, a shape computed from one) they read, directly or through one another, in the
+    graph's order. Such a node stays in the trainable part where that reads it; the prefix needs its own copy (an
+    exported attention reshapes with ``Constant`` nodes' outputs)."""
+    nodes = model.graph.node
+    needed = {name for i in prefix for name in nodes[i].input}
+    chosen = set(prefix)
+    for i in reversed(constants):
+        if any(name in needed for name in nodes[i].output):
+            chosen.add(i)
+            needed.update(nodes[i].input)
+    return [nodes[i] for i in sorted(chosen)]
 
 
 def _drop_unused_initializers(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -180,6 +180,18 @@ def trainable_initializers(model: onnx.ModelProto) -> list[str]:
     return [init.name for init in model.graph.initializer if init.data_type in FLOAT_TYPES]
 
 
+def batch_norm_statistics(model: onnx.ModelProto) -> set[str]:
+    """Initializers read only as a BatchNormalization's running mean or variance (its inputs 3 and 4): statistics
+    of the data, not weights a gradient should move (training a variance by gradient can make it negative)."""
+    uses: dict[str, list[bool]] = {}
+    for node in model.graph.node:
+        for position, name in enumerate(node.input):
+            uses.setdefault(name, []).append(node.op_type == "BatchNormalization" and position in (3, 4))
+    outputs = {o.name for o in model.graph.output}
+    return {init.name for init in model.graph.initializer
+            if init.name in uses and all(uses[init.name]) and init.name not in outputs}
+
+
 def float_weight_count(model: onnx.ModelProto) -> int:
     """How many values the float initializers of the main graph hold together."""
     return sum(int(np.prod(init.dims)) for init in model.graph.initializer if init.data_type in FLOAT_TYPES)

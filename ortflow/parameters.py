@@ -124,7 +124,9 @@ def _random_state(name: str, value: Any) -> None:
 
 MODEL = Param("model_onnx", REQUIRED, None, "the graph: a ModelProto, its bytes or a file path")
 WEIGHTS = Param("weights_to_train", None, _optional(_names),
-                "initializers to train; None: every float initializer the trained output depends on")
+                "initializers to train, names or glob patterns (``head.*``); None: every float initializer the trained "
+                "output depends on. Neither None nor a pattern selects a BatchNormalization's running mean and "
+                "variance (statistics, kept as they are); a name does")
 
 SHARED = (
     Param("max_iter", 100, check_positive_int, "number of epochs"),

@@ -11,7 +11,7 @@ import onnx
 
 from ._ort import ort
 from .exceptions import DeviceError
-from .graph import FLOAT_TYPES
+from .graph import FLOAT_TYPES, batch_norm_statistics
 
 
 def check_array(name: str, value, ndim: Sequence[int], n_rows: int | None = None, dtype=np.float32) -> np.ndarray:
@@ -149,10 +149,16 @@ def _is_pattern(name: str) -> bool:
 
 def check_weights_to_train(model: onnx.ModelProto, weights_to_train) -> list[str]:
     """The float initializers to train (all of them when ``weights_to_train`` is None). A name holding ``*``, ``?``
-    or ``[`` is a glob pattern (``head.*`` for a fine-tuned head): it selects every float initializer it matches."""
+    or ``[`` is a glob pattern (``head.*`` for a fine-tuned head): it selects every float initializer it matches.
+
+    Neither the default nor a pattern selects a BatchNormalization's running mean and variance
+    (:func:`ortflow.graph.batch_norm_statistics`): they are statistics of the data, which an exported network in
+    eval mode keeps fixed, as torch does. Named explicitly, they are trained."""
+    statistics = batch_norm_statistics(model)
     kinds = {init.name: init.data_type for init in model.graph.initializer}
+    weights = {n: t for n, t in kinds.items() if n not in statistics}
     if weights_to_train is None:
-        names = [n for n, t in kinds.items() if t in FLOAT_TYPES]
+        names = [n for n, t in weights.items() if t in FLOAT_TYPES]
         if not names:
             raise ValueError("the graph has no float initializer to train")
         return names
@@ -164,7 +170,7 @@ def check_weights_to_train(model: onnx.ModelProto, weights_to_train) -> list[str
     names, unknown = [], []
     for pattern in patterns:
         if _is_pattern(pattern):  # a pattern selects the float initializers it matches
-            matched = [n for n, t in kinds.items() if t in FLOAT_TYPES and fnmatch.fnmatchcase(n, pattern)]
+            matched = [n for n, t in weights.items() if t in FLOAT_TYPES and fnmatch.fnmatchcase(n, pattern)]
         else:
             matched = [pattern] if pattern in kinds else []
         if not matched:

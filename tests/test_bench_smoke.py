@@ -81,3 +81,33 @@ def test_the_generated_block_of_performance_md_is_replaced_in_place(tmp_path):
     new = copy.read_text()
     before, after = text.split(report.BEGIN)[0], text.split(report.END)[1]
     assert new == f"{before}{report.BEGIN}\n\nRun: new figures\n\n{report.END}{after}"
+
+
+def test_reference_models_bench_writes_results(tmp_path):
+    """``python -m bench.reference_models`` (issue 26, item 5) times every engine it can run here (torch's only
+    where torch is installed) and profiles the step graph; the engines end at the same loss (same start, same
+    batches)."""
+    out = tmp_path / "reference.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "bench.reference_models", "--models", "lenet", "--threads", "1", "--repeats", "2",
+           "--epochs", "1", "--profile-steps", "2", "--json", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| ortflow-full |" in proc.stdout and "Step graph of lenet" in proc.stdout
+    results = json.loads(out.read_text())
+    (run,) = results["results"]
+    try:
+        import torch  # noqa: F401
+        expected = {"torch", "ortflow-full", "ortflow-fwbw", "torch-head", "ortflow-full-head"}
+    except ImportError:
+        expected = {"ortflow-full", "ortflow-fwbw", "ortflow-full-head"}
+    assert set(run["ms_per_epoch"]) == expected and len(run["ms_per_epoch"]["ortflow-full"]["all"]) == 2
+    finals = {e: curve[-1] for e, curve in run["losses"].items() if not e.endswith("-head")}
+    from reference_data import LOSS_RTOL
+
+    assert max(finals.values()) - min(finals.values()) <= LOSS_RTOL * min(finals.values())
+    (profile,) = results["profiles"]
+    assert {p["part"] for p in profile["parts"]} == {"forward", "backward", "loss and update"}
+    assert "Conv" in {o["op"] for o in profile["op_types"]}
+    # each part's share is a float64 sum of node times over their total: 1 up to a rounding per node
+    assert sum(p["share"] for p in profile["parts"]) == pytest.approx(1.0, abs=profile["nodes"] * 2.0**-52)

@@ -55,3 +55,41 @@ def test_training_the_last_layer_leaves_every_other_weight_identical(mlp, traine
 
     sess = InferenceSession(trained.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_array_equal(sess.run(None, {"X": X})[0].ravel(), est.predict(X))
+
+
+def _batch_norm_graph():
+    """Y = BatchNormalization(X, scale, bias, mean, var) + var2, where ``var2`` is also a second batch norm's
+    variance: read elsewhere than as a statistic, it is a weight."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    ones = np.ones(3, dtype=np.float32)
+    inits = [numpy_helper.from_array(ones * v, name) for name, v in
+             [("scale", 1.0), ("bias", 0.0), ("mean", 0.5), ("var", 2.0), ("var2", 1.5)]]
+    nodes = [helper.make_node("BatchNormalization", ["X", "scale", "bias", "mean", "var"], ["B1"]),
+             helper.make_node("BatchNormalization", ["B1", "scale", "bias", "mean", "var2"], ["B2"]),
+             helper.make_node("Add", ["B2", "var2"], ["Y"])]
+    graph = helper.make_graph(nodes, "bn", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_batch_norm_statistics_are_not_trained_by_default():
+    """A batch norm's running mean and variance (inputs 3 and 4) are statistics: neither the default nor a pattern
+    selects them, a name does."""
+    from ortflow.graph import batch_norm_statistics
+
+    model = _batch_norm_graph()
+    assert batch_norm_statistics(model) == {"mean", "var"}
+    assert check_weights_to_train(model, None) == ["scale", "bias", "var2"]
+    assert check_weights_to_train(model, ["*"]) == ["scale", "bias", "var2"]
+    assert check_weights_to_train(model, ["var"]) == ["var"]
+    with pytest.raises(ValueError, match=r"unknown initializers \['mea\*'\]"):
+        check_weights_to_train(model, ["mea*"])
+    X = np.random.default_rng(0).normal(size=(40, 3)).astype(np.float32)
+    est = ortflow.OrtGradientForwardBackwardOptimizer(model, learning_loss="squared_error", max_iter=2, batch_size=8,
+                                                      learning_rate=0.01)
+    est.fit(X, X.sum(axis=1, keepdims=True) + X)
+    assert est.weights_to_train_ == ["scale", "bias", "var2"]
+    trained = ortflow.get_initializers(est.get_trained_onnx())
+    np.testing.assert_array_equal(trained["mean"], np.full(3, 0.5, np.float32))
+    np.testing.assert_array_equal(trained["var"], np.full(3, 2.0, np.float32))
