@@ -9,6 +9,7 @@ import onnx
 import pytest
 
 import ortflow
+from ortflow.convert import estimator_record, graph_classes
 from ortflow.frozen_prefix import FrozenPrefix
 from ortflow.inputs import InputMapping
 
@@ -141,3 +142,76 @@ def test_the_prefix_cut_is_exactly_what_no_trained_weight_reaches(regression):
     whole, none = FrozenPrefix.split(plain, ["coef", "intercept"], list(x_feeds), [plain.graph.output[0].name],
                                      x_feeds)
     assert none is None and whole.graph.node == plain.graph.node
+
+
+# -- classifiers: a Pipeline ending in a model ortflow writes gets ortflow's head (raw_score), after skl2onnx's
+# preprocessing
+
+
+def _labels(frame, k):
+    score = 2 * frame.amount + 3 * (frame.city == "lyon") - frame.rooms + frame.garden
+    edges = np.quantile(score, np.linspace(0, 1, k + 1)[1:-1])
+    return np.array(["low", "mid", "high"][:k] if k == 3 else ["no", "yes"])[np.searchsorted(edges, score)]
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["binary", "three"])
+def classification(request):
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
+    frame, _ = _frame()
+    y = _labels(frame, request.param)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        # one lbfgs iteration: an under-trained start
+        pipe = make_pipeline(_preprocessing(), LogisticRegression(max_iter=1)).fit(frame, y)
+    return frame, y, pipe, ortflow.to_onnx(pipe, frame)
+
+
+def test_a_classifier_pipeline_gets_ortflow_s_head(classification):
+    frame, y, pipe, onx = classification
+    assert [o.name for o in onx.graph.output] == ["output_label", "output_probability", "raw_score"]
+    assert {i.name for i in onx.graph.input} == set(frame.columns)
+    assert graph_classes(onx).tolist() == pipe.classes_.tolist()
+    assert estimator_record(onx)["class"] == "LogisticRegression"
+    from ortflow._ort import InferenceSession
+
+    sess = InferenceSession(onx.SerializeToString(), providers=["CPUExecutionProvider"])
+    labels, proba, _ = sess.run(None, InputMapping.of(onx).feeds(frame)[0])
+    np.testing.assert_array_equal(labels, pipe.predict(frame))
+    np.testing.assert_allclose(proba, pipe.predict_proba(frame), atol=1e-5)
+
+
+@pytest.mark.parametrize("trainer", ["full", "fwbw"])
+def test_a_classifier_pipeline_trains_on_a_frame(classification, trainer):
+    frame, y, pipe, onx = classification
+    params = dict(max_iter=20, learning_rate=0.05, batch_size=32, random_state=0)
+    if trainer == "full":
+        est = ortflow.OrtGradientOptimizer(ortflow.add_loss_output(onx, "log"), **params)
+    else:
+        est = ortflow.OrtGradientForwardBackwardOptimizer(onx, learning_loss="log", **params)
+    est.fit(frame, y)
+    assert sorted(est.weights_to_train_) == ["coef", "intercept"]
+    assert set(est.predict(frame)) <= set(pipe.classes_)
+    assert est.predict_proba(frame).shape == (len(frame), len(pipe.classes_))
+    assert est.score(frame, y) > pipe.score(frame, y)
+    assert est.score(frame, y) > 0.85
+
+
+def test_a_regressor_pipeline_on_an_array_gets_ortflow_s_weights():
+    """The same path for regressors and plain float matrices: ortflow's coef/intercept after skl2onnx's Scaler."""
+    from sklearn.linear_model import Ridge
+
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(100, 3)) * [1, 10, 100]
+    pipe = make_pipeline(StandardScaler(), Ridge()).fit(X, X @ [1.0, 0.1, 0.01])
+    onx = ortflow.to_onnx(pipe, X)
+    assert sorted(i.name for i in onx.graph.initializer) == ["coef", "intercept"]
+    assert [n.op_type for n in onx.graph.node] == ["Scaler", "MatMul", "Add"]
+    from ortflow._ort import InferenceSession
+
+    sess = InferenceSession(onx.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(sess.run(None, {"X": X.astype(np.float32)})[0].ravel(), pipe.predict(X),
+                               rtol=1e-4, atol=1e-4)
