@@ -371,6 +371,9 @@ def _build(layers, hidden_activation: str | None, classes, opset: int) -> onnx.M
 def _skl2onnx(model: Any, X: np.ndarray | None, target_opset: int) -> onnx.ModelProto:
     from skl2onnx import to_onnx as skl_to_onnx
 
+    from .tables import register_converters
+
+    register_converters()
     if X is None:
         raise ValueError(f"to_onnx: {type(model).__name__} goes through skl2onnx, which needs a sample X")
     if hasattr(X, "columns") and hasattr(X, "dtypes"):
@@ -391,7 +394,8 @@ def _skl2onnx(model: Any, X: np.ndarray | None, target_opset: int) -> onnx.Model
 
 def table_input_types(frame) -> list[tuple]:
     """skl2onnx's initial types of a DataFrame: one ``(n, 1)`` input per column, named as the column: float for
-    numbers, int64 for integers and booleans, text for strings and categories (:mod:`ortflow.inputs` feeds them)."""
+    numbers, int64 for integers and booleans, int64 days since 1970-01-01 for dates (:mod:`ortflow.tables`), text
+    for strings and categories (:mod:`ortflow.inputs` feeds them)."""
     from skl2onnx.common.data_types import FloatTensorType, Int64TensorType, StringTensorType
 
     types = []
@@ -399,12 +403,12 @@ def table_input_types(frame) -> list[tuple]:
         kind = getattr(dtype, "kind", "O")
         if kind == "f":
             tensor = FloatTensorType([None, 1])
-        elif kind in "iub":
+        elif kind in "iubM":
             tensor = Int64TensorType([None, 1])
         elif kind in "OSU" or str(dtype) in ("category", "string"):
             tensor = StringTensorType([None, 1])
         else:
             raise TypeError(f"column {name!r} has dtype {dtype}, which ortflow's graphs do not take; convert it "
-                            "(a date into numbers, for example) before converting the model")
+                            "before converting the model")
         types.append((str(name), tensor))
     return types
