@@ -164,6 +164,27 @@ class DataConfig:
     seed: int = "${seed}"  # type: ignore[assignment]
 
 
+class PreprocessKind(_Choice):
+    """``preprocess=``: how a table's columns become features (``data=file`` only; bundled sets are numbers)."""
+
+    auto = "auto"  # numbers imputed and scaled, text one-hot, booleans imputed, dates split into parts
+    none = "none"  # numeric columns only, standardized; text and gaps refused (or dropped: data.drop_invalid)
+
+
+#: what ``preprocess.columns.<column>`` may say about a column (see pipelines/modeling/estimators.py)
+COLUMN_TREATMENTS = ("drop", "scale", "passthrough", "onehot", "ordinal", "date")
+
+
+@dataclass
+class PreprocessConfig:
+    """The preprocessing ``convert`` fits in front of the model on a table (``preprocess=auto``); it becomes the
+    first part of the ONNX graph, frozen while the model's weights train, so the registered model takes the raw
+    columns. ``columns``: a treatment per column overriding the one its type gets (:data:`COLUMN_TREATMENTS`)."""
+
+    name: PreprocessKind = PreprocessKind.auto
+    columns: Dict[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class ModelConfig:
     """The scikit-learn model fitted by ``convert``; its weights are where ONNX training starts."""
@@ -297,6 +318,7 @@ class Config:
     trainer: TrainerConfig = MISSING
     mlflow: MlflowConfig = MISSING
     promotion: PromotionConfig = MISSING
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
     # the stages pipelines.main runs, in order: by default every stage of the table (pipelines/stages/__init__.py)
     stages: List[str] = field(default_factory=lambda: list(stage_names()))
@@ -387,6 +409,14 @@ def validate(cfg: DictConfig) -> None:
     if str(cfg.penalty.name) == "elastic" and cfg.penalty.l1 <= 0 and cfg.penalty.l2 <= 0:
         raise ConfigError("penalty=elastic needs penalty.l1 > 0 or penalty.l2 > 0")
     check_stages(cfg.stages)
+    check_preprocess(cfg.preprocess)
+
+
+def check_preprocess(preprocess: DictConfig) -> None:
+    """Each ``preprocess.columns.<column>`` names a treatment of :data:`COLUMN_TREATMENTS`."""
+    bad = {str(k): str(v) for k, v in (preprocess.get("columns") or {}).items() if str(v) not in COLUMN_TREATMENTS}
+    if bad:
+        raise ConfigError(f"preprocess.columns {bad}: each column's treatment is one of {list(COLUMN_TREATMENTS)}")
 
 
 def check_known_keys(cfg: DictConfig) -> None:

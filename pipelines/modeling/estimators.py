@@ -30,6 +30,37 @@ def build_estimator(model: DictConfig, seed: int):
     raise ValueError(f"model.name={name!r} is unknown")  # pragma: no cover - the schema's enum rejects it
 
 
+def build_preprocessing(kinds: dict[str, str], treatments: dict[str, str] | None = None):
+    """The ColumnTransformer ``preprocess=auto`` fits in front of the model, from each column's kind
+    (:func:`pipelines.data.tables.column_kind`) and its treatment (``preprocess.columns``, else the kind's):
+    ``scale`` (numbers: median imputation, standardization), ``passthrough`` (numbers and booleans: imputation only,
+    the most frequent value), ``onehot`` (text: unknown values ignored; gaps are the category ``__missing__``),
+    ``ordinal`` (text: one number per category, unknown values -1) and ``date`` (``ortflow.tables.DateParts``: year,
+    month, day, weekday, day of year; imputed, standardized). Dense output (``sparse_threshold=0``)."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.impute import SimpleImputer
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
+
+    from ortflow.tables import DateParts
+
+    default = {"number": "scale", "bool": "passthrough", "text": "onehot", "date": "date"}
+    steps = {
+        "scale": lambda: make_pipeline(SimpleImputer(strategy="median"), StandardScaler()),
+        "passthrough": lambda: SimpleImputer(strategy="most_frequent"),
+        "onehot": lambda: OneHotEncoder(handle_unknown="ignore"),
+        "ordinal": lambda: OrdinalEncoder(handle_unknown="use_encoded_value", unknown_value=-1),
+        "date": lambda: make_pipeline(DateParts(), SimpleImputer(strategy="median"), StandardScaler()),
+    }
+    groups: dict[str, list[str]] = {}
+    for column, kind in kinds.items():
+        treatment = (treatments or {}).get(column) or default[kind]
+        if treatment != "drop":
+            groups.setdefault(treatment, []).append(column)
+    return ColumnTransformer([(name, steps[name](), columns) for name, columns in groups.items()],
+                             sparse_threshold=0)
+
+
 def fit_estimator(estimator, X: np.ndarray, y: np.ndarray, task: str):
     """Fit quietly: a few iterations are enough to give ONNX training a starting point."""
     from sklearn.exceptions import ConvergenceWarning
@@ -53,7 +84,7 @@ def with_scaling(onx: onnx.ModelProto, x_mean: np.ndarray, x_scale: np.ndarray, 
     """A copy of ``onx`` that takes raw features and, for a regressor, returns predictions in the target's units.
 
     Training runs on standardized data; the exported model should not ask users to standardize. The graph gets
-    ``X_std = (X - x_mean) / x_scale`` in front and ``y = y_std * y_scale + y_mean`` behind ``output_name``
+    ``X_std = (X - x_mean) / x_scale`` in front (not when ``x_mean`` is empty: a table's graph scales inside) and ``y = y_std * y_scale + y_mean`` behind ``output_name``
     (when the graph has that output and the target was standardized). The statistics are constants, not
     trainable weights.
     """
@@ -61,18 +92,20 @@ def with_scaling(onx: onnx.ModelProto, x_mean: np.ndarray, x_scale: np.ndarray, 
     model.CopyFrom(onx)
     graph = model.graph
     standardized = "scaling_X_standardized"
-    prefix = [
-        helper.make_node("Sub", [input_name, "scaling_x_mean"], ["scaling_X_centered"]),
-        helper.make_node("Div", ["scaling_X_centered", "scaling_x_scale"], [standardized]),
-    ]
-    for node in graph.node:
-        for i, name in enumerate(node.input):
-            if name == input_name:
-                node.input[i] = standardized
-    inits = [
-        numpy_helper.from_array(np.asarray(x_mean, dtype=np.float32), "scaling_x_mean"),
-        numpy_helper.from_array(np.asarray(x_scale, dtype=np.float32), "scaling_x_scale"),
-    ]
+    prefix, inits = [], []
+    if len(x_mean):
+        prefix = [
+            helper.make_node("Sub", [input_name, "scaling_x_mean"], ["scaling_X_centered"]),
+            helper.make_node("Div", ["scaling_X_centered", "scaling_x_scale"], [standardized]),
+        ]
+        for node in graph.node:
+            for i, name in enumerate(node.input):
+                if name == input_name:
+                    node.input[i] = standardized
+        inits = [
+            numpy_helper.from_array(np.asarray(x_mean, dtype=np.float32), "scaling_x_mean"),
+            numpy_helper.from_array(np.asarray(x_scale, dtype=np.float32), "scaling_x_scale"),
+        ]
     suffix = []
     outputs = [o.name for o in graph.output]
     if output_name in outputs and (y_mean != 0.0 or y_scale != 1.0):

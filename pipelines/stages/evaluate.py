@@ -27,7 +27,7 @@ from ..execution.runner import StageContext
 
 
 def deploy_graph(split: Split, trained: onnx.ModelProto) -> onnx.ModelProto:
-    input_name = trained.graph.input[0].name
+    input_name = trained.graph.input[0].name  # a table's graph takes its columns: no standardization in front
     output = "variable" if split.task == "regression" else "__none__"
     return with_scaling(trained, split.x_mean, split.x_scale, split.y_mean, split.y_scale, input_name=input_name,
                         output_name=output)
