@@ -70,6 +70,14 @@ class ModelKind(_Choice):
     mlp_regressor = "mlp_regressor"
     logistic = "logistic"
     mlp_classifier = "mlp_classifier"
+    ridge = "ridge"
+    lasso = "lasso"
+    elastic_net = "elastic_net"
+    sgd_regressor = "sgd_regressor"
+    huber = "huber"
+    quantile = "quantile"
+    sgd_classifier = "sgd_classifier"
+    linear_svc = "linear_svc"
 
 
 class Activation(_Choice):
@@ -132,6 +140,14 @@ MODEL_TASK = {
     ModelKind.mlp_regressor: Task.regression,
     ModelKind.logistic: Task.classification,
     ModelKind.mlp_classifier: Task.classification,
+    ModelKind.ridge: Task.regression,
+    ModelKind.lasso: Task.regression,
+    ModelKind.elastic_net: Task.regression,
+    ModelKind.sgd_regressor: Task.regression,
+    ModelKind.huber: Task.regression,
+    ModelKind.quantile: Task.regression,
+    ModelKind.sgd_classifier: Task.classification,
+    ModelKind.linear_svc: Task.classification,
 }
 
 
@@ -198,6 +214,11 @@ class ModelConfig:
     fit_intercept: bool = True
     sklearn_max_iter: int = 50
     target_opset: int = 17
+    l1_ratio: float = 0.5  # elastic_net
+    epsilon: float = 1.35  # huber
+    quantile: float = 0.5  # quantile
+    # sgd_regressor / sgd_classifier: scikit-learn's loss (None: squared_error / log_loss)
+    sgd_loss: Optional[str] = None
 
 
 @dataclass

@@ -21,6 +21,9 @@ def build_estimator(model: DictConfig, seed: int):
         return LinearRegression(fit_intercept=model.fit_intercept)
     if name == "logistic":
         return LogisticRegression(C=model.C, fit_intercept=model.fit_intercept, max_iter=model.sklearn_max_iter)
+    linear = _linear_estimator(model, seed)
+    if linear is not None:
+        return linear
     common = dict(hidden_layer_sizes=tuple(model.hidden_layer_sizes), activation=str(model.activation),
                   alpha=model.alpha, max_iter=model.sklearn_max_iter, random_state=seed)
     if name == "mlp_regressor":
@@ -28,6 +31,34 @@ def build_estimator(model: DictConfig, seed: int):
     if name == "mlp_classifier":
         return MLPClassifier(**common)
     raise ValueError(f"model.name={name!r} is unknown")  # pragma: no cover - the schema's enum rejects it
+
+
+def _linear_estimator(model: DictConfig, seed: int):
+    """The linear models of ``model=ridge|lasso|elastic_net|sgd_regressor|huber|quantile|sgd_classifier|
+    linear_svc`` (None for another name); each trains with the configured ``loss`` (docs/LOSSES.md pairs each
+    estimator with its own)."""
+    from sklearn import linear_model, svm
+
+    name, alpha, iters = str(model.name), float(model.alpha), int(model.sklearn_max_iter)
+    intercept = bool(model.fit_intercept)
+    builders = {
+        "ridge": lambda: linear_model.Ridge(alpha=alpha, fit_intercept=intercept),
+        "lasso": lambda: linear_model.Lasso(alpha=alpha, fit_intercept=intercept, max_iter=iters),
+        "elastic_net": lambda: linear_model.ElasticNet(alpha=alpha, l1_ratio=float(model.l1_ratio),
+                                                       fit_intercept=intercept, max_iter=iters),
+        "sgd_regressor": lambda: linear_model.SGDRegressor(loss=str(model.sgd_loss or "squared_error"), alpha=alpha,
+                                                           fit_intercept=intercept, max_iter=iters,
+                                                           random_state=seed),
+        "huber": lambda: linear_model.HuberRegressor(epsilon=float(model.epsilon), alpha=alpha,
+                                                     fit_intercept=intercept, max_iter=iters),
+        "quantile": lambda: linear_model.QuantileRegressor(quantile=float(model.quantile), alpha=alpha,
+                                                           fit_intercept=intercept, solver="highs"),
+        "sgd_classifier": lambda: linear_model.SGDClassifier(loss=str(model.sgd_loss or "log_loss"), alpha=alpha,
+                                                             fit_intercept=intercept, max_iter=iters,
+                                                             random_state=seed),
+        "linear_svc": lambda: svm.LinearSVC(C=float(model.C), fit_intercept=intercept, max_iter=iters),
+    }
+    return builders[name]() if name in builders else None
 
 
 def build_preprocessing(kinds: dict[str, str], treatments: dict[str, str] | None = None):
@@ -75,6 +106,13 @@ def fit_estimator(estimator, X: np.ndarray, y: np.ndarray, task: str):
 def sklearn_predict(estimator, X: np.ndarray, task: str) -> np.ndarray:
     """Regression predictions (n,), or the class probabilities (n, k), columns in ``estimator.classes_`` order."""
     if task == "classification":
+        if not hasattr(estimator, "predict_proba"):  # LinearSVC, SGDClassifier(hinge): ortflow's graph's sigmoid
+            scores = np.asarray(estimator.decision_function(X), dtype=np.float64).reshape(len(X), -1)
+            if scores.shape[1] == 1:
+                positive = 1.0 / (1.0 + np.exp(-scores[:, 0]))
+                return np.column_stack([1.0 - positive, positive])
+            scores = np.exp(scores - scores.max(axis=1, keepdims=True))
+            return scores / scores.sum(axis=1, keepdims=True)
         return np.asarray(estimator.predict_proba(X), dtype=np.float64)
     return np.asarray(estimator.predict(X), dtype=np.float64).reshape(len(X), -1)[:, 0]
 
