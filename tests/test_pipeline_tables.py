@@ -59,6 +59,17 @@ def test_a_table_is_read_as_it_is(compose_pipeline, tmp_path):
         read_table(cfg.data, compose_pipeline("preprocess=none").preprocess)
 
 
+def test_a_number_beyond_float32_is_refused_naming_it(compose_pipeline, tmp_path):
+    from pipelines.base.errors import DataError
+
+    frame = _houses().drop(columns="kind")
+    frame.loc[4, "area"] = 1e200
+    frame.to_csv(tmp_path / "houses.csv", index=False)
+    cfg = compose_pipeline("data=file", f"data.path={tmp_path / 'houses.csv'}", "data.target=price", "model=linear")
+    with pytest.raises(DataError, match=r"column 'area' of houses.csv holds 1e\+200 at data row 5: beyond float32"):
+        read_table(cfg.data, cfg.preprocess)
+
+
 def test_a_treatment_outside_the_list_is_refused(compose_pipeline, tmp_path):
     from pipelines.base.config import ConfigError, check_preprocess
 

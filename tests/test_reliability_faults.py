@@ -113,7 +113,8 @@ def test_a_feature_beyond_float32_fails_the_run_and_registers_nothing(compose_pi
     uri = store_uri
     cfg = compose_pipeline("data=file", f"data.path={tmp_path / 'table.csv'}", "data.target=target", "model=linear",
                            "trainer.max_iter=2", f"mlflow.tracking_uri={uri}", f"mlflow.root={tmp_path}",
-                           "mlflow.experiment_name=float32")
+                           "mlflow.experiment_name=float32",
+                           "preprocess=none")  # the numbers path (preprocess=auto refuses the value when reading)
     with pytest.raises(NonFinitePredictionError, match=r"non-finite values on \d+ of \d+ test rows .* features "
                                                        r"\['b'\] overflows .*: it is not registered"):
         run_chain(cfg, work_dir=tmp_path / "chain")
@@ -138,7 +139,8 @@ def test_training_settings_the_data_or_graph_refuse_fail_before_the_first_stage(
     cases = [(("trainer.batch_size=1000",), r"trainer.batch_size=1000 is larger than the number of training rows "
                                             r"of data=regression \(128\)"),
              (("trainer.weights_to_train=[coef_0,nope]",), r"trainer.weights_to_train names unknown initializers "
-                                                           r"\['nope'\]; the graph has \['coef_0', 'coef_1'"),
+                                                           r"\['nope'\] \(nothing matches\); the graph has \['coef_0', "
+                                                           r"'coef_1'"),
              (("trainer=fwbw", "trainer.weights_to_train=[loss_l2]"), r"unknown initializers \['loss_l2'\]")]
     for overrides, message in cases:
         with pytest.raises(ConfigError, match=message):

@@ -34,6 +34,7 @@ MIN_ROWS = 10
 
 #: the text a missing cell of a text column becomes (a category of its own), in training and in the served model
 TEXT_MISSING = "__missing__"
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 #: the kinds of columns a table holds with ``preprocess=auto`` (:func:`table_frame`)
 KINDS = ("number", "bool", "text", "date")
 
@@ -191,6 +192,10 @@ def table_frame(frame, treatments: dict[str, str] | None = None, file: str = "th
             if bad.any():
                 raise DataError(f"column {name!r} of {file} holds {column[bad].iloc[0]!r}, not a number "
                                 f"(preprocess.columns.{name}=scale): pick onehot or ordinal for text")
+            large = np.flatnonzero(np.abs(values.to_numpy(np.float64, na_value=0.0)) > _FLOAT32_MAX)
+            if len(large):
+                raise DataError(f"column {name!r} of {file} holds {float(values.iloc[large[0]]):g} at data row "
+                                f"{large[0] + 1}: beyond float32's range (±3.4e38), which the model computes in")
             out[name] = values.astype(np.float64)
         elif kind == "bool":
             out[name] = column.map({True: 1.0, False: 0.0}).astype(np.float64)
