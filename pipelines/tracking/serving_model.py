@@ -114,7 +114,7 @@ def table_feeds(model_input, columns: dict[str, str], inputs, text_missing: str)
             problems += [f"column {name!r} row {r}: {raw.iloc[r]!r}, not a finite number" for r in bad]
             feeds[name] = values.astype(np.float32).reshape(-1, 1)
         elif kind == "date":
-            values = pd.to_datetime(raw, errors="coerce", format="mixed") if raw.dtype.kind != "M" else raw
+            values = _dates(raw) if raw.dtype.kind != "M" else raw
             if getattr(values.dt, "tz", None) is not None:
                 values = values.dt.tz_convert(None)
             bad = np.flatnonzero(values.isna().to_numpy() & ~absent)
@@ -128,6 +128,15 @@ def table_feeds(model_input, columns: dict[str, str], inputs, text_missing: str)
         shown = "; ".join(problems[:SHOWN]) + (f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else "")
         raise invalid(f"{len(problems)} input cells do not fit their column ({shown})")
     return feeds
+
+
+def _dates(raw):
+    """Each cell parsed on its own (``format="mixed"``, pandas >= 2; pandas 1 infers each cell's format itself);
+    NaT where a cell is not a date."""
+    try:
+        return pd.to_datetime(raw, errors="coerce", format="mixed")
+    except (TypeError, ValueError):
+        return pd.to_datetime(raw, errors="coerce")
 
 
 def _text(value) -> str:
