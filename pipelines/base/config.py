@@ -78,6 +78,7 @@ class ModelKind(_Choice):
     quantile = "quantile"
     sgd_classifier = "sgd_classifier"
     linear_svc = "linear_svc"
+    poisson = "poisson"
 
 
 class Activation(_Choice):
@@ -148,6 +149,7 @@ MODEL_TASK = {
     ModelKind.quantile: Task.regression,
     ModelKind.sgd_classifier: Task.classification,
     ModelKind.linear_svc: Task.classification,
+    ModelKind.poisson: Task.regression,
 }
 
 
@@ -406,6 +408,9 @@ def validate(cfg: DictConfig) -> None:
             f"{data_task.value} data set (data.task); pick a matching model (e.g. "
             f"{'mlp_classifier' if data_task == Task.classification else 'mlp_regressor'})"
         )
+    if model == ModelKind.poisson and cfg.data.standardize_target:
+        raise ConfigError("model=poisson predicts exp(score), a count or rate: its target must keep its units "
+                          "(data.standardize_target=false), and train with loss.name=poisson")
     if _value(cfg.model.task) != data_task.value:
         raise ConfigError(f"model.task={_value(cfg.model.task)} does not match data.task={data_task.value}")
     if chosen_loss.task != data_task.value:

@@ -35,7 +35,7 @@ def build_estimator(model: DictConfig, seed: int):
 
 def _linear_estimator(model: DictConfig, seed: int):
     """The linear models of ``model=ridge|lasso|elastic_net|sgd_regressor|huber|quantile|sgd_classifier|
-    linear_svc`` (None for another name); each trains with the configured ``loss`` (docs/LOSSES.md pairs each
+    linear_svc|poisson`` (None for another name); each trains with the configured ``loss`` (docs/LOSSES.md pairs each
     estimator with its own)."""
     from sklearn import linear_model, svm
 
@@ -57,6 +57,7 @@ def _linear_estimator(model: DictConfig, seed: int):
                                                              fit_intercept=intercept, max_iter=iters,
                                                              random_state=seed),
         "linear_svc": lambda: svm.LinearSVC(C=float(model.C), fit_intercept=intercept, max_iter=iters),
+        "poisson": lambda: linear_model.PoissonRegressor(alpha=alpha, fit_intercept=intercept, max_iter=iters),
     }
     return builders[name]() if name in builders else None
 
@@ -167,6 +168,34 @@ def with_scaling(onx: onnx.ModelProto, x_mean: np.ndarray, x_scale: np.ndarray, 
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(inits)
+    onnx.checker.check_model(model)
+    return model
+
+
+#: estimators whose graph outputs the linear predictor of a log link (ortflow's GLM losses train on it): the mean
+#: scikit-learn predicts is its exponential
+LOG_LINK = ("PoissonRegressor", "GammaRegressor")
+
+
+#: ``model.name`` of the pipelines' log-link GLMs
+LOG_LINK_MODELS = ("poisson",)
+
+
+def with_mean(onx: onnx.ModelProto, model_name: str | None = None, output_name: str = "variable") -> onnx.ModelProto:
+    """``onx`` answering the mean scikit-learn predicts: ``exp`` of ``output_name`` for a log-link GLM
+    (:data:`LOG_LINK`, read from the graph's estimator record; a trained graph has none, so ``model_name``, the
+    config's ``model.name``, says it too), else ``onx`` unchanged."""
+    from ortflow.convert import estimator_record
+
+    if estimator_record(onx).get("class") not in LOG_LINK and model_name not in LOG_LINK_MODELS:
+        return onx
+    model = onnx.ModelProto()
+    model.CopyFrom(onx)
+    inner = "link_linear_predictor"
+    for node in model.graph.node:
+        node.output[:] = [inner if n == output_name else n for n in node.output]
+        node.input[:] = [inner if n == output_name else n for n in node.input]
+    model.graph.node.append(helper.make_node("Exp", [inner], [output_name], name="link_mean"))
     onnx.checker.check_model(model)
     return model
 
