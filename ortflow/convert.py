@@ -8,7 +8,9 @@ initializer and every node has a gradient. A single-layer model (a linear model)
 Classifiers expose three outputs: ``output_label`` (the classes as scikit-learn has them), ``output_probability``
 (float32 (N, k)) and ``raw_score``, the scores before the sigmoid or softmax that training uses: (N, 1) for two
 classes, (N, k) for k >= 3. The classes are the initializer ``classes`` (int64 or string), read back by
-:func:`graph_classes`. Other models go through skl2onnx.
+:func:`graph_classes`. A scikit-learn Pipeline ending in such a model is one graph: its preprocessing converted by
+skl2onnx (one input per column for a DataFrame), then ortflow's graph of the estimator. Other models go through
+skl2onnx.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def to_onnx(model: Any, X: np.ndarray | None = None, target_opset: int = 17) -> 
     ``X`` (a sample of the inputs) is only needed by the skl2onnx fallback. Written directly: LinearRegression,
     Ridge, Lasso, ElasticNet, SGDRegressor and other linear regressors, MLPRegressor, LogisticRegression (binary or
     multinomial), other binary linear classifiers (probabilities are the sigmoid of the decision function) and
-    MLPClassifier (binary or multi-class). The graph's metadata records the estimator (:func:`record_estimator`),
+    MLPClassifier (binary or multi-class), and a Pipeline ending in one of them (its preprocessing converted by
+    skl2onnx, then ortflow's graph of the estimator: a classifier keeps ``raw_score``). The graph's metadata records the estimator (:func:`record_estimator`),
     from which :func:`ortflow.add_loss_output` picks its own loss and penalty.
     """
     if target_opset > MAX_OPSET:
@@ -58,7 +61,33 @@ def to_onnx(model: Any, X: np.ndarray | None = None, target_opset: int = 17) -> 
 
 
 def _convert(model: Any, X: np.ndarray | None, target_opset: int) -> onnx.ModelProto:
+    if _writes_own(model):
+        return _own_graph(model, target_opset)
+    steps = getattr(model, "steps", None)
+    if steps and _writes_own(steps[-1][1]):
+        # a Pipeline ending in a model ortflow writes: skl2onnx converts the preprocessing, ortflow the estimator
+        # (a classifier keeps raw_score, which training needs; skl2onnx's whole graph has only labels and ZipMap)
+        head = _own_graph(steps[-1][1], target_opset)
+        if all(step in (None, "passthrough") for _, step in steps[:-1]):
+            return head
+        return _chained(_skl2onnx(model[:-1], X, target_opset), head, target_opset)
+    return _skl2onnx(model, X, target_opset)
+
+
+def _writes_own(model: Any) -> bool:
+    """Whether ortflow writes ``model``'s graph itself: an MLP, or a linear regressor or classifier."""
     from sklearn.base import is_classifier, is_regressor
+    from sklearn.neural_network import MLPClassifier, MLPRegressor
+
+    if isinstance(model, (MLPRegressor, MLPClassifier)):
+        return True
+    linear = hasattr(model, "coef_") and hasattr(model, "intercept_")
+    return linear and (is_classifier(model) or is_regressor(model))
+
+
+def _own_graph(model: Any, target_opset: int) -> onnx.ModelProto:
+    """ortflow's own graph of a model :func:`_writes_own` accepts."""
+    from sklearn.base import is_classifier
     from sklearn.neural_network import MLPClassifier, MLPRegressor
 
     if isinstance(model, MLPRegressor):
@@ -72,13 +101,87 @@ def _convert(model: Any, X: np.ndarray | None, target_opset: int) -> onnx.ModelP
                 "supported: ortflow's classifiers predict one class per sample"
             )
         return _build(list(zip(model.coefs_, model.intercepts_)), model.activation, model.classes_, target_opset)
-    linear = hasattr(model, "coef_") and hasattr(model, "intercept_")
-    if linear and is_classifier(model):
+    if is_classifier(model):
         _check_multinomial(model)
         return _build([_linear_layer(model)], None, model.classes_, target_opset)
-    if linear and is_regressor(model):
-        return _build([_linear_layer(model)], None, None, target_opset)
-    return _skl2onnx(model, X, target_opset)
+    return _build([_linear_layer(model)], None, None, target_opset)
+
+
+def _chained(prep: onnx.ModelProto, head: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """One graph: ``prep`` (a Pipeline's preprocessing converted by skl2onnx, one float matrix out) feeding the
+    input ``X`` of ``head`` (ortflow's own graph of the Pipeline's estimator). The head keeps its names (weights
+    ``coef``/``intercept``, its outputs); tensors of the preprocessing that would clash with them are renamed."""
+    if len(prep.graph.output) != 1:
+        raise UnsupportedModelError(
+            f"the Pipeline's preprocessing has {len(prep.graph.output)} outputs; ortflow's estimator graph reads one "
+            "feature matrix")
+    prep_inputs = {i.name for i in prep.graph.input}
+    head_fixed = {i.name for i in head.graph.initializer} | {o.name for o in head.graph.output}
+    clash = sorted(prep_inputs & head_fixed)
+    if clash:
+        raise ValueError(f"column names {clash} are names the estimator's graph needs (its weights and outputs): "
+                         "rename those columns")
+    head_names = _tensor_names(head.graph) | {n.name for n in head.graph.node}
+    taken = head_names | _tensor_names(prep.graph) | {n.name for n in prep.graph.node}
+
+    def fresh(name: str) -> str:
+        k = 0
+        while f"{name}_prep{k or ''}" in taken:
+            k += 1
+        taken.add(f"{name}_prep{k or ''}")
+        return f"{name}_prep{k or ''}"
+
+    prep_graph = onnx.GraphProto()
+    prep_graph.CopyFrom(prep.graph)
+    _rename(prep_graph, {n: fresh(n) for n in _tensor_names(prep_graph) - prep_inputs if n in head_names})
+    for node in prep_graph.node:
+        if node.name in head_names:
+            node.name = fresh(node.name)
+    head_graph = onnx.GraphProto()
+    head_graph.CopyFrom(head.graph)
+    _rename(head_graph, {n: fresh(n) for n in _tensor_names(head_graph) - head_fixed - {INPUT_NAME}
+                         if n in prep_inputs})
+    features = prep_graph.output[0]
+    nodes = list(prep_graph.node)
+    source = features.name
+    if features.type.tensor_type.elem_type != TensorProto.FLOAT:
+        nodes.append(helper.make_node("Cast", [source], [fresh("features")], name=fresh("features_cast"),
+                                      to=TensorProto.FLOAT))
+        source = nodes[-1].output[0]
+    _rename(head_graph, {INPUT_NAME: source})
+    nodes.extend(head_graph.node)
+    graph = helper.make_graph(nodes, "ortflow_pipeline", list(prep_graph.input), list(head_graph.output),
+                              list(prep_graph.initializer) + list(head_graph.initializer),
+                              value_info=list(prep_graph.value_info))
+    opsets = {"": opset}
+    for entry in prep.opset_import:
+        if entry.domain not in ("", "ai.onnx"):
+            opsets[entry.domain] = max(opsets.get(entry.domain, 1), entry.version)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
+                              ir_version=max(IR_VERSION, min(prep.ir_version, 10)))
+    model.producer_name = "ortflow"
+    check_loadable(model)
+    return model
+
+
+def _tensor_names(graph: onnx.GraphProto) -> set[str]:
+    names = {v.name for v in (*graph.input, *graph.output, *graph.value_info, *graph.initializer)}
+    for node in graph.node:
+        names.update(node.input)
+        names.update(node.output)
+    names.discard("")
+    return names
+
+
+def _rename(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
+    """Rename tensors of ``graph`` (not inside subgraphs: the converters ortflow chains write none)."""
+    if not mapping:
+        return
+    for node in graph.node:
+        node.input[:] = [mapping.get(n, n) for n in node.input]
+        node.output[:] = [mapping.get(n, n) for n in node.output]
+    for value in (*graph.input, *graph.output, *graph.value_info, *graph.initializer):
+        value.name = mapping.get(value.name, value.name)
 
 
 def record_estimator(onx: onnx.ModelProto, model: Any) -> None:
@@ -268,6 +371,9 @@ def _build(layers, hidden_activation: str | None, classes, opset: int) -> onnx.M
 def _skl2onnx(model: Any, X: np.ndarray | None, target_opset: int) -> onnx.ModelProto:
     from skl2onnx import to_onnx as skl_to_onnx
 
+    from .tables import register_converters
+
+    register_converters()
     if X is None:
         raise ValueError(f"to_onnx: {type(model).__name__} goes through skl2onnx, which needs a sample X")
     if hasattr(X, "columns") and hasattr(X, "dtypes"):
@@ -288,7 +394,8 @@ def _skl2onnx(model: Any, X: np.ndarray | None, target_opset: int) -> onnx.Model
 
 def table_input_types(frame) -> list[tuple]:
     """skl2onnx's initial types of a DataFrame: one ``(n, 1)`` input per column, named as the column: float for
-    numbers, int64 for integers and booleans, text for strings and categories (:mod:`ortflow.inputs` feeds them)."""
+    numbers, int64 for integers and booleans, int64 days since 1970-01-01 for dates (:mod:`ortflow.tables`), text
+    for strings and categories (:mod:`ortflow.inputs` feeds them)."""
     from skl2onnx.common.data_types import FloatTensorType, Int64TensorType, StringTensorType
 
     types = []
@@ -296,12 +403,12 @@ def table_input_types(frame) -> list[tuple]:
         kind = getattr(dtype, "kind", "O")
         if kind == "f":
             tensor = FloatTensorType([None, 1])
-        elif kind in "iub":
+        elif kind in "iubM":
             tensor = Int64TensorType([None, 1])
         elif kind in "OSU" or str(dtype) in ("category", "string"):
             tensor = StringTensorType([None, 1])
         else:
             raise TypeError(f"column {name!r} has dtype {dtype}, which ortflow's graphs do not take; convert it "
-                            "(a date into numbers, for example) before converting the model")
+                            "before converting the model")
         types.append((str(name), tensor))
     return types

@@ -48,21 +48,22 @@ class FrozenPrefix:
         weights, data_inputs = set(weights), set(data_inputs)
         constant = {i.name for i in model.graph.initializer if i.name not in weights} | {""}
         frozen = set(constant) | data_inputs
-        prefix_nodes, trainable_nodes, prefix_indices, constant_nodes = [], [], [], []
-        for index, node in enumerate(model.graph.node):
+        prefix_nodes, trainable_nodes, constant_nodes = [], [], []
+        nodes = list(model.graph.node)  # the same node objects throughout: _place_constant_nodes compares their ids
+        for node in nodes:
             fixed = (node.op_type not in _PER_RUN and not any(a.type in (onnx.AttributeProto.GRAPH,
                      onnx.AttributeProto.GRAPHS) for a in node.attribute))
             if fixed and all(i in constant for i in node.input):
-                constant.update(node.output)  # computed from constants only: stays where it is used
+                constant.update(node.output)  # computed from constants only: goes where it is used (below)
                 frozen.update(node.output)
-                trainable_nodes.append(node)
-                constant_nodes.append(index)
+                constant_nodes.append(node)
             elif fixed and all(i in frozen for i in node.input):
                 frozen.update(node.output)
                 prefix_nodes.append(node)
-                prefix_indices.append(index)
             else:
                 trainable_nodes.append(node)
+        prefix_nodes, trainable_nodes = _place_constant_nodes(nodes, constant_nodes, prefix_nodes,
+                                                              trainable_nodes, [o.name for o in model.graph.output])
         cut = []
         for node in trainable_nodes:
             for name in node.input:
@@ -73,7 +74,7 @@ class FrozenPrefix:
         if any(o.name in frozen for o in model.graph.output):
             return model, None  # an output no trained weight reaches: nothing to train through it
         prefix_graph = helper.make_graph(
-            _with_constants(model, prefix_indices, constant_nodes),
+            prefix_nodes,
             f"{model.graph.name}_frozen_prefix",
             [i for i in model.graph.input if i.name in data_inputs],
             [onnx.ValueInfoProto(name=name) for name in cut],
@@ -105,19 +106,19 @@ class FrozenPrefix:
         return {name: np.ascontiguousarray(v) for name, v in zip(self.cut, values)}
 
 
-def _with_constants(model: onnx.ModelProto, prefix: list[int], constants: list[int]) -> list[onnx.NodeProto]:
-    """The prefix's nodes (indices ``prefix`` of ``model``'s nodes) and the nodes computed from constants only
-    (``constants``: a ``Constant``, a shape computed from one) they read, directly or through one another, in the
-    graph's order. Such a node stays in the trainable part where that reads it; the prefix needs its own copy (an
-    exported attention reshapes with ``Constant`` nodes' outputs)."""
-    nodes = model.graph.node
-    needed = {name for i in prefix for name in nodes[i].input}
-    chosen = set(prefix)
-    for i in reversed(constants):
-        if any(name in needed for name in nodes[i].output):
-            chosen.add(i)
-            needed.update(nodes[i].input)
-    return [nodes[i] for i in sorted(chosen)]
+def _place_constant_nodes(nodes, constant_nodes, prefix_nodes, trainable_nodes, outputs):
+    """Each node computed from constants only (a ``Constant``, a shape computed from initializers) joins the part
+    that reads it, both when both do (the trainable part keeps those no one reads); each part keeps the graph's
+    node order."""
+    needed = {"prefix": {n for node in prefix_nodes for n in node.input},
+              "trainable": {n for node in trainable_nodes for n in node.input} | set(outputs)}
+    placed = {"prefix": {id(n) for n in prefix_nodes}, "trainable": {id(n) for n in trainable_nodes}}
+    for node in reversed(constant_nodes):  # a constant node may read another: walk back, adding what it reads
+        parts = [p for p in ("prefix", "trainable") if needed[p] & set(node.output)] or ["trainable"]
+        for part in parts:
+            placed[part].add(id(node))
+            needed[part].update(node.input)
+    return ([n for n in nodes if id(n) in placed["prefix"]], [n for n in nodes if id(n) in placed["trainable"]])
 
 
 def _drop_unused_initializers(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -14,7 +14,9 @@ The column names a frame brings are the estimator's ``feature_names_in_``; later
 (any order when each column is its own input, the same order when the columns form one matrix).
 
 Values: a float input takes finite values, and NaN too where the graph imputes gaps (it holds an ``Imputer``
-node); an integer input takes integers (integral floats included); a text input takes strings, no gaps.
+node); an integer input takes integers (integral floats included), and dates (``datetime64``) as days since
+1970-01-01 (:func:`ortflow.tables.to_days`; a missing date only where the graph imputes); a text input takes
+strings, no gaps.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ class InputMapping:
         if spec.elem_type in _FLOAT:
             array = _float_array(what, value, rank, self.allow_missing, _FLOAT[spec.elem_type])
         elif spec.elem_type in _INTEGER:
-            array = _integer_array(what, value, _INTEGER[spec.elem_type])
+            array = _integer_array(what, value, _INTEGER[spec.elem_type], self.allow_missing)
         elif spec.elem_type == TensorProto.STRING:
             array = _string_array(what, value)
         elif spec.elem_type == TensorProto.BOOL:
@@ -203,8 +205,17 @@ def _float_array(what: str, value, rank: int, allow_missing: bool, dtype) -> np.
     return array
 
 
-def _integer_array(what: str, value, dtype) -> np.ndarray:
+def _integer_array(what: str, value, dtype, allow_missing: bool = False) -> np.ndarray:
     array = np.asarray(value)
+    if array.dtype.kind == "M":  # dates: days since 1970-01-01, as ortflow.tables.DateParts reads them
+        from .tables import MISSING_DAY, to_days
+
+        days = to_days(array)
+        if not allow_missing and (days == MISSING_DAY).any():
+            index = tuple(int(i) for i in np.argwhere(days == MISSING_DAY)[0])
+            raise ValueError(f"{what} has a missing date at index {index}: fill it, or impute the date parts in "
+                             "the model")
+        return np.ascontiguousarray(days, dtype=dtype)
     if array.dtype.kind == "b":
         return array.astype(dtype)
     if array.dtype.kind in "iu":

@@ -191,7 +191,7 @@ def check_inputs(cfg: DictConfig, stages: list[str]) -> None:
     if "convert" in stages and data_loader(cfg.data) == DataKind.file.value:
         from .data.tables import read_table
 
-        table = read_table(cfg.data)  # first: listing the registry's names in validate() takes seconds
+        table = read_table(cfg.data, cfg.get("preprocess"))  # first: listing the registry's names in validate() takes seconds
         if str(cfg.data.task) == "classification":
             from .data.labels import class_labels, target_description
 

@@ -70,6 +70,15 @@ class ModelKind(_Choice):
     mlp_regressor = "mlp_regressor"
     logistic = "logistic"
     mlp_classifier = "mlp_classifier"
+    ridge = "ridge"
+    lasso = "lasso"
+    elastic_net = "elastic_net"
+    sgd_regressor = "sgd_regressor"
+    huber = "huber"
+    quantile = "quantile"
+    sgd_classifier = "sgd_classifier"
+    linear_svc = "linear_svc"
+    poisson = "poisson"
 
 
 class Activation(_Choice):
@@ -132,6 +141,15 @@ MODEL_TASK = {
     ModelKind.mlp_regressor: Task.regression,
     ModelKind.logistic: Task.classification,
     ModelKind.mlp_classifier: Task.classification,
+    ModelKind.ridge: Task.regression,
+    ModelKind.lasso: Task.regression,
+    ModelKind.elastic_net: Task.regression,
+    ModelKind.sgd_regressor: Task.regression,
+    ModelKind.huber: Task.regression,
+    ModelKind.quantile: Task.regression,
+    ModelKind.sgd_classifier: Task.classification,
+    ModelKind.linear_svc: Task.classification,
+    ModelKind.poisson: Task.regression,
 }
 
 
@@ -164,6 +182,27 @@ class DataConfig:
     seed: int = "${seed}"  # type: ignore[assignment]
 
 
+class PreprocessKind(_Choice):
+    """``preprocess=``: how a table's columns become features (``data=file`` only; bundled sets are numbers)."""
+
+    auto = "auto"  # numbers imputed and scaled, text one-hot, booleans imputed, dates split into parts
+    none = "none"  # numeric columns only, standardized; text and gaps refused (or dropped: data.drop_invalid)
+
+
+#: what ``preprocess.columns.<column>`` may say about a column (see pipelines/modeling/estimators.py)
+COLUMN_TREATMENTS = ("drop", "scale", "passthrough", "onehot", "ordinal", "date")
+
+
+@dataclass
+class PreprocessConfig:
+    """The preprocessing ``convert`` fits in front of the model on a table (``preprocess=auto``); it becomes the
+    first part of the ONNX graph, frozen while the model's weights train, so the registered model takes the raw
+    columns. ``columns``: a treatment per column overriding the one its type gets (:data:`COLUMN_TREATMENTS`)."""
+
+    name: PreprocessKind = PreprocessKind.auto
+    columns: Dict[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class ModelConfig:
     """The scikit-learn model fitted by ``convert``; its weights are where ONNX training starts."""
@@ -179,6 +218,11 @@ class ModelConfig:
     # reference that evaluate compares with (sklearn_test_*) is fitted to convergence with the class's defaults
     start_max_iter: int = 50
     target_opset: int = 17
+    l1_ratio: float = 0.5  # elastic_net
+    epsilon: float = 1.35  # huber
+    quantile: float = 0.5  # quantile
+    # sgd_regressor / sgd_classifier: scikit-learn's loss (None: squared_error / log_loss)
+    sgd_loss: Optional[str] = None
 
 
 @dataclass
@@ -300,6 +344,7 @@ class Config:
     trainer: TrainerConfig = MISSING
     mlflow: MlflowConfig = MISSING
     promotion: PromotionConfig = MISSING
+    preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
     # the stages pipelines.main runs, in order: by default every stage of the table (pipelines/stages/__init__.py)
     stages: List[str] = field(default_factory=lambda: list(stage_names()))
@@ -447,6 +492,7 @@ def validate(cfg: DictConfig) -> None:
         check(check_trainer, cfg)
     check(_check_values, cfg)
     check(check_stages, cfg.stages)
+    check(check_preprocess, cfg.preprocess)
     if problems:
         raise ConfigError.of(problems)
 
@@ -474,6 +520,9 @@ def check_task(cfg: DictConfig, loss_known: bool = True) -> None:
                         f"(it follows data.task: model={TASK_DEFAULTS[data_task.value]['model']})")
     elif _value(cfg.model.task) != data_task.value:
         problems.append(f"model.task={_value(cfg.model.task)} does not match data.task={data_task.value}")
+    if model == ModelKind.poisson and cfg.data.standardize_target:
+        problems.append("model=poisson predicts exp(score), a count or rate: its target must keep its units "
+                        "(data.standardize_target=false), and train with loss.name=poisson")
     if loss_known:
         chosen_loss = loss(cfg)
         if chosen_loss.task != data_task.value:
@@ -507,6 +556,13 @@ def _check_values(cfg: DictConfig) -> None:
         problems.append("penalty=elastic needs penalty.l1 > 0 or penalty.l2 > 0")
     if problems:
         raise ConfigError.of(problems)
+
+
+def check_preprocess(preprocess: DictConfig) -> None:
+    """Each ``preprocess.columns.<column>`` names a treatment of :data:`COLUMN_TREATMENTS`."""
+    bad = {str(k): str(v) for k, v in (preprocess.get("columns") or {}).items() if str(v) not in COLUMN_TREATMENTS}
+    if bad:
+        raise ConfigError(f"preprocess.columns {bad}: each column's treatment is one of {list(COLUMN_TREATMENTS)}")
 
 
 def check_known_keys(cfg: DictConfig) -> None:

@@ -8,7 +8,7 @@ by :mod:`pipelines.data.tables`). ``data.loader`` (or ``data.name``) picks the l
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,16 @@ class Split:
     y_scale: float
     feature_names: np.ndarray
     classes: np.ndarray  # the sorted class labels, as the data has them (classification); empty otherwise
+    kinds: np.ndarray = field(default_factory=lambda: np.array([], dtype=str))  # a table's column kinds
+
+    @property
+    def is_table(self) -> bool:
+        """The features are raw columns (``preprocess=auto`` on a table): X_* are DataFrames, not standardized."""
+        return not isinstance(self.X_train, np.ndarray)
+
+    def column_kinds(self) -> dict[str, str]:
+        """A table's columns and their kinds (:data:`pipelines.data.tables.KINDS`), in the order of the columns."""
+        return {str(c): str(k) for c, k in zip(self.feature_names, self.kinds)}
 
     @property
     def n_features(self) -> int:
@@ -45,20 +55,41 @@ class Split:
         return len(self.y_valid) > 0
 
     def raw_X(self, X: np.ndarray) -> np.ndarray:
+        if not isinstance(X, np.ndarray):  # a table's raw columns
+            return X
         return (X * self.x_scale + self.x_mean).astype(np.float32)
 
     def raw_y(self, y: np.ndarray) -> np.ndarray:
         return (np.asarray(y, dtype=np.float64) * self.y_scale + self.y_mean).astype(np.float32)
 
     def save(self, path: str | Path) -> Path:
+        """One .npz of plain arrays (never pickles): a table's columns one array each, text as unicode."""
         path = Path(path)
-        np.savez_compressed(path, **{f.name: np.asarray(getattr(self, f.name)) for f in fields(self)})
+        arrays = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, np.ndarray) or not hasattr(value, "columns"):
+                arrays[f.name] = np.asarray(value)
+                continue
+            arrays[f.name] = np.array([str(c) for c in value.columns])  # the column names; the columns follow
+            for i, column in enumerate(value.columns):
+                values = value[column].to_numpy()
+                arrays[f"{f.name}__{i}"] = values.astype(str) if values.dtype == object else values
+        np.savez_compressed(path, **arrays)
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> Split:
         with np.load(path, allow_pickle=False) as data:
-            values = {f.name: data[f.name] for f in fields(cls)}
+            values = {f.name: data[f.name] for f in fields(cls) if f.name in data.files}  # kinds: tables only
+            if "X_train__0" in data.files:  # a table: the frames back, text as objects
+                import pandas as pd
+
+                for part in ("X_train", "X_valid", "X_test"):
+                    names = [str(n) for n in values[part]]
+                    columns = {n: data[f"{part}__{i}"] for i, n in enumerate(names)}
+                    values[part] = pd.DataFrame({n: v.astype(object) if v.dtype.kind == "U" else v
+                                                 for n, v in columns.items()}, columns=names)
         values["task"] = str(values["task"])
         values["y_mean"] = float(values["y_mean"])
         values["y_scale"] = float(values["y_scale"])
@@ -69,7 +100,13 @@ class Split:
         import hashlib
 
         digest = hashlib.sha256()
-        for array in (self.X_test, self.y_test, self.x_mean, self.x_scale):
+        X_test = self.X_test
+        if self.is_table:
+            import pandas as pd
+
+            digest.update(",".join(str(c) for c in X_test.columns).encode())
+            X_test = pd.util.hash_pandas_object(X_test, index=False).to_numpy()
+        for array in (X_test, self.y_test, self.x_mean, self.x_scale):
             numeric = np.asarray(array).dtype.kind in "iufb"
             digest.update(np.ascontiguousarray(array, dtype=np.float32 if numeric else str).tobytes())
         digest.update(np.array([self.y_mean, self.y_scale], dtype=np.float64).tobytes())
@@ -84,9 +121,11 @@ class Split:
         }
 
 
-def load_dataset(data: DictConfig, notes: dict | None = None) -> tuple[np.ndarray, np.ndarray, list[str]]:
+def load_dataset(data: DictConfig, notes: dict | None = None, preprocess: DictConfig | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """(X, y, feature names) of the configured data set; y holds the labels as they are for classification.
-    ``notes`` receives what loading a table dropped (see :meth:`pipelines.data.tables.Table.report`)."""
+    ``notes`` receives what loading a table dropped (see :meth:`pipelines.data.tables.Table.report`); with
+    ``preprocess.name=auto`` a table's X is the DataFrame of its raw columns."""
     from sklearn import datasets
 
     name = data_loader(data)
@@ -114,21 +153,29 @@ def load_dataset(data: DictConfig, notes: dict | None = None) -> tuple[np.ndarra
     elif name == "file":
         from .tables import read_table
 
-        table = read_table(data)
+        table = read_table(data, preprocess)
         X, y, names = table.X, table.y, table.features
         if notes is not None:
             notes.update(table.report())
+        if not isinstance(X, np.ndarray):
+            if notes is not None:
+                notes["kinds"] = [table.kinds[n] for n in names]
+            return X, np.asarray(y), names
     else:  # pragma: no cover - data_loader rejects it first
         raise ValueError(f"data.loader={name!r} is unknown")
     return np.asarray(X, dtype=np.float64), np.asarray(y), names
 
 
-def make_split(data: DictConfig, notes: dict | None = None) -> Split:
-    """Load, split (stratified for classification) and standardize with training statistics (``notes``: see
-    :func:`load_dataset`)."""
+def make_split(data: DictConfig, notes: dict | None = None, preprocess: DictConfig | None = None) -> Split:
+    """Load, split (stratified for classification) and standardize with training statistics (``notes``,
+    ``preprocess``: see :func:`load_dataset`; a table's raw columns are split, not standardized: the preprocessing
+    fitted by ``convert`` does it)."""
     from sklearn.model_selection import train_test_split
 
-    X, y, names = load_dataset(data, notes)
+    notes = {} if notes is None else notes
+    X, y, names = load_dataset(data, notes, preprocess)
+    table = not isinstance(X, np.ndarray)
+    kinds = notes.pop("kinds", [])
     task = str(data.task)
     seed = int(data.seed)
     classes = np.array([], dtype=np.float64)
@@ -146,8 +193,10 @@ def make_split(data: DictConfig, notes: dict | None = None) -> Split:
     else:
         X_train, y_train = X_rest, y_rest
         X_valid, y_valid = X_rest[:0], y_rest[:0]
-    x_mean = X_train.mean(axis=0) if data.standardize else np.zeros(X.shape[1])
-    x_scale = X_train.std(axis=0) if data.standardize else np.ones(X.shape[1])
+    if table:  # the raw columns: the fitted preprocessing scales them, inside the graph
+        X_train, X_valid, X_test = (part.reset_index(drop=True) for part in (X_train, X_valid, X_test))
+    x_mean = X_train.mean(axis=0) if data.standardize and not table else np.zeros(0 if table else X.shape[1])
+    x_scale = X_train.std(axis=0) if data.standardize and not table else np.ones(0 if table else X.shape[1])
     x_scale = np.where(x_scale > 0, x_scale, 1.0)
     if task == "regression" and data.standardize_target:
         y_mean, y_scale = float(y_train.mean()), float(y_train.std() or 1.0)
@@ -155,6 +204,8 @@ def make_split(data: DictConfig, notes: dict | None = None) -> Split:
         y_mean, y_scale = 0.0, 1.0
 
     def fx(a: np.ndarray) -> np.ndarray:
+        if table:
+            return a
         return ((a - x_mean) / x_scale).astype(np.float32)
 
     def fy(a: np.ndarray) -> np.ndarray:
@@ -166,4 +217,5 @@ def make_split(data: DictConfig, notes: dict | None = None) -> Split:
         task=task, X_train=fx(X_train), y_train=fy(y_train), X_valid=fx(X_valid), y_valid=fy(y_valid),
         X_test=fx(X_test), y_test=fy(y_test), x_mean=x_mean.astype(np.float32), x_scale=x_scale.astype(np.float32),
         y_mean=y_mean, y_scale=y_scale, feature_names=np.array(names, dtype=str), classes=classes,
+        kinds=np.array(kinds, dtype=str),
     )

@@ -5,6 +5,11 @@ a target the task cannot use stop the command with a
 :class:`~pipelines.base.errors.DataError` naming them; ``data.drop_invalid=true`` drops such columns and rows instead,
 with a warning, and the counts go into :class:`Table` (the ``convert`` stage logs them).
 
+With ``preprocess=auto`` (the default) the table keeps its columns as they are (:func:`table_frame`): numbers as
+float64 with their gaps, booleans as 0/1 floats, text as strings whose gaps are the category :data:`TEXT_MISSING`,
+dates (datetime columns, or text columns holding only ISO dates) as ``datetime64``; the ``convert`` stage fits
+the preprocessing that turns them into features. Only a row whose target is missing is refused (or dropped).
+
 Light on purpose (pandas and numpy, no MLflow, no scikit-learn): the entry points call :func:`read_table` before
 anything else, so a missing file, a wrong target column or unusable labels fail at once, before any run exists.
 """
@@ -27,17 +32,26 @@ SUFFIXES = {".csv": "csv", ".txt": "csv", ".parquet": "parquet", ".pq": "parquet
 MIN_ROWS = 10
 
 
+#: the text a missing cell of a text column becomes (a category of its own), in training and in the served model
+TEXT_MISSING = "__missing__"
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+#: the kinds of columns a table holds with ``preprocess=auto`` (:func:`table_frame`)
+KINDS = ("number", "bool", "text", "date")
+
+
 @dataclass
 class Table:
-    """Features (float64) and target of a checked table, and what was dropped on the way."""
+    """Features (float64, or with ``preprocess=auto`` a DataFrame of the raw columns) and target of a checked
+    table, and what was dropped on the way."""
 
-    X: np.ndarray
+    X: "np.ndarray | object"
     y: np.ndarray
     features: list[str]
     path: Path
     n_rows_read: int
     dropped_columns: list[str] = field(default_factory=list)
     n_rows_dropped: int = 0
+    kinds: dict[str, str] = field(default_factory=dict)  # preprocess=auto: each feature column's kind (KINDS)
 
     def report(self) -> dict:
         """What the ``convert`` stage logs: counts as numbers, the column names as text."""
@@ -56,26 +70,35 @@ def table_path(data: DictConfig) -> Path:
     return path
 
 
-def read_table(data: DictConfig) -> Table:
+def read_table(data: DictConfig, preprocess: DictConfig | None = None) -> Table:
     """Read ``data.path`` and check it against ``data.target``, ``data.features``, ``data.task`` and
-    ``data.drop_invalid``; raises :class:`DataError` naming the problem.
+    ``data.drop_invalid``; raises :class:`DataError` naming the problem. ``preprocess``: the config group of that
+    name; with ``preprocess.name=auto`` the features are the raw columns (:func:`table_frame`), None or ``none``:
+    numbers only.
 
     The last table read is kept: the entry point's early check, the chain's pre-check and ``convert`` read the
     file once (and warn once), unless it changed in between."""
     path = table_path(data)  # before importing pandas: a missing file is reported at once
     stat = path.stat()
     key = (str(path), stat.st_mtime_ns, stat.st_size, str(data.target), tuple(data.features or ()),
-           str(data.task), bool(data.get("drop_invalid", False)))
+           str(data.task), bool(data.get("drop_invalid", False)), _treatments(preprocess))
     if key not in _LAST:
         _LAST.clear()
-        _LAST[key] = _read(path, data)
+        _LAST[key] = _read(path, data) if key[-1] is None else _read_raw(path, data, dict(key[-1]))
     return _LAST[key]
+
+
+def _treatments(preprocess: DictConfig | None) -> tuple | None:
+    """None without preprocessing (numbers only), else the per-column treatments as a sorted tuple."""
+    if preprocess is None or str(preprocess.name) != "auto":
+        return None
+    return tuple(sorted((str(k), str(v)) for k, v in (preprocess.get("columns") or {}).items()))
 
 
 _LAST: dict[tuple, Table] = {}
 
 
-def _read(path: Path, data: DictConfig) -> Table:
+def _load(path: Path, data: DictConfig):
     import pandas as pd
 
     try:
@@ -88,6 +111,118 @@ def _read(path: Path, data: DictConfig) -> Table:
     if target not in frame.columns:
         raise DataError(f"data.target={target!r} is not a column of {path.name}; its columns: "
                         f"{_names(frame.columns)}")
+    return frame
+
+
+def _read_raw(path: Path, data: DictConfig, treatments: dict[str, str]) -> Table:
+    """The table with ``preprocess=auto``: every feature column kept (:func:`table_frame`); rows without a target
+    refused, or dropped with ``data.drop_invalid``."""
+    frame = _load(path, data)
+    target = str(data.target)
+    unknown = sorted(set(treatments) - set(frame.columns))
+    if unknown:
+        raise DataError(f"preprocess.columns names columns {unknown} missing from {path.name}; its columns: "
+                        f"{_names(frame.columns)}")
+    features = _named_features(frame, data, path.name) or [c for c in frame.columns if c != target]
+    dropped = [c for c in features if treatments.get(c) == "drop"]
+    features = [c for c in features if c not in dropped]
+    if not features:
+        raise DataError(f"{path.name} has no feature column besides the target {target!r}")
+    y = _target(frame[target], str(data.task), target, path.name)
+    valid = _target_present(y)
+    n_bad = int((~valid).sum())
+    if n_bad and not bool(data.get("drop_invalid", False)):
+        raise DataError(f"{n_bad} of {len(frame)} rows of {path.name} have no target {target!r} (first at data row "
+                        f"{int(np.flatnonzero(~valid)[0]) + 1}): fill it, or data.drop_invalid=true drops those rows")
+    if n_bad:
+        _log.warning("%s: %d of %d rows dropped (no target)", path.name, n_bad, len(frame))
+    raw = frame.loc[valid, features].reset_index(drop=True)
+    kinds = {c: column_kind(raw[c], treatments.get(c)) for c in features}
+    X = table_frame(raw, treatments, path.name)
+    y = y[valid]
+    if y.dtype == object:
+        y = y.astype(str)
+    _check_rows(y, path.name)
+    return Table(X, y, features, path, len(frame), dropped, n_bad, kinds)
+
+
+def column_kind(column, treatment: str | None = None) -> str:
+    """The kind (:data:`KINDS`) of a raw column: ``treatment`` (``preprocess.columns``) first (onehot/ordinal make
+    text, date a date, scale a number, passthrough a number or a boolean), else its dtype; a text column whose values are all ISO dates is
+    a date."""
+    import pandas as pd
+
+    if treatment in ("onehot", "ordinal"):
+        return "text"
+    if treatment == "date":
+        return "date"
+    if treatment == "scale":
+        return "number"
+    if treatment == "passthrough":
+        return "bool" if column_kind(column) == "bool" else "number"
+    kind = column.dtype.kind
+    if kind == "M":
+        return "date"
+    if kind == "b" or (kind == "O" and len(column.dropna()) and column.dropna().map(type).eq(bool).all()):
+        return "bool"
+    if kind in "iuf":
+        return "number"
+    present = column.dropna().astype(str)
+    if len(present) and present.str.match(r"^\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?$").all():
+        if pd.to_datetime(present, errors="coerce", format="ISO8601").notna().all():
+            return "date"
+    return "text"
+
+
+def table_frame(frame, treatments: dict[str, str] | None = None, file: str = "the table"):
+    """The feature columns in the form the preprocessing and the graph take, by kind (:func:`column_kind`):
+    numbers float64 (gaps NaN), booleans 0/1 float64, text strings (gaps :data:`TEXT_MISSING`), dates
+    ``datetime64[ns]`` (gaps NaT). A column the treatment makes a number or a date that does not parse is a
+    DataError naming it."""
+    import pandas as pd
+
+    treatments = treatments or {}
+    out = {}
+    for name in frame.columns:
+        column = frame[name]
+        kind = column_kind(column, treatments.get(name))
+        if kind == "number":
+            values = pd.to_numeric(column, errors="coerce")
+            bad = values.isna() & column.notna()
+            if bad.any():
+                raise DataError(f"column {name!r} of {file} holds {column[bad].iloc[0]!r}, not a number "
+                                f"(preprocess.columns.{name}=scale): pick onehot or ordinal for text")
+            large = np.flatnonzero(np.abs(values.to_numpy(np.float64, na_value=0.0)) > _FLOAT32_MAX)
+            if len(large):
+                raise DataError(f"column {name!r} of {file} holds {float(values.iloc[large[0]]):g} at data row "
+                                f"{large[0] + 1}: beyond float32's range (±3.4e38), which the model computes in")
+            out[name] = values.astype(np.float64)
+        elif kind == "bool":
+            out[name] = column.map({True: 1.0, False: 0.0}).astype(np.float64)
+        elif kind == "date":
+            values = pd.to_datetime(column, errors="coerce", format="mixed") if column.dtype.kind != "M" else column
+            bad = values.isna() & column.notna()
+            if bad.any():
+                raise DataError(f"column {name!r} of {file} holds {column[bad].iloc[0]!r}, not a date")
+            if getattr(values.dt, "tz", None) is not None:
+                values = values.dt.tz_convert(None)
+            out[name] = values.astype("datetime64[ns]")
+        else:
+            text = column.map(_text, na_action="ignore")
+            out[name] = text.fillna(TEXT_MISSING).astype(object)
+    return pd.DataFrame(out, index=frame.index)
+
+
+def _text(value) -> str:
+    """A cell as text: an integral float (an integer column with gaps, read as floats) without its ``.0``."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _read(path: Path, data: DictConfig) -> Table:
+    frame = _load(path, data)
+    target = str(data.target)
     drop = bool(data.get("drop_invalid", False))
     features, dropped = _feature_columns(frame, data, path.name, drop)
     y = _target(frame[target], str(data.task), target, path.name)
@@ -113,14 +248,8 @@ def _read(path: Path, data: DictConfig) -> Table:
 def _feature_columns(frame, data: DictConfig, file: str, drop: bool) -> tuple[list[str], list[str]]:
     """The feature columns, and the non-numeric ones left out (only with ``drop``)."""
     target = str(data.target)
-    if data.features:
-        columns = [str(c) for c in data.features]
-        missing = [c for c in columns if c not in frame.columns]
-        if missing:
-            raise DataError(f"data.features names columns {missing} missing from {file}; its columns: "
-                            f"{_names(frame.columns)}")
-        if target in columns:
-            raise DataError(f"data.features includes the target {target!r}")
+    columns = _named_features(frame, data, file)
+    if columns:
         text = [c for c in columns if not _numeric(frame[c])]
         if text:
             raise DataError(f"data.features names non-numeric columns {text} of {file}: encode them as numbers "
@@ -137,6 +266,20 @@ def _feature_columns(frame, data: DictConfig, file: str, drop: bool) -> tuple[li
     if not features:
         raise DataError(f"{file} has no numeric feature column besides the target {target!r}")
     return features, text
+
+
+def _named_features(frame, data: DictConfig, file: str) -> list[str]:
+    """``data.features`` checked against the table (columns of it, not the target); [] when not set."""
+    if not data.features:
+        return []
+    columns = [str(c) for c in data.features]
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise DataError(f"data.features names columns {missing} missing from {file}; its columns: "
+                        f"{_names(frame.columns)}")
+    if str(data.target) in columns:
+        raise DataError(f"data.features includes the target {data.target!r}")
+    return columns
 
 
 def _target(column, task: str, target: str, file: str) -> np.ndarray:

@@ -27,6 +27,9 @@ def build_estimator(model: DictConfig, seed: int):
         return LinearRegression(fit_intercept=model.fit_intercept)
     if name == "logistic":
         return LogisticRegression(C=model.C, fit_intercept=model.fit_intercept, max_iter=model.start_max_iter)
+    linear = _linear_estimator(model, seed)
+    if linear is not None:
+        return linear
     common = dict(hidden_layer_sizes=tuple(model.hidden_layer_sizes), activation=str(model.activation),
                   alpha=model.alpha, max_iter=model.start_max_iter, random_state=seed)
     if name == "mlp_regressor":
@@ -34,6 +37,66 @@ def build_estimator(model: DictConfig, seed: int):
     if name == "mlp_classifier":
         return MLPClassifier(**common)
     raise ValueError(f"model.name={name!r} is unknown")  # pragma: no cover - the schema's enum rejects it
+
+
+def _linear_estimator(model: DictConfig, seed: int):
+    """The linear models of ``model=ridge|lasso|elastic_net|sgd_regressor|huber|quantile|sgd_classifier|
+    linear_svc|poisson`` (None for another name); each trains with the configured ``loss`` (docs/LOSSES.md pairs each
+    estimator with its own)."""
+    from sklearn import linear_model, svm
+
+    name, alpha, iters = str(model.name), float(model.alpha), int(model.start_max_iter)
+    intercept = bool(model.fit_intercept)
+    builders = {
+        "ridge": lambda: linear_model.Ridge(alpha=alpha, fit_intercept=intercept),
+        "lasso": lambda: linear_model.Lasso(alpha=alpha, fit_intercept=intercept, max_iter=iters),
+        "elastic_net": lambda: linear_model.ElasticNet(alpha=alpha, l1_ratio=float(model.l1_ratio),
+                                                       fit_intercept=intercept, max_iter=iters),
+        "sgd_regressor": lambda: linear_model.SGDRegressor(loss=str(model.sgd_loss or "squared_error"), alpha=alpha,
+                                                           fit_intercept=intercept, max_iter=iters,
+                                                           random_state=seed),
+        "huber": lambda: linear_model.HuberRegressor(epsilon=float(model.epsilon), alpha=alpha,
+                                                     fit_intercept=intercept, max_iter=iters),
+        "quantile": lambda: linear_model.QuantileRegressor(quantile=float(model.quantile), alpha=alpha,
+                                                           fit_intercept=intercept, solver="highs"),
+        "sgd_classifier": lambda: linear_model.SGDClassifier(loss=str(model.sgd_loss or "log_loss"), alpha=alpha,
+                                                             fit_intercept=intercept, max_iter=iters,
+                                                             random_state=seed),
+        "linear_svc": lambda: svm.LinearSVC(C=float(model.C), fit_intercept=intercept, max_iter=iters),
+        "poisson": lambda: linear_model.PoissonRegressor(alpha=alpha, fit_intercept=intercept, max_iter=iters),
+    }
+    return builders[name]() if name in builders else None
+
+
+def build_preprocessing(kinds: dict[str, str], treatments: dict[str, str] | None = None):
+    """The ColumnTransformer ``preprocess=auto`` fits in front of the model, from each column's kind
+    (:func:`pipelines.data.tables.column_kind`) and its treatment (``preprocess.columns``, else the kind's):
+    ``scale`` (numbers: median imputation, standardization), ``passthrough`` (numbers and booleans: imputation only,
+    the most frequent value), ``onehot`` (text: unknown values ignored; gaps are the category ``__missing__``),
+    ``ordinal`` (text: one number per category, unknown values -1) and ``date`` (``ortflow.tables.DateParts``: year,
+    month, day, weekday, day of year; imputed, standardized). Dense output (``sparse_threshold=0``)."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.impute import SimpleImputer
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
+
+    from ortflow.tables import DateParts
+
+    default = {"number": "scale", "bool": "passthrough", "text": "onehot", "date": "date"}
+    steps = {
+        "scale": lambda: make_pipeline(SimpleImputer(strategy="median"), StandardScaler()),
+        "passthrough": lambda: SimpleImputer(strategy="most_frequent"),
+        "onehot": lambda: OneHotEncoder(handle_unknown="ignore"),
+        "ordinal": lambda: OrdinalEncoder(handle_unknown="use_encoded_value", unknown_value=-1),
+        "date": lambda: make_pipeline(DateParts(), SimpleImputer(strategy="median"), StandardScaler()),
+    }
+    groups: dict[str, list[str]] = {}
+    for column, kind in kinds.items():
+        treatment = (treatments or {}).get(column) or default[kind]
+        if treatment != "drop":
+            groups.setdefault(treatment, []).append(column)
+    return ColumnTransformer([(name, steps[name](), columns) for name, columns in groups.items()],
+                             sparse_threshold=0)
 
 
 def reference_estimator(start):
@@ -45,16 +108,23 @@ def reference_estimator(start):
     from sklearn.base import clone
 
     reference = clone(start)
-    if "max_iter" in reference.get_params():
-        default = inspect.signature(type(reference)).parameters["max_iter"].default
-        reference.set_params(max_iter=default)
+    final = _final(reference)  # a Pipeline (preprocess=auto): its model's iterations
+    if "max_iter" in final.get_params(deep=False):
+        default = inspect.signature(type(final)).parameters["max_iter"].default
+        final.set_params(max_iter=default)
     return reference
+
+
+def _final(estimator):
+    """The model of a Pipeline (its last step), the estimator itself otherwise."""
+    return estimator.steps[-1][1] if hasattr(estimator, "steps") else estimator
 
 
 def fit_summary(estimator) -> dict:
     """How a fitted estimator's solver ended: ``max_iter``, the iterations it ran (``n_iter``) and whether it
     converged (fewer iterations than allowed); an exact solver has none of them and counts as converged."""
-    params = estimator.get_params()
+    estimator = _final(estimator)
+    params = estimator.get_params(deep=False)
     if "max_iter" not in params or not hasattr(estimator, "n_iter_"):
         return {"solver": "exact", "converged": True}
     n_iter = int(np.max(np.atleast_1d(estimator.n_iter_)))
@@ -78,6 +148,13 @@ def fit_estimator(estimator, X: np.ndarray, y: np.ndarray, task: str, quiet: boo
 def sklearn_predict(estimator, X: np.ndarray, task: str) -> np.ndarray:
     """Regression predictions (n,), or the class probabilities (n, k), columns in ``estimator.classes_`` order."""
     if task == "classification":
+        if not hasattr(estimator, "predict_proba"):  # LinearSVC, SGDClassifier(hinge): ortflow's graph's sigmoid
+            scores = np.asarray(estimator.decision_function(X), dtype=np.float64).reshape(len(X), -1)
+            if scores.shape[1] == 1:
+                positive = 1.0 / (1.0 + np.exp(-scores[:, 0]))
+                return np.column_stack([1.0 - positive, positive])
+            scores = np.exp(scores - scores.max(axis=1, keepdims=True))
+            return scores / scores.sum(axis=1, keepdims=True)
         return np.asarray(estimator.predict_proba(X), dtype=np.float64)
     return np.asarray(estimator.predict(X), dtype=np.float64).reshape(len(X), -1)[:, 0]
 
@@ -87,7 +164,7 @@ def with_scaling(onx: onnx.ModelProto, x_mean: np.ndarray, x_scale: np.ndarray, 
     """A copy of ``onx`` that takes raw features and, for a regressor, returns predictions in the target's units.
 
     Training runs on standardized data; the exported model should not ask users to standardize. The graph gets
-    ``X_std = (X - x_mean) / x_scale`` in front and ``y = y_std * y_scale + y_mean`` behind ``output_name``
+    ``X_std = (X - x_mean) / x_scale`` in front (not when ``x_mean`` is empty: a table's graph scales inside) and ``y = y_std * y_scale + y_mean`` behind ``output_name``
     (when the graph has that output and the target was standardized). The statistics are constants, not
     trainable weights.
     """
@@ -95,18 +172,20 @@ def with_scaling(onx: onnx.ModelProto, x_mean: np.ndarray, x_scale: np.ndarray, 
     model.CopyFrom(onx)
     graph = model.graph
     standardized = "scaling_X_standardized"
-    prefix = [
-        helper.make_node("Sub", [input_name, "scaling_x_mean"], ["scaling_X_centered"]),
-        helper.make_node("Div", ["scaling_X_centered", "scaling_x_scale"], [standardized]),
-    ]
-    for node in graph.node:
-        for i, name in enumerate(node.input):
-            if name == input_name:
-                node.input[i] = standardized
-    inits = [
-        numpy_helper.from_array(np.asarray(x_mean, dtype=np.float32), "scaling_x_mean"),
-        numpy_helper.from_array(np.asarray(x_scale, dtype=np.float32), "scaling_x_scale"),
-    ]
+    prefix, inits = [], []
+    if len(x_mean):
+        prefix = [
+            helper.make_node("Sub", [input_name, "scaling_x_mean"], ["scaling_X_centered"]),
+            helper.make_node("Div", ["scaling_X_centered", "scaling_x_scale"], [standardized]),
+        ]
+        for node in graph.node:
+            for i, name in enumerate(node.input):
+                if name == input_name:
+                    node.input[i] = standardized
+        inits = [
+            numpy_helper.from_array(np.asarray(x_mean, dtype=np.float32), "scaling_x_mean"),
+            numpy_helper.from_array(np.asarray(x_scale, dtype=np.float32), "scaling_x_scale"),
+        ]
     suffix = []
     outputs = [o.name for o in graph.output]
     if output_name in outputs and (y_mean != 0.0 or y_scale != 1.0):
@@ -130,6 +209,34 @@ def with_scaling(onx: onnx.ModelProto, x_mean: np.ndarray, x_scale: np.ndarray, 
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(inits)
+    onnx.checker.check_model(model)
+    return model
+
+
+#: estimators whose graph outputs the linear predictor of a log link (ortflow's GLM losses train on it): the mean
+#: scikit-learn predicts is its exponential
+LOG_LINK = ("PoissonRegressor", "GammaRegressor")
+
+
+#: ``model.name`` of the pipelines' log-link GLMs
+LOG_LINK_MODELS = ("poisson",)
+
+
+def with_mean(onx: onnx.ModelProto, model_name: str | None = None, output_name: str = "variable") -> onnx.ModelProto:
+    """``onx`` answering the mean scikit-learn predicts: ``exp`` of ``output_name`` for a log-link GLM
+    (:data:`LOG_LINK`, read from the graph's estimator record; a trained graph has none, so ``model_name``, the
+    config's ``model.name``, says it too), else ``onx`` unchanged."""
+    from ortflow.convert import estimator_record
+
+    if estimator_record(onx).get("class") not in LOG_LINK and model_name not in LOG_LINK_MODELS:
+        return onx
+    model = onnx.ModelProto()
+    model.CopyFrom(onx)
+    inner = "link_linear_predictor"
+    for node in model.graph.node:
+        node.output[:] = [inner if n == output_name else n for n in node.output]
+        node.input[:] = [inner if n == output_name else n for n in node.input]
+    model.graph.node.append(helper.make_node("Exp", [inner], [output_name], name="link_mean"))
     onnx.checker.check_model(model)
     return model
 

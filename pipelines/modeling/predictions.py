@@ -9,9 +9,24 @@ import onnxruntime
 from ..data.datasets import Split
 
 
+#: onnxruntime's type names of the inputs a table's graph has, as ONNX element types
+_ELEMENT_TYPES = {"tensor(float)": 1, "tensor(int64)": 7, "tensor(string)": 8, "tensor(double)": 11}
+
+
+def session_feeds(session: onnxruntime.InferenceSession, X) -> dict[str, np.ndarray]:
+    """The feeds of ``session`` for ``X``: a float matrix for one input, or a table's columns (a DataFrame) fed by
+    name as :class:`ortflow.inputs.InputMapping` feeds them (dates as days since 1970-01-01, gaps where imputed)."""
+    if isinstance(X, np.ndarray):
+        return {session.get_inputs()[0].name: X.astype(np.float32)}
+    from ortflow.inputs import DataInput, InputMapping
+
+    inputs = [DataInput(i.name, _ELEMENT_TYPES[i.type], tuple(i.shape[1:])) for i in session.get_inputs()]
+    return InputMapping(inputs, allow_missing=True).feeds(X)[0]
+
+
 def onnx_predict(session: onnxruntime.InferenceSession, X: np.ndarray, task: str) -> np.ndarray:
     """Regression predictions (n,) from the first output, or the class probabilities (n, k)."""
-    feeds = {session.get_inputs()[0].name: X.astype(np.float32)}
+    feeds = session_feeds(session, X)
     names = [o.name for o in session.get_outputs()]
     if task == "classification":
         return np.asarray(session.run(["output_probability"], feeds)[0])

@@ -25,7 +25,7 @@ def check_training_settings(cfg: DictConfig) -> None:
         return
     from ..data.datasets import make_split
 
-    split = make_split(cfg.data)
+    split = make_split(cfg.data, preprocess=cfg.get("preprocess"))
     try:
         check_positive_int("trainer.batch_size", int(cfg.trainer.batch_size), len(split.y_train),
                            f"the number of training rows of data={cfg.data.name}")

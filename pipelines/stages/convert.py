@@ -25,22 +25,28 @@ from omegaconf import DictConfig
 import ortflow
 
 from ..data.datasets import Split, make_split
-from ..modeling.estimators import (build_estimator, fit_estimator, fit_summary, reference_estimator,
-                                   sklearn_predict)
+from ..modeling.estimators import (build_estimator, build_preprocessing, fit_estimator, fit_summary,
+                                   reference_estimator, sklearn_predict)
 from ..execution.runner import StageContext
 
 
 def fitted_estimator(cfg: DictConfig, split: Split, max_iter: int | None = None):
     """The start: the configured scikit-learn model fitted on the training rows for ``model.start_max_iter``
-    iterations (``max_iter`` caps them further)."""
+    iterations (``max_iter`` caps them further); on a table's raw columns, a Pipeline of the preprocessing
+    (``preprocess``) and the model."""
     estimator = build_estimator(cfg.model, int(cfg.seed))
     if max_iter is not None and "max_iter" in estimator.get_params():
         estimator.set_params(max_iter=max_iter)
+    if split.is_table:
+        from sklearn.pipeline import make_pipeline
+
+        treatments = {str(k): str(v) for k, v in (cfg.preprocess.get("columns") or {}).items()}
+        estimator = make_pipeline(build_preprocessing(split.column_kinds(), treatments), estimator)
     return fit_estimator(estimator, split.X_train, split.y_train, str(cfg.data.task))
 
 
 def prediction_graph(cfg: DictConfig, estimator, split: Split) -> onnx.ModelProto:
-    """The fitted model as the ONNX graph training starts from."""
+    """The fitted model as the ONNX graph training starts from (a table's: one input per column)."""
     return ortflow.to_onnx(estimator, split.X_train[:1], target_opset=int(cfg.model.target_opset))
 
 
@@ -48,7 +54,7 @@ def convert(ctx: StageContext) -> dict:
     cfg = ctx.cfg
     begin = time.perf_counter()
     dropped: dict = {}  # what loading a table dropped (data.drop_invalid=true), logged with the feature list
-    split = make_split(cfg.data, dropped)
+    split = make_split(cfg.data, dropped, cfg.get("preprocess"))
     ctx.log_metrics({"time_load_data_seconds": time.perf_counter() - begin, **split.summary(),
                      **{k: v for k, v in dropped.items() if k.startswith("n_")}})
     features = [str(f) for f in split.feature_names]
@@ -92,7 +98,7 @@ def convert(ctx: StageContext) -> dict:
     ctx.log_metrics({"time_to_onnx_seconds": time.perf_counter() - begin})
     ctx.log_file(ctx.work_dir / "model.onnx", "graphs", entry="model")
     ctx.set_tags({
-        "ortflow.sklearn_model": type(estimator).__name__,
+        "ortflow.sklearn_model": type(getattr(estimator, "steps", [[None, estimator]])[-1][1]).__name__,
         "ortflow.onnx_outputs": ",".join(o.name for o in onx.graph.output),
         "ortflow.trainable_weights": ",".join(ortflow.trainable_initializers(onx)),
     })

@@ -22,7 +22,7 @@ import onnxruntime
 from ..modeling import plots
 from ..data.datasets import Split
 from ..modeling.metrics import classification_metrics, regression_metrics
-from ..modeling.estimators import with_scaling
+from ..modeling.estimators import with_mean, with_scaling
 from ..modeling.predictions import check_finite_predictions, onnx_predict
 from ..execution.runner import StageContext
 
@@ -31,11 +31,14 @@ from ..execution.runner import StageContext
 PREFIX = {"onnx": "test_", "sklearn": "sklearn_test_", "start": "start_test_"}
 
 
-def deploy_graph(split: Split, trained: onnx.ModelProto) -> onnx.ModelProto:
-    input_name = trained.graph.input[0].name
+def deploy_graph(split: Split, trained: onnx.ModelProto, model_name: str | None = None) -> onnx.ModelProto:
+    """The trained graph taking raw features and answering in the target's units (``model_name``: the config's
+    ``model.name``, which says whether the graph outputs a log-link GLM's linear predictor)."""
+    input_name = trained.graph.input[0].name  # a table's graph takes its columns: no standardization in front
     output = "variable" if split.task == "regression" else "__none__"
-    return with_scaling(trained, split.x_mean, split.x_scale, split.y_mean, split.y_scale, input_name=input_name,
-                        output_name=output)
+    scaled = with_scaling(trained, split.x_mean, split.x_scale, split.y_mean, split.y_scale, input_name=input_name,
+                          output_name=output)
+    return with_mean(scaled, model_name) if split.task == "regression" else scaled  # a GLM answers exp(score)
 
 
 def sklearn_reference(ctx: StageContext, split: Split) -> dict[str, np.ndarray]:
@@ -69,7 +72,7 @@ def sklearn_reference(ctx: StageContext, split: Split) -> dict[str, np.ndarray]:
 def evaluate(ctx: StageContext) -> dict:
     split = Split.load(ctx.bundle.path("split", ctx.name))
     trained = ctx.bundle.load_onnx("trained_model", ctx.name)
-    deploy = deploy_graph(split, trained)
+    deploy = deploy_graph(split, trained, str(ctx.cfg.model.name))
     path = ctx.work_dir / "deploy_model.onnx"
     onnx.save(deploy, path)
     ctx.log_file(path, "graphs", entry="deploy_model")

@@ -35,12 +35,23 @@ def model_config(split: Split) -> dict:
     config = {"features": [str(f) for f in split.feature_names], "task": split.task}
     if split.task == "classification":
         config["classes"] = split.classes.tolist()
+    if split.is_table:  # the raw columns, by kind: the served model converts each cell as training did
+        from ..data.tables import TEXT_MISSING
+
+        config["columns"] = split.column_kinds()
+        config["text_missing"] = TEXT_MISSING
     return config
 
 
 def input_example(split: Split, rows: int = 5) -> pd.DataFrame:
-    """Raw test rows as a float64 frame named by the features: stored with the model, which MLflow runs on them
-    when logging it."""
+    """Raw test rows as a float64 frame named by the features (a table's columns as a CSV has them: text, numbers
+    with gaps, dates as ISO text): stored with the model, which MLflow runs on them when logging it."""
+    if split.is_table:
+        frame = split.X_test[:rows].copy()
+        for name, kind in split.column_kinds().items():
+            if kind == "date":
+                frame[name] = frame[name].dt.strftime("%Y-%m-%d")
+        return frame
     return pd.DataFrame(split.raw_X(split.X_test[:rows]).astype(np.float64),
                         columns=[str(f) for f in split.feature_names])
 

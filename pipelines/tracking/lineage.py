@@ -68,7 +68,8 @@ def split_datasets(split: Split, data: DictConfig, parts: tuple[str, ...] = tupl
         X, y = arrays[part]
         if len(y) == 0:
             continue
-        frame = pd.DataFrame(split.raw_X(X).astype(np.float64), columns=[str(n) for n in split.feature_names])
+        frame = (X.copy() if split.is_table else
+                 pd.DataFrame(split.raw_X(X).astype(np.float64), columns=[str(n) for n in split.feature_names]))
         frame[target] = _labels(split, y) if split.task == "classification" else split.raw_y(y).astype(np.float64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

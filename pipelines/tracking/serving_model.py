@@ -13,6 +13,12 @@ finite and within float32's range, the type the graph computes in. A missing col
 NaN), a non-number or a non-finite or out-of-range value raises ``MlflowException`` (``INVALID_PARAMETER_VALUE``,
 which ``mlflow models serve`` answers with HTTP 400) naming the column and the row (0-based position).
 
+A model trained on a table's raw columns (``preprocess=auto``; the model config's ``columns`` gives each column's
+kind) takes them as a CSV has them: numbers (gaps allowed: the graph imputes them), booleans, text (any value;
+a gap is the category the training data's gaps were, an unknown value is ignored by the one-hot encoding) and
+dates (ISO text or datetimes; gaps allowed). A cell that is not of its column's kind raises the same
+``MlflowException`` naming the column and the row.
+
 Output: ``prediction`` (a one-column DataFrame) for a regressor; for a classifier the labels (a Series named
 ``label``, the classes as the data had them: what ``mlflow.models.evaluate(..., model_type="classifier")`` takes),
 or, with the parameter ``output="probabilities"``, a DataFrame with ``label`` and one column
@@ -82,6 +88,64 @@ def feature_matrix(model_input, features: list[str]) -> np.ndarray:
     return np.stack(columns, axis=1).astype(np.float32) if columns else np.zeros((len(frame), 0), np.float32)
 
 
+_BOOLEANS = {True: 1.0, False: 0.0, "True": 1.0, "False": 0.0, "true": 1.0, "false": 0.0, 1: 1.0, 0: 0.0}
+
+
+def table_feeds(model_input, columns: dict[str, str], inputs, text_missing: str) -> dict[str, np.ndarray]:
+    """The feeds of a table's graph (one ``(n, 1)`` input per column) from the raw columns of ``model_input``,
+    converted by kind as the training data was: numbers and booleans float32 (NaN for a gap), text strings (a gap
+    becomes ``text_missing``), dates int64 days since 1970-01-01 (a gap the smallest int64). :func:`invalid`
+    naming the column and the row for a missing column or a cell of the wrong kind."""
+    frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
+    by_name = {str(c): c for c in frame.columns}
+    missing = [c for c in columns if c not in by_name]
+    if missing:
+        raise invalid(f"the input lacks the columns {missing}; the model takes the columns {list(columns)}")
+    feeds, problems = {}, []
+    for spec in inputs:
+        name, kind = spec.name, columns[spec.name]
+        raw = frame[by_name[name]]
+        absent = pd.isna(raw).to_numpy()
+        if kind in ("number", "bool"):
+            mapped = raw.map(lambda v: _BOOLEANS.get(v, v) if isinstance(v, (bool, str)) else v) if kind == "bool" \
+                else raw
+            values = pd.to_numeric(mapped, errors="coerce").to_numpy(np.float64, na_value=np.nan)
+            bad = np.flatnonzero((np.isnan(values) & ~absent) | np.isinf(values) | (np.abs(values) > FLOAT32_MAX))
+            problems += [f"column {name!r} row {r}: {raw.iloc[r]!r}, not a finite number" for r in bad]
+            feeds[name] = values.astype(np.float32).reshape(-1, 1)
+        elif kind == "date":
+            values = _dates(raw) if raw.dtype.kind != "M" else raw
+            if getattr(values.dt, "tz", None) is not None:
+                values = values.dt.tz_convert(None)
+            bad = np.flatnonzero(values.isna().to_numpy() & ~absent)
+            problems += [f"column {name!r} row {r}: {raw.iloc[r]!r}, not a date" for r in bad]
+            days = values.to_numpy("datetime64[ns]").astype("datetime64[D]").astype(np.int64)
+            feeds[name] = days.reshape(-1, 1)
+        else:
+            text = [text_missing if gap else _text(v) for v, gap in zip(raw.tolist(), absent)]
+            feeds[name] = np.array(text, dtype=object).reshape(-1, 1)
+    if problems:
+        shown = "; ".join(problems[:SHOWN]) + (f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else "")
+        raise invalid(f"{len(problems)} input cells do not fit their column ({shown})")
+    return feeds
+
+
+def _dates(raw):
+    """Each cell parsed on its own (``format="mixed"``, pandas >= 2; pandas 1 infers each cell's format itself);
+    NaT where a cell is not a date."""
+    try:
+        return pd.to_datetime(raw, errors="coerce", format="mixed")
+    except (TypeError, ValueError):
+        return pd.to_datetime(raw, errors="coerce")
+
+
+def _text(value) -> str:
+    """A text cell as training saw it (pipelines.data.tables): an integral float without its ``.0``."""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def check_finite_outputs(values: np.ndarray) -> None:
     """:func:`invalid` naming the rows whose prediction is not finite (inputs too large for the model's scale)."""
     values = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
@@ -106,25 +170,33 @@ class DeployedOnnxModel(PythonModel):
         self.features = [str(f) for f in config["features"]]
         self.task = str(config["task"])
         self.classes = list(config.get("classes") or [])
+        self.columns = dict(config.get("columns") or {})  # a table's raw columns and their kinds
+        self.text_missing = str(config.get("text_missing") or "")
         self.session = onnxruntime.InferenceSession(context.artifacts[GRAPH], providers=["CPUExecutionProvider"])
         self.input_name = self.session.get_inputs()[0].name
         self.outputs = [o.name for o in self.session.get_outputs()]
 
+    def _feeds(self, model_input) -> dict:
+        if self.columns:
+            return table_feeds(model_input, self.columns, self.session.get_inputs(), self.text_missing)
+        return {self.input_name: feature_matrix(model_input, self.features)}
+
     # no type hint on model_input: MLflow would infer the signature from it instead of the one given
     def predict(self, context, model_input, params=None):
-        X = feature_matrix(model_input, self.features)
+        feeds = self._feeds(model_input)
+        X = next(iter(feeds.values()))
         output = (params or {}).get(OUTPUT_PARAM) or OUTPUTS[0]
         if self.task == "classification":
             if output not in OUTPUTS:
                 raise invalid(f"params {OUTPUT_PARAM}={output!r}: one of {list(OUTPUTS)}")
-            label, proba = self.session.run(["output_label", "output_probability"], {self.input_name: X})
+            label, proba = self.session.run(["output_label", "output_probability"], feeds)
             proba = np.asarray(proba, dtype=np.float64).reshape(len(X), -1)
             check_finite_outputs(proba)
             labels = pd.Series(np.asarray(label).ravel(), name="label")
             if output == "label":
                 return labels
             return pd.concat([labels, pd.DataFrame(proba, columns=probability_columns(self.classes))], axis=1)
-        prediction = np.asarray(self.session.run([self.outputs[0]], {self.input_name: X})[0], dtype=np.float64)
+        prediction = np.asarray(self.session.run([self.outputs[0]], feeds)[0], dtype=np.float64)
         prediction = prediction.reshape(len(X), -1)[:, 0]
         check_finite_outputs(prediction)
         return pd.DataFrame({"prediction": prediction})
