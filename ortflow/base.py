@@ -43,7 +43,7 @@ from .ml_op_rewrites import make_trainable
 from .parameters import check_parameters
 from .registry import select
 from .runtime import THREADS_WORK_THRESHOLD, OnnxFunction, make_session_options, threads_for_work
-from .convert import graph_classes
+from .convert import ESTIMATOR_METADATA, graph_classes
 from .frozen_prefix import FrozenPrefix
 from .prefetch import Prefetcher
 from .sources import is_source
@@ -492,7 +492,10 @@ class BaseTrainer(BaseEstimator):
     def get_trained_onnx(self) -> onnx.ModelProto:
         """The prediction graph with the trained weights, loadable by a plain InferenceSession."""
         self._check_fitted()
-        return g.replace_initializers(self._prediction_graph(), self.get_state())
+        trained = g.replace_initializers(self._prediction_graph(), self.get_state())
+        # the estimator the graph came from stays recorded (the loss record does not: the graph has no loss)
+        trained.metadata_props.extend(e for e in self._model.metadata_props if e.key == ESTIMATOR_METADATA)
+        return trained
 
     def save_onnx_graph(self, folder: str | os.PathLike | None = None) -> dict[str, str] | dict[str, bytes]:
         """Every graph the trainer uses, and the trained model: written into ``folder`` (name -> path), or,

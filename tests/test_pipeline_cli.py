@@ -242,7 +242,7 @@ def test_the_console_shows_ortflow_lines_not_harmless_third_party_warnings(tmp_p
     frame.loc[3, "a"] = np.nan
     frame.to_csv(tmp_path / "t.csv", index=False)
     cmd = [sys.executable, "-m", "pipelines.main", "data=file", "data.path=t.csv", "data.target=label",
-           "data.task=classification", "data.drop_invalid=true", "trainer.max_iter=2"]
+           "data.task=classification", "data.drop_invalid=true", "preprocess=none", "trainer.max_iter=2"]
     proc, out = _run(cmd, tmp_path, pipeline_subprocess_env)
     assert proc.returncode == 0, out[-4000:]
     assert "t.csv: 1 of 120 rows dropped (missing or non-finite values)" in out  # ortflow's warning (Hydra's log)

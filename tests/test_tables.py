@@ -320,3 +320,12 @@ def test_a_missing_date_is_refused_where_the_graph_does_not_impute():
     with pytest.raises(ValueError, match=r"column 'sold' has a missing date at index \(1,\)"):
         mapping.feeds(frame)
     assert mapping.feeds(frame.iloc[:1])[0]["sold"].tolist() == [[18262]]
+
+
+def test_the_trained_graph_keeps_the_estimator_it_came_from(regression):
+    frame, y, _, onx = regression
+    est = TRAINERS["fwbw"](onx, max_iter=1, batch_size=32).fit(frame, y)
+    from ortflow.convert import estimator_record
+
+    assert estimator_record(est.get_trained_onnx())["class"] == "SGDRegressor"
+

@@ -125,7 +125,7 @@ def fit_summary(estimator) -> dict:
     converged (fewer iterations than allowed); an exact solver has none of them and counts as converged."""
     estimator = _final(estimator)
     params = estimator.get_params(deep=False)
-    if "max_iter" not in params or not hasattr(estimator, "n_iter_"):
+    if "max_iter" not in params or getattr(estimator, "n_iter_", None) is None:  # Ridge's direct solvers: None
         return {"solver": "exact", "converged": True}
     n_iter = int(np.max(np.atleast_1d(estimator.n_iter_)))
     return {"solver": str(params.get("solver", "")), "max_iter": int(params["max_iter"]), "n_iter": n_iter,

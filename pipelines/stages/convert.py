@@ -70,11 +70,11 @@ def convert(ctx: StageContext) -> dict:
     estimator = fitted_estimator(cfg, split)
     ctx.log_metrics({"time_start_fit_seconds": time.perf_counter() - begin})
     begin = time.perf_counter()
-    reference = reference_estimator(estimator)
-    if reference.get_params() == estimator.get_params():  # an exact solver: the start is the reference
+    if fit_summary(estimator)["solver"] == "exact":  # least squares, Ridge: the start is the reference
         reference = estimator
     else:
-        reference = fit_estimator(reference, split.X_train, split.y_train, ctx.task, quiet=False)
+        reference = fit_estimator(reference_estimator(estimator), split.X_train, split.y_train, ctx.task,
+                                  quiet=False)
     ctx.log_metrics({"time_sklearn_fit_seconds": time.perf_counter() - begin})
     start_fit, reference_fit = fit_summary(estimator), fit_summary(reference)
     ctx.log_params({**{f"start.{k}": v for k, v in start_fit.items() if k in ("max_iter", "n_iter")},
