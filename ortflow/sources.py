@@ -77,6 +77,9 @@ class _Held:
         return held if self.validation else ~held
 
 
+_MATRIX = "\0features"  # the key of the feature matrix among a buffer's columns
+
+
 class ParquetSource:
     """A Parquet file or a folder of Parquet files, read one row group at a time.
 
@@ -151,7 +154,7 @@ class ParquetSource:
             matrix = np.empty((len(arrays[0]), len(arrays)), dtype=next(iter(dtypes)))
             for i, array in enumerate(arrays):
                 matrix[:, i] = array
-            return pd.DataFrame(matrix, columns=self.columns, copy=False)
+            return self._frame(matrix)
         return pd.DataFrame(dict(zip(self.columns, arrays)), copy=False)
 
     def head(self, rows: int):
@@ -163,27 +166,56 @@ class ParquetSource:
 
     def chunks(self, rng: np.random.RandomState | None) -> Iterator[tuple[Any, Any, Any]]:
         order = np.arange(len(self._groups)) if rng is None else rng.permutation(len(self._groups))
-        pending: list[dict] = []
-        held = 0
-        for position, index in enumerate(order):
-            columns = self._read(int(index))
+        buffers, current, held = [], [], 0  # the row groups of each buffer, from the files' metadata
+        for index in order:
+            current.append(int(index))
+            held += self._groups[index][2]
+            if held >= self.buffer_rows:
+                buffers.append(current)
+                current, held = [], 0
+        if current:
+            buffers.append(current)
+        for groups in buffers:
+            columns = self._gather(groups)
+            n = len(columns[self.target])
+            if n == 0:
+                continue
+            if rng is not None:
+                perm = rng.permutation(n)
+                columns = {k: np.take(v, perm, axis=0) for k, v in columns.items()}
+            weight = columns[self.weight] if self.weight else None
+            features = columns.pop(_MATRIX, None)
+            yield (self._features(columns) if features is None else self._frame(features)), columns[self.target], \
+                weight
+
+    def _gather(self, groups: list[int]) -> dict[str, np.ndarray]:
+        """The rows of ``groups`` (split rows dropped), the features as one matrix under ``_MATRIX`` when they are
+        all numbers of one dtype (each row group written straight into it: one copy), else one array per column."""
+        parts = []
+        for index in groups:
+            columns = self._read(index)
             mask = self._held.rows(columns)
-            if mask is not None:
-                columns = {k: v[mask] for k, v in columns.items()}
-            pending.append(columns)
-            held += len(columns[self.target])
-            if held >= self.buffer_rows or position == len(order) - 1:
-                buffer = {k: np.concatenate([p[k] for p in pending]) if len(pending) > 1 else pending[0][k]
-                          for k in pending[0]}
-                pending, held = [], 0
-                n = len(buffer[self.target])
-                if n == 0:
-                    continue
-                if rng is not None:
-                    perm = rng.permutation(n)
-                    buffer = {k: v[perm] for k, v in buffer.items()}
-                weight = buffer[self.weight] if self.weight else None
-                yield self._features(buffer), buffer[self.target], weight
+            parts.append(columns if mask is None else {k: v[mask] for k, v in columns.items()})
+        dtypes = {parts[0][c].dtype for c in self.columns}
+        if len(dtypes) != 1 or next(iter(dtypes)).kind not in "fiu":
+            return {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k] for k in parts[0]}
+        total = sum(len(p[self.target]) for p in parts)
+        matrix = np.empty((total, len(self.columns)), dtype=next(iter(dtypes)))
+        offset = 0
+        for part in parts:
+            rows = len(part[self.target])
+            for i, column in enumerate(self.columns):
+                matrix[offset:offset + rows, i] = part[column]
+            offset += rows
+        others = [k for k in parts[0] if k not in self.columns or k in (self.target, self.weight)]
+        gathered = {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k] for k in others}
+        gathered[_MATRIX] = matrix
+        return gathered
+
+    def _frame(self, matrix: np.ndarray):
+        import pandas as pd
+
+        return pd.DataFrame(matrix, columns=self.columns, copy=False)
 
 
 class ArrowSource:
