@@ -109,9 +109,16 @@ class ParquetSource:
         self._files = [f.path for f in self._dataset.get_fragments() if self._held.keep_file(f.path)]
         if not self._files:
             raise ValueError(f"{self.path} holds no Parquet data for this part of the split")
-        self._readers: dict[int, Any] = {}
-        self._groups = [(fi, g, self._reader(fi).metadata.row_group(g).num_rows)
-                        for fi in range(len(self._files)) for g in range(self._reader(fi).num_row_groups)]
+        self._readers: dict[int, Any] = {}  # a few open files (a folder of thousands is never opened at once)
+        self._groups = []
+        wanted = self._wanted()
+        for fi, file in enumerate(self._files):
+            meta = self._metadata(file)
+            missing = [c for c in wanted if c not in meta.schema.names]
+            if missing:
+                raise ValueError(f"{file} has no column {missing} (its columns: {meta.schema.names}): every file of "
+                                 f"{self.path} must hold the source's columns")
+            self._groups.extend((fi, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
         self.n_rows = sum(n for _, _, n in self._groups) if self._held.key is None else None
 
     def split(self, fraction: float, key: str | None = None) -> tuple[ParquetSource, ParquetSource]:
@@ -127,20 +134,44 @@ class ParquetSource:
     def files(self) -> list[str]:
         return list(self._files)
 
+    @staticmethod
+    def _metadata(file: str):
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.read_metadata(file)
+        except OSError as exc:
+            raise _unreadable(file, exc) from exc
+        except Exception as exc:  # noqa: BLE001 - pyarrow's ArrowInvalid: not Parquet, or a truncated footer
+            raise _unreadable(file, exc) from exc
+
+    def _wanted(self) -> list[str]:
+        return list(dict.fromkeys([*self.columns, self.target, *([self.weight] if self.weight else []),
+                                   *([self._held.key] if self._held.key else [])]))
+
     def _reader(self, index: int):
         import pyarrow.parquet as pq
 
-        reader = self._readers.get(index)
+        reader = self._readers.pop(index, None)
         if reader is None:
-            reader = self._readers[index] = pq.ParquetFile(self._files[index])
+            if len(self._readers) >= 8:
+                self._readers.pop(next(iter(self._readers))).close()
+            reader = pq.ParquetFile(self._files[index])
+        self._readers[index] = reader  # the most recent last
         return reader
 
     def _read(self, index: int) -> dict[str, np.ndarray]:
         """One row group as numpy columns (features, target, weight, split key)."""
-        fi, group, _ = self._groups[index]
-        wanted = list(dict.fromkeys([*self.columns, self.target, *([self.weight] if self.weight else []),
-                                     *([self._held.key] if self._held.key else [])]))
-        table = self._reader(fi).read_row_group(group, columns=wanted)
+        fi, group, rows = self._groups[index]
+        wanted = self._wanted()
+        try:
+            table = self._reader(fi).read_row_group(group, columns=wanted)
+        except Exception as exc:  # noqa: BLE001 - a file removed, truncated or rewritten since the source opened
+            self._readers.pop(fi, None)
+            raise _unreadable(self._files[fi], exc, f"row group {group}") from exc
+        if table.num_rows != rows:
+            raise ValueError(f"{self._files[fi]} changed while training: row group {group} has {table.num_rows} rows, "
+                             f"{rows} when the source was opened")
         return {name: table.column(name).to_numpy(zero_copy_only=False) for name in wanted}
 
     def _features(self, columns: dict[str, np.ndarray]):
@@ -284,6 +315,13 @@ class IterableSource:
         for item in items:
             X, y, *rest = item
             yield _numpy(X), _numpy(y), _numpy(rest[0]) if rest else None
+
+
+def _unreadable(file: str, exc: Exception, where: str = "") -> OSError:
+    """The error of a Parquet file that cannot be read, naming it (and the row group)."""
+    what = f" ({where})" if where else ""
+    return OSError(f"{file}{what} cannot be read as Parquet: {type(exc).__name__}: {exc} (removed, truncated or "
+                   "not a Parquet file?)")
 
 
 def _numpy(value):

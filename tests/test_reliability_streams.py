@@ -1,0 +1,85 @@
+"""Probe round 3, streamed data: files that break while a source reads them, and a reader slower than training.
+Each case ends in an error naming the file (and nothing half-saved) or in the same training (docs/RELIABILITY.md)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+from sklearn.linear_model import LinearRegression
+
+import ortflow
+from ortflow.sources import IterableSource, ParquetSource
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+pd = pytest.importorskip("pandas")
+
+RNG = np.random.default_rng(0)
+
+
+def _frame(n):
+    X = RNG.normal(size=(n, 3)).astype(np.float32)
+    return pd.DataFrame(X, columns=["a", "b", "c"]).assign(y=X.sum(axis=1))
+
+
+@pytest.fixture
+def folder(tmp_path):
+    for k in range(3):
+        pq.write_table(pa.Table.from_pandas(_frame(400)), tmp_path / f"part{k}.parquet", row_group_size=100)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def start():
+    X = _frame(20)[["a", "b", "c"]].to_numpy()
+    return ortflow.to_onnx(LinearRegression().fit(X, np.zeros(20)), X)
+
+
+def _trainer(start, **kw):
+    return ortflow.OrtGradientForwardBackwardOptimizer(start, learning_loss="squared_error", batch_size=50,
+                                                       max_iter=2, random_state=0, **kw)
+
+
+def test_a_truncated_file_is_named_when_the_source_opens(folder):
+    path = folder / "part1.parquet"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(OSError, match=r"part1\.parquet cannot be read as Parquet: .*truncated"):
+        ParquetSource(folder, target="y")
+
+
+def test_a_file_with_other_columns_is_named_with_what_it_lacks(folder):
+    pq.write_table(pa.Table.from_pandas(_frame(50).rename(columns={"c": "d"})), folder / "part3.parquet")
+    with pytest.raises(ValueError, match=r"part3\.parquet has no column \['c'\]"):
+        ParquetSource(folder, target="y", columns=["a", "b", "c"])
+
+
+def test_a_file_removed_during_training_stops_it_naming_the_file(folder, start, tmp_path):
+    """The error names the file and row group; the epoch is left incomplete, so no checkpoint claims it."""
+    source = ParquetSource(folder, target="y", buffer_rows=100)
+    os.remove(folder / "part2.parquet")
+    est = _trainer(start, shuffle=False)
+    with pytest.raises(OSError, match=r"part2\.parquet \(row group 0\) cannot be read as Parquet"):
+        est.fit(source)
+    assert est.in_epoch_
+    with pytest.raises(RuntimeError, match="in the middle of an epoch"):
+        est.save_checkpoint(tmp_path / "ckpt")
+
+
+def test_a_reader_slower_than_training_changes_nothing(start):
+    frame = _frame(600)
+    X, y = frame[["a", "b", "c"]].to_numpy(), frame["y"].to_numpy()
+
+    def batches(delay):
+        def read():
+            for i in range(0, len(X), 100):
+                time.sleep(delay)
+                yield X[i:i + 100], y[i:i + 100]
+        return read
+
+    fast = _trainer(start).fit(IterableSource(batches(0.0))).get_state()
+    slow = _trainer(start).fit(IterableSource(batches(0.02))).get_state()
+    for name, value in fast.items():
+        np.testing.assert_array_equal(slow[name], value)
