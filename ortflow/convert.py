@@ -380,16 +380,26 @@ def _skl2onnx(model: Any, X: np.ndarray | None, target_opset: int) -> onnx.Model
         sample = {"initial_types": table_input_types(X)}
     else:
         sample = {"X": np.asarray(X[:1], dtype=np.float32)}
-    onx = skl_to_onnx(
-        model,
-        **sample,
-        target_opset={"": target_opset, "ai.onnx.ml": 3},
-        black_op={"LinearRegressor", "LinearClassifier"},
-    )
+    try:
+        onx = skl_to_onnx(model, **sample, target_opset={"": target_opset, "ai.onnx.ml": 3},
+                          black_op={"LinearRegressor", "LinearClassifier"})
+    except Exception as exc:
+        empty = _empty_columns(X)
+        if empty:  # scikit-learn's imputers drop a column without values; skl2onnx's graph keeps it and fails
+            raise ValueError(f"to_onnx: column(s) {empty} hold no value (every cell missing): drop them before "
+                             "fitting, or impute with SimpleImputer(keep_empty_features=True)") from exc
+        raise
     if onx.ir_version > 10:
         onx.ir_version = 10
     check_loadable(onx)
     return onx
+
+
+def _empty_columns(X) -> list[str]:
+    """The columns of a frame whose every cell is missing."""
+    if not hasattr(X, "columns"):
+        return []
+    return [str(c) for c in X.columns if X[c].isna().all()]
 
 
 def table_input_types(frame) -> list[tuple]:

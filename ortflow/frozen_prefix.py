@@ -34,6 +34,7 @@ class FrozenPrefix:
         self.model = prefix
         self.cut = list(cut)
         self.input_names = g.input_names(prefix)
+        self.row_bytes, self.row_shapes = 0, {}  # the size of one row of the cut (known after a first run)
         # onnxruntime types the outputs itself (shape inference does not know every ai.onnx.ml op)
         self._session = InferenceSession(prefix.SerializeToString(), make_session_options(),
                                          providers=["CPUExecutionProvider"])
@@ -84,6 +85,8 @@ class FrozenPrefix:
         prefix = g.keep_outputs(prefix, cut)
         frozen_prefix = cls(prefix, cut)
         values = frozen_prefix.transform({k: v[:2] for k, v in sample.items()})
+        frozen_prefix.row_shapes = {name: v.shape[1:] for name, v in values.items()}
+        frozen_prefix.row_bytes = sum(v[:1].nbytes for v in values.values())
         types = {name: helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype),
                                                      ["N", *v.shape[1:]]) for name, v in values.items()}
         kept_inputs = [i for i in model.graph.input if i.name not in data_inputs]
@@ -101,7 +104,17 @@ class FrozenPrefix:
         return part, frozen_prefix
 
     def transform(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The trainable part's feeds (the cut tensors) for the data inputs' ``feeds``."""
+        """The trainable part's feeds (the cut tensors) for the data inputs' ``feeds``; refused, before any
+        work, when they would take more than half the memory available (a one-hot encoder of 10^5 categories
+        writes 10^5 dense columns per row)."""
+        rows = len(next(iter(feeds.values())))
+        if self.row_bytes and rows * self.row_bytes > _available_bytes() / 2:
+            widths = {name: int(np.prod(shape)) for name, shape in self.row_shapes.items()}
+            raise MemoryError(
+                f"the frozen prefix (the graph's preprocessing) turns {rows} rows into {widths} values per row, "
+                f"{rows * self.row_bytes / 2**30:.1f} GiB, more than half the memory available: fewer columns "
+                "(OneHotEncoder(max_categories=...) or OrdinalEncoder for a column of many levels), or stream the "
+                "rows (ortflow.sources) so that only a chunk is transformed at a time")
         values = self._session.run(self.cut, {name: feeds[name] for name in self.input_names})
         return {name: np.ascontiguousarray(v) for name, v in zip(self.cut, values)}
 
@@ -127,3 +140,16 @@ def _drop_unused_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     del model.graph.initializer[:]
     model.graph.initializer.extend(kept)
     return model
+
+
+def _available_bytes() -> float:
+    """Memory available to the process (Linux: MemAvailable; elsewhere unknown, so no limit)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return float("inf")
+

@@ -53,11 +53,13 @@ class DataInput:
 class InputMapping:
     """The data inputs of a graph and the conversion of ``X`` into their feeds."""
 
-    def __init__(self, inputs: list[DataInput], allow_missing: bool = False):
+    def __init__(self, inputs: list[DataInput], allow_missing: bool = False,
+                 categories: dict[str, set] | None = None):
         if not inputs:
             raise ValueError("the graph has no data input (every input is the label or the weight)")
         self.inputs = list(inputs)
         self.allow_missing = allow_missing
+        self.categories = categories or {}  # text input -> the only values its one-hot encoder accepts
 
     @classmethod
     def of(cls, model: onnx.ModelProto, exclude=()) -> InputMapping:
@@ -72,7 +74,7 @@ class InputMapping:
                          for d in tensor.shape.dim)[1:]
             inputs.append(DataInput(value.name, tensor.elem_type, dims))
         imputes = any(node.op_type == "Imputer" for node in model.graph.node)
-        return cls(inputs, allow_missing=imputes)
+        return cls(inputs, allow_missing=imputes, categories=_strict_categories(model))
 
     @property
     def names(self) -> list[str]:
@@ -139,6 +141,13 @@ class InputMapping:
             array = _integer_array(what, value, _INTEGER[spec.elem_type], self.allow_missing)
         elif spec.elem_type == TensorProto.STRING:
             array = _string_array(what, value)
+            known = self.categories.get(spec.name)
+            if known is not None:
+                unknown = sorted(set(array.ravel().tolist()) - known)
+                if unknown:
+                    raise ValueError(f"{what} holds {len(unknown)} value(s) its one-hot encoder did not see in "
+                                     f"training, {unknown[:5]}: the graph cannot encode them (refit the encoder "
+                                     "with handle_unknown='ignore' to encode them as zeros)")
         elif spec.elem_type == TensorProto.BOOL:
             array = np.asarray(value).astype(bool)
         else:
@@ -157,6 +166,32 @@ class InputMapping:
                 raise ValueError(f"{what} has {array.shape[1]} features but the model expects {spec.dims[0]}")
             raise ValueError(f"{what} has shape {array.shape}; input {spec.name!r} expects {['n', *spec.dims]}")
         return array
+
+
+#: ops a column goes through unchanged on its way to an encoder (skl2onnx picks a table's columns with Gather)
+_PASSING = frozenset({"Identity", "Gather", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Cast"})
+
+
+def _strict_categories(model: onnx.ModelProto) -> dict[str, set]:
+    """For each text input read by a one-hot encoder that fails on unknown values (``ai.onnx.ml`` OneHotEncoder,
+    ``zeros=0``), the categories it knows: ortflow names the column and the values instead of onnxruntime's
+    'Unknown Category'."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    inputs = {i.name for i in model.graph.input}
+    found: dict[str, set] = {}
+    for node in model.graph.node:
+        if node.op_type != "OneHotEncoder":
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if attrs.get("zeros", 1) != 0 or "cats_strings" not in attrs:
+            continue
+        name = node.input[0]
+        while name not in inputs and name in producer and producer[name].op_type in _PASSING:
+            name = producer[name].input[0]
+        if name in inputs:
+            cats = {c.decode() if isinstance(c, bytes) else str(c) for c in attrs["cats_strings"]}
+            found[name] = found[name] | cats if name in found else cats
+    return found
 
 
 def _is_table_like(X) -> bool:
@@ -223,7 +258,8 @@ def _integer_array(what: str, value, dtype, allow_missing: bool = False) -> np.n
     try:
         floats = array.astype(np.float64)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{what} holds values that are not integers ({exc})") from exc
+        raise TypeError(f"{what} holds values that are not integers ({exc}); a date column is fed as dates "
+                        "(datetime64): parse text first, e.g. pandas.to_datetime(frame[column], format=...)") from exc
     bad = ~np.isfinite(floats) | (floats != np.round(floats))
     if bad.any():
         index = tuple(int(i) for i in np.argwhere(bad)[0])

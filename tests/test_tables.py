@@ -329,3 +329,64 @@ def test_the_trained_graph_keeps_the_estimator_it_came_from(regression):
 
     assert estimator_record(est.get_trained_onnx())["class"] == "SGDRegressor"
 
+
+
+# --- probe round 3 (docs/RELIABILITY.md): what a user's table may hold -------------------------------------------
+def _city_pipeline(encoder, frame, y):
+    from sklearn.linear_model import SGDRegressor
+
+    ct = ColumnTransformer([("n", StandardScaler(), ["amount"]), ("c", encoder, ["city"])])
+    return ortflow.to_onnx(make_pipeline(ct, SGDRegressor(max_iter=1, tol=None)).fit(frame, y), frame)
+
+
+def test_a_category_unseen_in_training_is_named_or_encoded_as_zeros():
+    frame, y = _frame()
+    frame = frame[["amount", "city"]]
+    later = frame.assign(city=frame.city.where(frame.index > 2, "marseille"))
+    strict = TRAINERS["fwbw"](_city_pipeline(OneHotEncoder(), frame, y), max_iter=1).fit(frame, y)
+    with pytest.raises(ValueError, match=r"column 'city' holds 1 value\(s\) its one-hot encoder did not see in "
+                                         r"training, \['marseille'\].*handle_unknown='ignore'"):
+        strict.predict(later)
+    lenient = TRAINERS["fwbw"](_city_pipeline(OneHotEncoder(handle_unknown="ignore"), frame, y),
+                               max_iter=1).fit(frame, y)
+    assert np.isfinite(lenient.predict(later)).all()
+
+
+def test_a_column_of_gaps_only_is_named_at_conversion():
+    from sklearn.linear_model import SGDRegressor
+
+    frame, y = _frame()
+    frame = frame[["amount"]].assign(empty=np.nan)
+    pipe = make_pipeline(ColumnTransformer([("n", make_pipeline(SimpleImputer(), StandardScaler()),
+                                             ["amount", "empty"])]), SGDRegressor(max_iter=1)).fit(frame, y)
+    with pytest.raises(ValueError, match=r"column\(s\) \['empty'\] hold no value .*keep_empty_features=True"):
+        ortflow.to_onnx(pipe, frame)
+
+
+def test_a_date_given_as_text_says_to_parse_it():
+    from sklearn.linear_model import SGDRegressor
+
+    from ortflow.tables import DateParts
+
+    frame, y = _frame()
+    frame = frame[["amount"]].assign(day=pd.date_range("2020-01-01", periods=len(frame)))
+    ct = ColumnTransformer([("n", StandardScaler(), ["amount"]),
+                            ("d", make_pipeline(DateParts(), StandardScaler()), ["day"])])
+    onx = ortflow.to_onnx(make_pipeline(ct, SGDRegressor(max_iter=1)).fit(frame, y), frame)
+    est = TRAINERS["fwbw"](onx, max_iter=1).fit(frame, y)
+    text = frame.assign(day=frame.day.dt.strftime("%d/%m/%Y"))
+    with pytest.raises(TypeError, match=r"column 'day' holds values that are not integers .*pandas.to_datetime"):
+        est.predict(text)
+
+
+def test_a_preprocessing_too_large_for_memory_is_refused_before_any_work(monkeypatch):
+    """A one-hot encoder of very many levels writes that many dense columns per row: the frozen prefix refuses
+    rows that would take more than half the memory available, naming the width (here the memory is made small)."""
+    import ortflow.frozen_prefix as fp
+
+    frame, y = _frame()
+    frame = frame[["amount", "city"]]
+    onx = _city_pipeline(OneHotEncoder(handle_unknown="ignore"), frame, y)
+    monkeypatch.setattr(fp, "_available_bytes", lambda: 2 * 1000.0)
+    with pytest.raises(MemoryError, match=r"turns 600 rows into \{'.*': 4\} values per row.*max_categories"):
+        TRAINERS["fwbw"](onx, max_iter=1).fit(frame, y)
