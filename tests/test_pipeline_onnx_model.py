@@ -141,3 +141,44 @@ def test_transformer_chain_on_tokens(compose_pipeline, clean_mlflow_env, tmp_pat
     assert set(model.predict(frame)) <= {0, 1}
     with pytest.raises(mlflow.exceptions.MlflowException, match="not whole numbers"):
         model.predict(frame.astype(np.float64) + 0.5)
+
+
+@pytest.mark.slow
+def test_mlflow_models_serve_answers_pixel_columns(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
+    """`mlflow models serve` (pipelines.server.ModelServer, a real process) answers 64 pixel columns, shuffled,
+    with the labels the pyfunc gives in process, and a null pixel with a 400 naming it."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    from pipelines.server import ModelServer
+
+    cfg = _compose(compose_pipeline, tmp_path, sqlite_uri, "model=onnx", f"model.path={LENET}",
+                   "data=digits_images")
+    run_chain(cfg, work_dir=tmp_path / "chain")
+    mlflow.set_tracking_uri(sqlite_uri)
+    split = make_split(cfg.data)
+    frame = pd.DataFrame(split.raw_rows(split.X_test[:8]), columns=[str(f) for f in split.feature_names])
+    expected = _served("ortflow-digits_images-onnx").predict(frame).tolist()
+    server = ModelServer(tmp_path / "serve", "models:/ortflow-digits_images-onnx@champion", sqlite_uri)
+    server.start(timeout=180)
+
+    def post(body: dict) -> tuple[int, dict]:
+        request = urllib.request.Request(server.url + "/invocations", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    try:
+        shuffled = json.loads(frame.sample(frac=1.0, axis=1, random_state=0).to_json(orient="split", index=False))
+        status, answer = post({"dataframe_split": shuffled})
+        assert status == 200 and [p["label"] for p in answer["predictions"]] == expected
+        bad = frame.copy()
+        bad.iloc[2, 5] = None
+        status, answer = post({"dataframe_split": json.loads(bad.to_json(orient="split", index=False))})
+        assert status == 400 and "column 'pixel_0_5' row 2" in answer["message"]
+    finally:
+        server.stop()

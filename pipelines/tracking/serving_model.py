@@ -161,7 +161,7 @@ def check_finite_outputs(values: np.ndarray) -> None:
                       "scale the model was trained at")
 
 
-def shaped(matrix: np.ndarray, spec) -> np.ndarray:
+def shaped(matrix: np.ndarray, spec, features: list[str]) -> np.ndarray:
     """The rows of ``matrix`` (one flattened sample each) as the graph's input ``spec`` takes them: reshaped to its
     shape when it has more than one axis after the batch (images), int64 for an integer input (token ids; a value
     that is not a whole number raises :func:`invalid` naming its column and row)."""
@@ -173,8 +173,8 @@ def shaped(matrix: np.ndarray, spec) -> np.ndarray:
         bad = np.argwhere(flat != np.round(flat))
         if len(bad):
             row, column = bad[0]
-            raise invalid(f"{len(bad)} input cells are not whole numbers (first: column {int(column)} row {int(row)}: "
-                          f"{flat[row, column]:g}); the model takes integer ids")
+            raise invalid(f"{len(bad)} input cells are not whole numbers (first: column {features[int(column)]!r} "
+                          f"row {int(row)}: {flat[row, column]:g}); the model takes integer ids")
         matrix = matrix.astype(np.int64)
     return matrix
 
@@ -204,7 +204,8 @@ class DeployedOnnxModel(PythonModel):
             return table_feeds(model_input, self.columns, self.session.get_inputs(), self.text_missing)
         if isinstance(model_input, np.ndarray) and model_input.ndim >= 2:  # rows of the graph's own shape
             model_input = pd.DataFrame(model_input.reshape(len(model_input), -1), columns=self.features)
-        return {self.input_name: shaped(feature_matrix(model_input, self.features), self.session.get_inputs()[0])}
+        return {self.input_name: shaped(feature_matrix(model_input, self.features), self.session.get_inputs()[0],
+                                        self.features)}
 
     # no type hint on model_input: MLflow would infer the signature from it instead of the one given
     def predict(self, context, model_input, params=None):
