@@ -314,19 +314,20 @@ def linear_nodes(x: str, layers, names, hidden_activation: str | None, output: s
     return nodes, inits
 
 
-def classifier_head(classes: np.ndarray):
+def classifier_head(classes: np.ndarray, score_columns: int | None = None):
     """Nodes, initializers and graph outputs mapping ``raw_score`` to labels and probabilities.
 
     Two classes: ``raw_score`` (N, 1), probabilities [1 - sigmoid, sigmoid], label ``classes[raw > 0]`` (an ArgMax
-    over [-raw, raw]). k >= 3 classes: ``raw_score`` (N, k), probabilities its softmax, label
-    ``classes[argmax(raw)]``.
+    over [-raw, raw]). k >= 3 classes, or two classes scored by two columns (``score_columns=2``: the logits of a
+    network exported from PyTorch): ``raw_score`` (N, k), probabilities its softmax, label ``classes[argmax(raw)]``.
     """
     init = classes_initializer(classes)
     k = len(classes)
     if k < 2:
         raise UnsupportedModelError(f"a classifier needs at least two classes, the model has {k}")
     node = helper.make_node
-    if k == 2:
+    binary = k == 2 and score_columns != 2
+    if binary:
         one = numpy_helper.from_array(np.array([1.0], dtype=np.float32))
         nodes = [
             node("Constant", [], ["head_one"], name="head_one", value=one),
@@ -346,7 +347,7 @@ def classifier_head(classes: np.ndarray):
     outputs = [
         helper.make_tensor_value_info(LABEL_OUTPUT, init.data_type, [None]),
         helper.make_tensor_value_info(PROBA_OUTPUT, TensorProto.FLOAT, [None, k]),
-        helper.make_tensor_value_info(RAW_SCORE_OUTPUT, TensorProto.FLOAT, [None, 1 if k == 2 else k]),
+        helper.make_tensor_value_info(RAW_SCORE_OUTPUT, TensorProto.FLOAT, [None, 1 if binary else k]),
     ]
     return nodes, [init], outputs
 

@@ -63,6 +63,13 @@ class DataKind(_Choice):
     iris = "iris"
     digits = "digits"
     file = "file"
+    # arrays for model=onnx graphs: digits as (n, 1, 8, 8) float32 images in [0, 1], synthetic int64 token sequences
+    digits_images = "digits_images"
+    tokens = "tokens"
+
+
+#: the loaders whose rows are not feature vectors (images, int64 tokens): never standardized, for model=onnx graphs
+ARRAY_LOADERS = ("digits_images", "tokens")
 
 
 class ModelKind(_Choice):
@@ -79,6 +86,7 @@ class ModelKind(_Choice):
     sgd_classifier = "sgd_classifier"
     linear_svc = "linear_svc"
     poisson = "poisson"
+    onnx = "onnx"  # your own ONNX graph (model.path): no scikit-learn model, the task is the data's
 
 
 class Activation(_Choice):
@@ -150,7 +158,7 @@ MODEL_TASK = {
     ModelKind.sgd_classifier: Task.classification,
     ModelKind.linear_svc: Task.classification,
     ModelKind.poisson: Task.regression,
-}
+}  # model=onnx: either task (the data's)
 
 
 @dataclass
@@ -166,6 +174,7 @@ class DataConfig:
     n_samples: int = 1000
     n_features: int = 20
     n_informative: int = 10
+    vocab_size: int = 32  # tokens: the token ids are below it (the sequence length is n_features)
     noise: float = 10.0
     class_sep: float = 1.0
     # file: a CSV or Parquet table
@@ -223,6 +232,10 @@ class ModelConfig:
     quantile: float = 0.5  # quantile
     # sgd_regressor / sgd_classifier: scikit-learn's loss (None: squared_error / log_loss)
     sgd_loss: Optional[str] = None
+    # model=onnx: the .onnx file to train (relative to the directory the command starts from) and the output to
+    # train (the logits of a classifier, the prediction of a regressor; None: the graph's only output)
+    path: Optional[str] = None
+    output: Optional[str] = None
 
 
 @dataclass
@@ -513,7 +526,16 @@ def check_task(cfg: DictConfig, loss_known: bool = True) -> None:
                                                 if _value(cfg.data.name) != data_task.value else "")
     problems = []
     model = ModelKind(_value(cfg.model.name))
-    if MODEL_TASK[model] != data_task:
+    if model == ModelKind.onnx:  # the user's graph takes the data's task; its outputs are checked against the data
+        if _value(cfg.model.task) != data_task.value:
+            problems.append(f"model.task={_value(cfg.model.task)} does not match data.task={data_task.value} "
+                            "(model=onnx follows the data: leave model.task out)")
+        if data_loader(cfg.data) == DataKind.file.value and str(cfg.preprocess.name) != PreprocessKind.none.value:
+            problems.append("model=onnx trains on numeric arrays: with data=file use preprocess=none (the graph "
+                            "takes the standardized numeric columns)")
+        if OmegaConf.is_missing(cfg.model, "path") or not cfg.model.path:
+            problems.append("model=onnx needs model.path: the .onnx file of the graph to train")
+    elif MODEL_TASK[model] != data_task:
         fitting = [m.value for m, t in MODEL_TASK.items() if t == data_task]
         problems.append(f"model={model.value} is a {MODEL_TASK[model].value} model but {data} is a "
                         f"{data_task.value} data set: pick {choice_hint('model', fitting)}, or leave model= out "
@@ -552,6 +574,8 @@ def _check_values(cfg: DictConfig) -> None:
         problems.append(f"mlflow.retries={cfg.mlflow.retries} must be >= 1")
     if cfg.data.n_samples < 10 or cfg.data.n_features < 1:
         problems.append(f"data.n_samples={cfg.data.n_samples} must be >= 10 and data.n_features >= 1")
+    if cfg.data.vocab_size < 2:
+        problems.append(f"data.vocab_size={cfg.data.vocab_size} must be >= 2")
     if str(cfg.penalty.name) == "elastic" and cfg.penalty.l1 <= 0 and cfg.penalty.l2 <= 0:
         problems.append("penalty=elastic needs penalty.l1 > 0 or penalty.l2 > 0")
     if problems:
@@ -629,6 +653,9 @@ def validate_data(data: DictConfig) -> None:
     loader = data_loader(data)
     if loader == DataKind.file.value and any(OmegaConf.is_missing(data, k) or not data[k] for k in ("path", "target")):
         raise ConfigError("data=file needs data.path (a .csv or .parquet file) and data.target (the label column)")
+    if loader in ARRAY_LOADERS and (data.standardize or data.standardize_target):
+        raise ConfigError(f"data.loader={loader} gives arrays (images, tokens) that are never standardized: "
+                          "leave data.standardize and data.standardize_target false")
     if not DATA_NAME.match(str(data.name)):
         raise ConfigError(f"data.name={data.name!r} names the runs and the registered model: use letters, "
                           "digits, '_', '.' and '-' (at most 100, starting with a letter or digit)")

@@ -2,7 +2,8 @@
 
 Synthetic sets come from ``make_regression``/``make_classification`` (seeded), ``diabetes``, ``breast_cancer``,
 ``iris`` and ``digits`` are bundled with scikit-learn (no download), ``file`` reads a CSV or Parquet table (checked
-by :mod:`pipelines.data.tables`). ``data.loader`` (or ``data.name``) picks the loader. The split is saved as one
+by :mod:`pipelines.data.tables`). ``digits_images`` ((n, 1, 8, 8) float32 images) and ``tokens`` ((n, T) int64
+sequences, :func:`token_sequences`) are arrays for ``model=onnx`` graphs: split as they are, never standardized. ``data.loader`` (or ``data.name``) picks the loader. The split is saved as one
 ``split.npz`` so a stage run alone works on exactly the rows the earlier stages used.
 """
 
@@ -48,7 +49,8 @@ class Split:
 
     @property
     def n_features(self) -> int:
-        return int(self.X_train.shape[1])
+        """The values of one row (an image's pixels, a sequence's tokens)."""
+        return int(np.prod(self.X_train.shape[1:]))
 
     @property
     def has_validation(self) -> bool:
@@ -57,7 +59,15 @@ class Split:
     def raw_X(self, X: np.ndarray) -> np.ndarray:
         if not isinstance(X, np.ndarray):  # a table's raw columns
             return X
+        if not len(self.x_mean):  # arrays never standardized (images, tokens): as they are
+            return X
         return (X * self.x_scale + self.x_mean).astype(np.float32)
+
+    def raw_rows(self, X: np.ndarray) -> np.ndarray:
+        """:meth:`raw_X` with one row per sample (an image's pixels flattened): the columns of
+        :attr:`feature_names`, what a DataFrame of the data (served model, dataset inputs) holds."""
+        raw = self.raw_X(X)
+        return raw.reshape(len(raw), -1) if isinstance(raw, np.ndarray) else raw
 
     def raw_y(self, y: np.ndarray) -> np.ndarray:
         return (np.asarray(y, dtype=np.float64) * self.y_scale + self.y_mean).astype(np.float32)
@@ -150,6 +160,13 @@ def load_dataset(data: DictConfig, notes: dict | None = None, preprocess: DictCo
     elif name in ("breast_cancer", "iris", "digits"):
         bunch = getattr(datasets, f"load_{name}")()
         X, y, names = bunch.data, bunch.target, [str(n) for n in bunch.feature_names]
+    elif name == "digits_images":  # the graph's own input scale: pixels / 16 in [0, 1]
+        bunch = datasets.load_digits()
+        X = (bunch.images / 16.0).astype(np.float32).reshape(-1, 1, 8, 8)
+        return X, np.asarray(bunch.target), [str(n) for n in bunch.feature_names]
+    elif name == "tokens":
+        X, y = token_sequences(int(data.n_samples), int(data.vocab_size), int(data.n_features), seed)
+        return X, y, [f"token_{i}" for i in range(X.shape[1])]
     elif name == "file":
         from .tables import read_table
 
@@ -166,6 +183,14 @@ def load_dataset(data: DictConfig, notes: dict | None = None, preprocess: DictCo
     return np.asarray(X, dtype=np.float64), np.asarray(y), names
 
 
+def token_sequences(rows: int, vocab: int, length: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` int64 sequences of ``length`` tokens below ``vocab`` (seeded), labelled 1 where more than half the
+    tokens are in the lower half of the vocabulary, else 0 (tests/reference_data.py's rule for the transformer)."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, vocab, size=(rows, length)).astype(np.int64)
+    return tokens, ((tokens < vocab // 2).sum(axis=1) > length // 2).astype(np.int64)
+
+
 def make_split(data: DictConfig, notes: dict | None = None, preprocess: DictConfig | None = None) -> Split:
     """Load, split (stratified for classification) and standardize with training statistics (``notes``,
     ``preprocess``: see :func:`load_dataset`; a table's raw columns are split, not standardized: the preprocessing
@@ -175,6 +200,8 @@ def make_split(data: DictConfig, notes: dict | None = None, preprocess: DictConf
     notes = {} if notes is None else notes
     X, y, names = load_dataset(data, notes, preprocess)
     table = not isinstance(X, np.ndarray)
+    # images, token ids: the graph's own input, never standardized (no statistics: raw_X gives them back as they are)
+    array = not table and (X.ndim > 2 or X.dtype.kind in "iu")
     kinds = notes.pop("kinds", [])
     task = str(data.task)
     seed = int(data.seed)
@@ -195,8 +222,9 @@ def make_split(data: DictConfig, notes: dict | None = None, preprocess: DictConf
         X_valid, y_valid = X_rest[:0], y_rest[:0]
     if table:  # the raw columns: the fitted preprocessing scales them, inside the graph
         X_train, X_valid, X_test = (part.reset_index(drop=True) for part in (X_train, X_valid, X_test))
-    x_mean = X_train.mean(axis=0) if data.standardize and not table else np.zeros(0 if table else X.shape[1])
-    x_scale = X_train.std(axis=0) if data.standardize and not table else np.ones(0 if table else X.shape[1])
+    plain = table or array
+    x_mean = X_train.mean(axis=0) if data.standardize and not plain else np.zeros(0 if plain else X.shape[1])
+    x_scale = X_train.std(axis=0) if data.standardize and not plain else np.ones(0 if plain else X.shape[1])
     x_scale = np.where(x_scale > 0, x_scale, 1.0)
     if task == "regression" and data.standardize_target:
         y_mean, y_scale = float(y_train.mean()), float(y_train.std() or 1.0)
@@ -204,7 +232,7 @@ def make_split(data: DictConfig, notes: dict | None = None, preprocess: DictConf
         y_mean, y_scale = 0.0, 1.0
 
     def fx(a: np.ndarray) -> np.ndarray:
-        if table:
+        if plain:
             return a
         return ((a - x_mean) / x_scale).astype(np.float32)
 

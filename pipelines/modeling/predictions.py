@@ -16,8 +16,9 @@ _ELEMENT_TYPES = {"tensor(float)": 1, "tensor(int64)": 7, "tensor(string)": 8, "
 def session_feeds(session: onnxruntime.InferenceSession, X) -> dict[str, np.ndarray]:
     """The feeds of ``session`` for ``X``: a float matrix for one input, or a table's columns (a DataFrame) fed by
     name as :class:`ortflow.inputs.InputMapping` feeds them (dates as days since 1970-01-01, gaps where imputed)."""
-    if isinstance(X, np.ndarray):
-        return {session.get_inputs()[0].name: X.astype(np.float32)}
+    if isinstance(X, np.ndarray):  # int64 token ids stay integers; everything else computes in float32
+        spec = session.get_inputs()[0]
+        return {spec.name: X.astype(np.int64 if spec.type == "tensor(int64)" else np.float32)}
     from ortflow.inputs import DataInput, InputMapping
 
     inputs = [DataInput(i.name, _ELEMENT_TYPES[i.type], tuple(i.shape[1:])) for i in session.get_inputs()]
@@ -45,7 +46,7 @@ def check_finite_predictions(predictions: np.ndarray, split: Split) -> None:
     if not len(bad):
         return
     stats = ~(np.isfinite(split.x_mean) & np.isfinite(split.x_scale))
-    names = [str(n) for n in split.feature_names[stats]]
+    names = [str(n) for n in split.feature_names[stats]] if len(stats) == len(split.feature_names) else []
     cause = (f"; the float32 standardization of features {names} overflows (a value beyond float32's range, "
              "±3.4e38, in the data)" if names else "")
     raise NonFinitePredictionError(

@@ -1,7 +1,8 @@
 """Checks of the training settings against the data and the graph, before the chain's first stage runs.
 
 ``trainer.batch_size`` larger than the training rows, or a ``trainer.weights_to_train`` naming no initializer,
-used to fail in ``train``, after ``convert`` and ``add_loss`` had run and logged. :func:`check_training_settings`
+used to fail in ``train``, after ``convert`` and ``add_loss`` had run and logged; ``model=onnx``'s graph (its input
+against the data, its output, a gradient rule for every node) used to fail in ``convert``. :func:`check_training_settings`
 builds what those stages would (the split, and the graph from a scikit-learn fit of one iteration when
 ``weights_to_train`` is set) and applies ortflow's own checks (``ortflow.validation``) to them.
 """
@@ -21,11 +22,18 @@ def check_training_settings(cfg: DictConfig) -> None:
     Only for a chain that runs ``convert`` and ``train`` (a stage run alone checks its own inputs at once).
     """
     stages = [str(s) for s in cfg.stages]
-    if "convert" not in stages or "train" not in stages:
+    own = str(cfg.model.name) == "onnx"
+    if "convert" not in stages or ("train" not in stages and not own):
         return
     from ..data.datasets import make_split
 
     split = make_split(cfg.data, preprocess=cfg.get("preprocess"))
+    if own:  # model=onnx: the graph loads, fits the data and has a gradient rule for every node (all named at once)
+        from ..stages.convert import own_graph
+
+        graph = own_graph(cfg, split)
+        if "train" not in stages:
+            return
     try:
         check_positive_int("trainer.batch_size", int(cfg.trainer.batch_size), len(split.y_train),
                            f"the number of training rows of data={cfg.data.name}")
@@ -36,7 +44,8 @@ def check_training_settings(cfg: DictConfig) -> None:
     from ..stages.add_loss import with_loss
     from ..stages.convert import fitted_estimator, prediction_graph
 
-    graph = prediction_graph(cfg, fitted_estimator(cfg, split, max_iter=1), split)
+    if not own:
+        graph = prediction_graph(cfg, fitted_estimator(cfg, split, max_iter=1), split)
     if str(cfg.trainer.name) == "full":
         graph = with_loss(cfg, graph)
     try:

@@ -10,6 +10,10 @@ Outputs: ``split.npz`` (standardized train/validation/test arrays and the statis
 (the test predictions of the reference, ``test_predictions``, and of the start, ``start_test_predictions``: what
 ``evaluate`` compares with; data, never a pickle) and ``model.onnx`` (the start as the graph training begins from).
 
+``model=onnx`` fits nothing: the graph of ``model.path`` is loaded, checked against the data and ortflow's gradient
+rules, and given the outputs the later stages read (:mod:`pipelines.modeling.onnx_graph`); there is no
+``sklearn_reference.npz`` (``evaluate`` tags the baselines as not applicable).
+
     python -m pipelines.convert data=diabetes model=linear
 """
 
@@ -66,6 +70,8 @@ def convert(ctx: StageContext) -> dict:
     else:  # later stages in this process still find it; a stage run alone needs source.path
         ctx.bundle.add("split", split.save(ctx.work_dir / "split.npz"))
 
+    if str(cfg.model.name) == "onnx":
+        return _own_graph(ctx, split)
     begin = time.perf_counter()
     estimator = fitted_estimator(cfg, split)
     ctx.log_metrics({"time_start_fit_seconds": time.perf_counter() - begin})
@@ -99,6 +105,30 @@ def convert(ctx: StageContext) -> dict:
     ctx.log_file(ctx.work_dir / "model.onnx", "graphs", entry="model")
     ctx.set_tags({
         "ortflow.sklearn_model": type(getattr(estimator, "steps", [[None, estimator]])[-1][1]).__name__,
+        "ortflow.onnx_outputs": ",".join(o.name for o in onx.graph.output),
+        "ortflow.trainable_weights": ",".join(ortflow.trainable_initializers(onx)),
+    })
+    return ctx.metrics
+
+
+def own_graph(cfg: DictConfig, split: Split) -> onnx.ModelProto:
+    """``model=onnx``: the graph of ``model.path``, checked against the split (a :class:`ConfigError` listing every
+    problem) and given the outputs the stages read."""
+    from ..modeling.onnx_graph import check_graph, pipeline_graph
+
+    graph = check_graph(cfg, split.X_train, len(split.classes))
+    return pipeline_graph(graph, split.task, split.classes, cfg.model.get("output"))
+
+
+def _own_graph(ctx: StageContext, split: Split) -> dict:
+    begin = time.perf_counter()
+    onx = own_graph(ctx.cfg, split)
+    onnx.save(onx, ctx.work_dir / "model.onnx")
+    ctx.log_metrics({"time_load_graph_seconds": time.perf_counter() - begin})
+    ctx.log_file(ctx.work_dir / "model.onnx", "graphs", entry="model")
+    ctx.set_tags({
+        "ortflow.sklearn_model": "none (model=onnx)",
+        "ortflow.sklearn_reference": f"not applicable: model=onnx trains the graph {ctx.cfg.model.path}",
         "ortflow.onnx_outputs": ",".join(o.name for o in onx.graph.output),
         "ortflow.trainable_weights": ",".join(ortflow.trainable_initializers(onx)),
     })

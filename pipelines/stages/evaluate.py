@@ -46,7 +46,8 @@ def sklearn_reference(ctx: StageContext, split: Split) -> dict[str, np.ndarray]:
     reference, 'start': the start}``; a missing one is tagged ``ortflow.sklearn_baseline`` (no file, other test
     rows, or a file written before the reference was fitted to convergence: its one array is the start's)."""
     if "sklearn_reference" not in ctx.bundle:
-        ctx.set_tags({"ortflow.sklearn_baseline": "missing (no sklearn_reference in the source)"})
+        ctx.set_tags({"ortflow.sklearn_baseline": "not applicable (model=onnx: no scikit-learn model)"
+                      if str(ctx.cfg.model.name) == "onnx" else "missing (no sklearn_reference in the source)"})
         return {}
     path = ctx.bundle.path("sklearn_reference", ctx.name)
     try:

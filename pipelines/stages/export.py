@@ -52,7 +52,7 @@ def input_example(split: Split, rows: int = 5) -> pd.DataFrame:
             if kind == "date":
                 frame[name] = frame[name].dt.strftime("%Y-%m-%d")
         return frame
-    return pd.DataFrame(split.raw_X(split.X_test[:rows]).astype(np.float64),
+    return pd.DataFrame(split.raw_rows(split.X_test[:rows]).astype(np.float64),
                         columns=[str(f) for f in split.feature_names])
 
 

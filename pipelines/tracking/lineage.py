@@ -69,7 +69,7 @@ def split_datasets(split: Split, data: DictConfig, parts: tuple[str, ...] = tupl
         if len(y) == 0:
             continue
         frame = (X.copy() if split.is_table else
-                 pd.DataFrame(split.raw_X(X).astype(np.float64), columns=[str(n) for n in split.feature_names]))
+                 pd.DataFrame(split.raw_rows(X).astype(np.float64), columns=[str(n) for n in split.feature_names]))
         frame[target] = _labels(split, y) if split.task == "classification" else split.raw_y(y).astype(np.float64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -19,6 +19,11 @@ a gap is the category the training data's gaps were, an unknown value is ignored
 dates (ISO text or datetimes; gaps allowed). A cell that is not of its column's kind raises the same
 ``MlflowException`` naming the column and the row.
 
+A graph taking arrays (``model=onnx``: images ``(N, 1, 8, 8)``, int64 tokens ``(N, T)``) is served the same way,
+one row per sample: the columns are the values of a row flattened (``pixel_0_0`` ... ``pixel_7_7``, ``token_0`` ...),
+reshaped to the graph's input shape; an integer input (token ids) takes integral numbers only. A numpy array of
+the graph's own shape (``mlflow.pyfunc``) is taken too.
+
 Output: ``prediction`` (a one-column DataFrame) for a regressor; for a classifier the labels (a Series named
 ``label``, the classes as the data had them: what ``mlflow.models.evaluate(..., model_type="classifier")`` takes),
 or, with the parameter ``output="probabilities"``, a DataFrame with ``label`` and one column
@@ -156,6 +161,24 @@ def check_finite_outputs(values: np.ndarray) -> None:
                       "scale the model was trained at")
 
 
+def shaped(matrix: np.ndarray, spec, features: list[str]) -> np.ndarray:
+    """The rows of ``matrix`` (one flattened sample each) as the graph's input ``spec`` takes them: reshaped to its
+    shape when it has more than one axis after the batch (images), int64 for an integer input (token ids; a value
+    that is not a whole number raises :func:`invalid` naming its column and row)."""
+    shape = list(spec.shape[1:])
+    if len(shape) > 1 and all(isinstance(d, int) for d in shape):
+        matrix = matrix.reshape(len(matrix), *shape)
+    if spec.type == "tensor(int64)":
+        flat = matrix.reshape(len(matrix), -1)
+        bad = np.argwhere(flat != np.round(flat))
+        if len(bad):
+            row, column = bad[0]
+            raise invalid(f"{len(bad)} input cells are not whole numbers (first: column {features[int(column)]!r} "
+                          f"row {int(row)}: {flat[row, column]:g}); the model takes integer ids")
+        matrix = matrix.astype(np.int64)
+    return matrix
+
+
 class DeployedOnnxModel(PythonModel):
     """The deploy graph (raw features in, target units or class labels out) behind MLflow's pyfunc interface.
 
@@ -179,7 +202,10 @@ class DeployedOnnxModel(PythonModel):
     def _feeds(self, model_input) -> dict:
         if self.columns:
             return table_feeds(model_input, self.columns, self.session.get_inputs(), self.text_missing)
-        return {self.input_name: feature_matrix(model_input, self.features)}
+        if isinstance(model_input, np.ndarray) and model_input.ndim >= 2:  # rows of the graph's own shape
+            model_input = pd.DataFrame(model_input.reshape(len(model_input), -1), columns=self.features)
+        return {self.input_name: shaped(feature_matrix(model_input, self.features), self.session.get_inputs()[0],
+                                        self.features)}
 
     # no type hint on model_input: MLflow would infer the signature from it instead of the one given
     def predict(self, context, model_input, params=None):
