@@ -11,7 +11,10 @@ Measured, wall and CPU seconds (``process_time``: every thread of the process; t
 loaded machine), medians over ``--repeats``: scikit-learn's ``Pipeline.fit`` for ``--epochs`` epochs, and
 ortflow's path from the same data: the Pipeline fitted for one epoch (the start: preprocessing statistics and
 weights), ``to_onnx`` (one input per column), then ``OrtGradientOptimizer`` for ``--epochs`` epochs on the
-DataFrame (the preprocessing runs once, in the frozen prefix); the test R² of each.
+DataFrame (the preprocessing runs once, in the frozen prefix); the test R² of each. With torch installed, PyTorch
+trains the same remaining epochs from the same start on the same preprocessing (the start's ColumnTransformer
+output, made dense once: ``torch_transform``), same batches, rate and mean squared error (``torch_fit``), at
+the thread count torch has.
 """
 
 from __future__ import annotations
@@ -77,7 +80,9 @@ def run(args) -> dict:
     frame, y = make_table(args.rows)
     n_train = len(y) - len(y) // 4
     train, test, y_train, y_test = frame[:n_train], frame[n_train:], y[:n_train], y[n_train:]
-    results = {"sklearn_fit": [], "start_fit": [], "to_onnx": [], "ortflow_fit": []}
+    results = {"sklearn_fit": [], "start_fit": [], "to_onnx": [], "ortflow_fit": [], "torch_transform": [],
+               "torch_fit": []}
+    torch_r2 = None
     for _ in range(args.repeats):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
@@ -95,17 +100,71 @@ def run(args) -> dict:
                                                learning_rate=args.learning_rate, shuffle=False)
         _, seconds = _timed(lambda: trainer.fit(train, y_train))
         results["ortflow_fit"].append(seconds)
+        torch_run = _torch(start, train, y_train, test, y_test, args)
+        if torch_run is not None:
+            results["torch_transform"].append(torch_run[0])
+            results["torch_fit"].append(torch_run[1])
+            torch_r2 = torch_run[2]
     summary = {}
     for clock, index in (("wall", 0), ("cpu", 1)):
-        summary.update({f"{k}_{clock}": float(np.median([t[index] for t in v])) for k, v in results.items()})
+        summary.update({f"{k}_{clock}": float(np.median([t[index] for t in v])) for k, v in results.items() if v})
         summary[f"ortflow_total_{clock}"] = float(np.median([
             sum(results[k][r][index] for k in ("start_fit", "to_onnx", "ortflow_fit")) for r in range(args.repeats)]))
     summary["sklearn_test_r2"] = float(reference.score(test, y_test))
     summary["ortflow_test_r2"] = float(trainer.score(test, y_test))
+    summary["torch_test_r2"] = torch_r2
     summary["n_features_after_preprocessing"] = int(start[:-1].transform(train[:1]).shape[1])
     summary.update(rows=args.rows, model=args.model, epochs=args.epochs, batch_size=args.batch_size,
                    learning_rate=args.learning_rate, repeats=args.repeats, backend=ortflow.backend())
     return summary
+
+
+def _torch(start, train, y_train, test, y_test, args):
+    """PyTorch from the start's weights on the start's preprocessing: ``((wall, cpu) of the transform, (wall, cpu)
+    of the epochs, test R²)``, or None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    from sklearn.metrics import r2_score
+
+    pre, model = start[:-1], start[-1]
+
+    def dense(frame):
+        values = pre.transform(frame)
+        return torch.from_numpy(np.asarray(values.toarray() if hasattr(values, "toarray") else values,
+                                           dtype=np.float32))
+
+    X, transform = _timed(lambda: dense(train))
+    y = torch.from_numpy(np.asarray(y_train, dtype=np.float32)).reshape(-1, 1)
+    if hasattr(model, "coefs_"):
+        layers = []
+        for i, (w, b) in enumerate(zip(model.coefs_, model.intercepts_)):
+            linear = torch.nn.Linear(*w.shape)
+            with torch.no_grad():
+                linear.weight.copy_(torch.from_numpy(w.T.astype(np.float32)))
+                linear.bias.copy_(torch.from_numpy(b.astype(np.float32)))
+            layers += [linear] + ([torch.nn.ReLU()] if i < len(model.coefs_) - 1 else [])
+        net = torch.nn.Sequential(*layers)
+    else:
+        net = torch.nn.Linear(X.shape[1], 1)
+        with torch.no_grad():
+            net.weight.copy_(torch.from_numpy(np.asarray(model.coef_, dtype=np.float32).reshape(1, -1)))
+            net.bias.copy_(torch.from_numpy(np.asarray(model.intercept_, dtype=np.float32).reshape(1)))
+    optimizer = torch.optim.SGD(net.parameters(), lr=args.learning_rate)
+    loss_fn = torch.nn.MSELoss()
+
+    def epochs():
+        for _ in range(args.epochs - 1):
+            for i in range(0, len(X), args.batch_size):
+                optimizer.zero_grad()
+                loss_fn(net(X[i:i + args.batch_size]), y[i:i + args.batch_size]).backward()
+                optimizer.step()
+
+    _, fit = _timed(epochs)
+    with torch.no_grad():
+        predicted = net(dense(test)).numpy().ravel()
+    return transform, fit, float(r2_score(y_test, predicted))
 
 
 def main(argv=None) -> None:
