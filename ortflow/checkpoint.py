@@ -48,10 +48,15 @@ def write(folder: str | os.PathLike, save_state: Callable[[str], None], meta: di
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_state(str(tmp))
-    files = {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-    body = {**meta, "files": files}
-    (tmp / META).write_text(json.dumps({**body, "sha256": _digest(body)}))
+    try:
+        save_state(str(tmp))
+        files = {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        body = {**meta, "files": files}
+        (tmp / META).write_text(json.dumps({**body, "sha256": _digest(body)}))
+    except OSError as exc:  # a full disk: the partial files go, the previous checkpoint stays
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OSError(exc.errno, f"checkpoint {folder} not written ({exc.strerror or exc}); the previous checkpoint "
+                                 "there, if any, is kept unchanged") from exc
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
         shutil.rmtree(old, ignore_errors=True)

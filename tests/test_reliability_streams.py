@@ -39,8 +39,8 @@ def start():
 
 
 def _trainer(start, **kw):
-    return ortflow.OrtGradientForwardBackwardOptimizer(start, learning_loss="squared_error", batch_size=50,
-                                                       max_iter=2, random_state=0, **kw)
+    settings = {"batch_size": 50, "max_iter": 2, "random_state": 0, **kw}
+    return ortflow.OrtGradientForwardBackwardOptimizer(start, learning_loss="squared_error", **settings)
 
 
 def test_a_truncated_file_is_named_when_the_source_opens(folder):
@@ -83,3 +83,32 @@ def test_a_reader_slower_than_training_changes_nothing(start):
     slow = _trainer(start).fit(IterableSource(batches(0.02))).get_state()
     for name, value in fast.items():
         np.testing.assert_array_equal(slow[name], value)
+
+
+def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(start, tmp_path):
+    """A real full disk (a tmpfs smaller than two checkpoints; skipped where mounting is not allowed): the second
+    save fails with ENOSPC naming the folder, its partial files are removed, and the first checkpoint still resumes."""
+    import errno
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    frame = _frame(400)
+    X, y = frame[["a", "b", "c"]].to_numpy(), frame["y"].to_numpy()
+    est = _trainer(start, max_iter=1).fit(X, y)
+    est.save_checkpoint(tmp_path / "probe")
+    pages = sum(-(-p.stat().st_size // 4096) for p in (tmp_path / "probe").iterdir())  # tmpfs counts pages
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={(pages + pages // 2) * 4096}", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs is not allowed here")
+    try:
+        est.save_checkpoint(disk / "ckpt")  # room for one checkpoint, not for a second one beside it
+        est.partial_fit(X, y)
+        with pytest.raises(OSError, match=r"ckpt not written .*previous checkpoint there, if any, is kept") as err:
+            est.save_checkpoint(disk / "ckpt")
+        assert err.value.errno == errno.ENOSPC
+        assert sorted(p.name for p in disk.iterdir()) == ["ckpt"]
+        resumed = _trainer(start, max_iter=2).fit(X, y, resume_from=disk / "ckpt")
+        assert len(resumed.history_) == 2
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
