@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -74,8 +75,10 @@ def test_help_lists_stages_groups_and_examples(tmp_path, pipeline_subprocess_env
                           env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "convert -> add_loss -> train -> evaluate -> export" in proc.stdout
-    assert "data: breast_cancer, classification, diabetes, digits, file, iris, regression" in proc.stdout
-    assert "trainer: full, fwbw" in proc.stdout
+    conf = Path(__file__).resolve().parent.parent / "conf"
+    for group in ("data", "model", "trainer"):  # every option of the group, in the order a user scans them
+        options = ", ".join(sorted(p.stem for p in (conf / group).glob("*.yaml")))
+        assert f"{group}: {options}\n" in proc.stdout
     assert "python -m pipelines.main data=file data.path=houses.csv data.target=price" in proc.stdout
 
 
