@@ -116,8 +116,9 @@ def _report(what: str, jobs: int, seconds: float, retries: int = 0) -> None:
           f"{retries} retried")
 
 
-def test_local_ray_sweep_on_sqlite(clean_mlflow_env, pipeline_subprocess_env, tmp_path):
+def test_local_ray_sweep_on_sqlite(clean_mlflow_env, pipeline_subprocess_env, new_sqlite_store, tmp_path):
     """No address: the launcher starts a Ray on this machine for the sweep; it stops with the command."""
+    new_sqlite_store(tmp_path / "mlflow.db")  # the store the sweep opens (its default), its schema made
     cmd = _sweep_cmd("trainer.learning_rate=0.002,0.005", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     proc, seconds = _run(cmd, tmp_path, pipeline_subprocess_env)
     assert "Launching 2 jobs on Ray (local)" in proc.stdout + proc.stderr
