@@ -83,6 +83,7 @@ def two_output_graph():
 
 # --- pipelines (tests/test_pipeline*.py): a real MLflow server, sqlite stores, Hydra composition -------------
 
+import contextlib
 import os as _os
 import sys as _sys
 from pathlib import Path as _Path
@@ -139,10 +140,41 @@ def clean_mlflow_env(monkeypatch):
         mlflow.end_run()
 
 
+@pytest.fixture(scope="session")
+def new_sqlite_store(tmp_path_factory):
+    """``new_sqlite_store(path) -> uri``: a new, empty MLflow sqlite store at ``path`` (its folder made), as MLflow
+    leaves one it has just created (pipelines.tracking.store.create_store_once: the tracking and registry tables)
+    but for the Default experiment, which MLflow adds with this store's artifact root when it first opens it.
+
+    MLflow's schema migrations take 5-12 s per new store on 2 busy cores; they run once per session, into a
+    template that each store copies. The tests of creating a store (racing processes on a new one,
+    tests/test_scale_sqlite.py) keep a path where nothing exists."""
+    import shutil
+    import sqlite3
+
+    from mlflow import MlflowClient
+
+    template = tmp_path_factory.mktemp("sqlite-template") / "mlflow.db"
+    uri = f"sqlite:///{template}"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    client.search_experiments(max_results=1)
+    client.search_registered_models(max_results=1)
+    with contextlib.closing(sqlite3.connect(template)) as db, db:
+        db.execute("DELETE FROM experiments WHERE experiment_id = 0")  # made again by the store that opens a copy
+
+    def make(path) -> str:
+        path = _Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, path)
+        return f"sqlite:///{path}"
+
+    return make
+
+
 @pytest.fixture
-def sqlite_uri(tmp_path):
-    """A fresh embedded tracking store for one test."""
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+def sqlite_uri(tmp_path, new_sqlite_store):
+    """A new embedded tracking store for one test (``tmp_path/mlflow.db``)."""
+    return new_sqlite_store(tmp_path / "mlflow.db")
 
 
 @pytest.fixture

@@ -33,7 +33,8 @@ def test_cli_incompatible_choice_fails_before_any_run(tmp_path, pipeline_subproc
 
 
 @pytest.mark.slow
-def test_multirun_four_jobs_two_in_parallel_on_sqlite(tmp_path, pipeline_subprocess_env):
+def test_multirun_four_jobs_two_in_parallel_on_sqlite(tmp_path, pipeline_subprocess_env, new_sqlite_store):
+    new_sqlite_store(tmp_path / "mlflow.db")  # its schema made (conftest.new_sqlite_store)
     cmd = [sys.executable, "-m", "pipelines.main", "-m", "experiment=smoke",
            "trainer.learning_rate=0.002,0.005,0.01,0.02", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
     proc, out = _run(cmd, tmp_path, pipeline_subprocess_env)
@@ -69,7 +70,8 @@ def test_multirun_four_jobs_two_in_parallel_on_sqlite(tmp_path, pipeline_subproc
 
 
 @pytest.mark.slow
-def test_optuna_sweep_minimizes_the_returned_validation_loss(tmp_path, pipeline_subprocess_env):
+def test_optuna_sweep_minimizes_the_returned_validation_loss(tmp_path, pipeline_subprocess_env, new_sqlite_store):
+    new_sqlite_store(tmp_path / "mlflow.db")  # its schema made (conftest.new_sqlite_store)
     cmd = [sys.executable, "-m", "pipelines.main", "-m", "hparams_search=optuna", "experiment=smoke",
            "hydra.sweeper.n_trials=3", "hydra.sweeper.n_jobs=1", "stages=[convert,add_loss,train]",
            # one trial diverges: it must be recorded as FAILED without ending the study
@@ -102,9 +104,10 @@ def test_optuna_sweep_minimizes_the_returned_validation_loss(tmp_path, pipeline_
 
 
 @pytest.mark.slow
-def test_mlflow_run_local_env_manager(tmp_path, pipeline_subprocess_env):
+def test_mlflow_run_local_env_manager(tmp_path, pipeline_subprocess_env, new_sqlite_store):
     """``mlflow run .`` lands where ``python -m pipelines.main`` does (experiment ``ortflow``), not in MLflow's
     Default experiment; given an experiment, the stage logs into mlflow run's own run there."""
+    new_sqlite_store(tmp_path / "mlflow.db")  # its schema made (conftest.new_sqlite_store)
     env = dict(pipeline_subprocess_env, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
     overrides = f"experiment=smoke trainer=fwbw hydra.run.dir={tmp_path / 'outputs'}"
     cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "--env-manager", "local", "-P", f"overrides={overrides}"]
@@ -140,10 +143,11 @@ def test_mlflow_run_local_env_manager(tmp_path, pipeline_subprocess_env):
 
 
 @pytest.mark.slow
-def test_a_launcher_that_cannot_start_ends_the_sweep_run_failed(tmp_path, pipeline_subprocess_env):
+def test_a_launcher_that_cannot_start_ends_the_sweep_run_failed(tmp_path, pipeline_subprocess_env, new_sqlite_store):
     """Seen: ``-m hydra/launcher=slurm`` where there is no SLURM raised in the launcher's ``launch`` (submitit:
     'Could not detect "srun"'); Hydra calls no callback then, so the sweep's parent run stayed RUNNING for ever,
     and the command printed a 41-line traceback."""
+    new_sqlite_store(tmp_path / "mlflow.db")  # its schema made (conftest.new_sqlite_store)
     cmd = [sys.executable, "-m", "pipelines.main", "-m", "experiment=smoke", "trainer.learning_rate=0.01,0.02",
            "hydra/launcher=slurm", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
     proc, out = _run(cmd, tmp_path, pipeline_subprocess_env)
@@ -160,9 +164,10 @@ def test_a_launcher_that_cannot_start_ends_the_sweep_run_failed(tmp_path, pipeli
 
 
 @pytest.mark.slow
-def test_mlflow_run_takes_the_config_keys_as_parameters(tmp_path, pipeline_subprocess_env):
+def test_mlflow_run_takes_the_config_keys_as_parameters(tmp_path, pipeline_subprocess_env, new_sqlite_store):
     """Seen: ``mlflow run . -P trainer.max_iter=5`` was refused (only ``-P overrides="..."`` was taken). Every key of
     the schema and every config group is now a ``-P``; the model follows ``-P data=iris``."""
+    new_sqlite_store(tmp_path / "mlflow.db")  # its schema made (conftest.new_sqlite_store)
     env = dict(pipeline_subprocess_env, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
     cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "-e", "convert", "--env-manager", "local",
            "--experiment-name", "mlproject", "-P", "data=iris", "-P", "model.start_max_iter=2",
@@ -178,11 +183,13 @@ def test_mlflow_run_takes_the_config_keys_as_parameters(tmp_path, pipeline_subpr
 
 
 @pytest.mark.slow
-def test_mlflow_run_with_an_unknown_parameter_is_refused_and_its_run_marked(tmp_path, pipeline_subprocess_env):
+def test_mlflow_run_with_an_unknown_parameter_is_refused_and_its_run_marked(tmp_path, pipeline_subprocess_env,
+                                                                            new_sqlite_store):
     """Seen: ``mlflow run . -P <key>=...`` with a key the config does not have left a FAILED run in the Default
     experiment recording it as a parameter, with only the guard's generic refusal of the flag on the console.
     MLflow creates the run before the project starts and gives no way to refuse a key first; a deleted run makes
     mlflow run itself fail (it ends the run after the command)."""
+    new_sqlite_store(tmp_path / "mlflow.db")  # its schema made (conftest.new_sqlite_store)
     env = dict(pipeline_subprocess_env, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
     cmd = [sys.executable, "-m", "mlflow", "run", str(REPO), "--env-manager", "local", "-P", "trainer.maxiter=5",
            "-P", "overrides=experiment=smoke"]

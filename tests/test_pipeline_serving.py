@@ -95,14 +95,16 @@ def _json_body(frame: pd.DataFrame, **params) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory):
+def registry(tmp_path_factory, new_sqlite_store):
     """A store holding a regressor (the smoke chain, in process) and a ten-class classifier (the digits
     experiment, run as users run it: ``python -m pipelines.main experiment=digits_mlp`` in their folder), each
     served by ``mlflow models serve``."""
     with pytest.MonkeyPatch.context() as patch:  # module scope: set up before any test's clean_mlflow_env
         for name in [k for k in os.environ if k.startswith(("MLFLOW_", "ORTFLOW_"))]:
             patch.delenv(name)  # an earlier test's chain may have left its store in the environment
-        yield from _registry(tmp_path_factory.mktemp("registry"))
+        folder = tmp_path_factory.mktemp("registry")
+        new_sqlite_store(folder / "mlflow.db")  # the store the user's command opens, its schema made
+        yield from _registry(folder)
 
 
 def _registry(folder: Path):

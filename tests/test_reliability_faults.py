@@ -15,9 +15,9 @@ from mlflow.utils.file_utils import local_file_uri_to_path
 from pipelines import tracking as tr
 
 @pytest.fixture(scope="module")
-def store_uri(tmp_path_factory):
-    """One sqlite store for the module (creating its schema takes seconds); each test has its experiments."""
-    return f"sqlite:///{tmp_path_factory.mktemp('faults') / 'mlflow.db'}"
+def store_uri(tmp_path_factory, new_sqlite_store):
+    """One sqlite store for the module (conftest.new_sqlite_store); each test has its experiments."""
+    return new_sqlite_store(tmp_path_factory.mktemp("faults") / "mlflow.db")
 
 
 def _free_port() -> int:

@@ -37,14 +37,14 @@ REPO_CONF = Path(__file__).resolve().parent.parent / "conf"
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    """One sqlite store for the module (creating its schema takes seconds) and an add_loss run in it."""
+def prepared(tmp_path_factory, new_sqlite_store):
+    """One sqlite store for the module (conftest.new_sqlite_store) and an add_loss run in it."""
     from hydra import compose, initialize_config_dir
 
     from pipelines.base.config import register_configs
 
     folder = tmp_path_factory.mktemp("resume")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    uri = new_sqlite_store(folder / "mlflow.db")
     register_configs()
     with pytest.MonkeyPatch.context() as patch:
         for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID"):

@@ -126,8 +126,8 @@ def test_server_lost_for_good_keeps_outputs_locally_and_says_where(compose_pipel
 
 
 @pytest.mark.slow
-def test_sweep_with_a_diverging_job_completes_the_others(tmp_path, pipeline_subprocess_env):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def test_sweep_with_a_diverging_job_completes_the_others(tmp_path, pipeline_subprocess_env, new_sqlite_store):
+    uri = new_sqlite_store(tmp_path / "mlflow.db")
     env = dict(pipeline_subprocess_env, MLFLOW_TRACKING_URI=uri)
     cmd = [sys.executable, "-m", "pipelines.main", "-m", "experiment=smoke", "trainer.batch_size=8",
            "trainer.learning_rate=0.01,1e4,0.02", f"hydra.sweep.dir={tmp_path / 'multirun'}"]

@@ -23,9 +23,9 @@ from pipelines.stages.evaluate import evaluate
 
 
 @pytest.fixture(scope="module")
-def store_uri(tmp_path_factory):
-    """One sqlite store for the module (creating its schema takes seconds)."""
-    return f"sqlite:///{tmp_path_factory.mktemp('trust') / 'mlflow.db'}"
+def store_uri(tmp_path_factory, new_sqlite_store):
+    """One sqlite store for the module (conftest.new_sqlite_store)."""
+    return new_sqlite_store(tmp_path_factory.mktemp("trust") / "mlflow.db")
 
 
 def _malicious_pickle(path, marker):

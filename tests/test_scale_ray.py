@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -31,27 +32,52 @@ CLUSTER = Path(__file__).with_name("ray_cluster.py")
 LEARNING_RATES = "0.002,0.005,0.01,0.02"
 
 
+class RayNodes:
+    """A Ray cluster on 127.0.0.1 run by tests/ray_cluster.py (its own processes): ``address``, ``nodes`` (what the
+    script printed per node: ``node_id``, ``head``, ``raylet_pid``, ``pids``) and :meth:`add_node`."""
+
+    def __init__(self, proc: subprocess.Popen, timeout: float):
+        self.proc, self._lines = proc, queue.Queue()
+        threading.Thread(target=lambda: [self._lines.put(line) for line in proc.stdout], daemon=True).start()
+        info = self._read(timeout, "the Ray cluster did not start")
+        self.address, self.nodes = info["address"], info["nodes"]
+
+    def _read(self, timeout: float, what: str) -> dict:
+        try:
+            line = self._lines.get(timeout=timeout)
+        except queue.Empty:
+            line = ""
+        assert line.strip(), f"{what} within {timeout} s (exit status {self.proc.poll()})"
+        info = json.loads(line)
+        assert "error" not in info, info["error"]
+        return info
+
+    def add_node(self, timeout: float = 120) -> dict:
+        """One more node of one CPU on this cluster's head, up when this returns; stopped with the cluster."""
+        self.proc.stdin.write("add\n")
+        self.proc.stdin.flush()
+        node = self._read(timeout, "the added Ray node did not start")
+        self.nodes.append(node)
+        return node
+
+
 @contextlib.contextmanager
 def ray_nodes(nodes: int, env: dict[str, str], timeout: float = 120):
     """A Ray cluster of ``nodes`` nodes of one CPU each on 127.0.0.1 (tests/ray_cluster.py, its own processes);
-    yields what the script printed (``address``, ``nodes``). Stopped at the end, its leftovers killed by pid."""
+    yields a :class:`RayNodes`. Stopped at the end, its leftovers (the added nodes' too) killed by pid."""
     proc = subprocess.Popen([sys.executable, str(CLUSTER), "--nodes", str(nodes), "--cpus", "1"], env=env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line: list[str] = []
-    reader = threading.Thread(target=lambda: line.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    info = json.loads(line[0]) if line and line[0].strip() else None
+    cluster = None
     try:
-        assert info is not None, f"the Ray cluster did not start within {timeout} s (exit status {proc.poll()})"
-        yield info
+        cluster = RayNodes(proc, timeout)
+        yield cluster
     finally:
         proc.stdin.close()  # the script stops its nodes and exits
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-        for pid in [pid for node in (info or {}).get("nodes", []) for pid in node["pids"]]:
+        for pid in [pid for node in (cluster.nodes if cluster else []) for pid in node["pids"]]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
 
@@ -66,7 +92,8 @@ def _node_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A head and a second node, one CPU each, shared by the tests that do not kill a node."""
+    """A head and a second node, one CPU each, shared by the module's tests on a cluster; the node-loss test adds a
+    third node of its own and kills that one (the head and the second node live on)."""
     with ray_nodes(2, _node_env()) as info:
         yield info
 
@@ -89,8 +116,9 @@ def _report(what: str, jobs: int, seconds: float, retries: int = 0) -> None:
           f"{retries} retried")
 
 
-def test_local_ray_sweep_on_sqlite(clean_mlflow_env, pipeline_subprocess_env, tmp_path):
+def test_local_ray_sweep_on_sqlite(clean_mlflow_env, pipeline_subprocess_env, new_sqlite_store, tmp_path):
     """No address: the launcher starts a Ray on this machine for the sweep; it stops with the command."""
+    new_sqlite_store(tmp_path / "mlflow.db")  # the store the sweep opens (its default), its schema made
     cmd = _sweep_cmd("trainer.learning_rate=0.002,0.005", f"hydra.sweep.dir={tmp_path / 'sweep'}")
     proc, seconds = _run(cmd, tmp_path, pipeline_subprocess_env)
     assert "Launching 2 jobs on Ray (local)" in proc.stdout + proc.stderr
@@ -103,10 +131,10 @@ def test_local_ray_sweep_on_sqlite(clean_mlflow_env, pipeline_subprocess_env, tm
 
 
 def test_two_node_cluster_sweep_on_postgres(ray_cluster, postgres_server, clean_mlflow_env, tmp_path):
-    cmd = _sweep_cmd(f"trainer.learning_rate={LEARNING_RATES}", f"hydra.launcher.address={ray_cluster['address']}",
+    cmd = _sweep_cmd(f"trainer.learning_rate={LEARNING_RATES}", f"hydra.launcher.address={ray_cluster.address}",
                      "mlflow.experiment_name=scale-ray", "mlflow.registered_model_name=scale-ray-smoke")
     proc, seconds = _run(cmd, tmp_path, chain_env(postgres_server.url))
-    assert f"Launching 4 jobs on Ray ({ray_cluster['address']})" in proc.stdout + proc.stderr
+    assert f"Launching 4 jobs on Ray ({ray_cluster.address})" in proc.stdout + proc.stderr
     client = MlflowClient(postgres_server.url)
     _check_sweep(client, "scale-ray", "scale-ray-smoke", 4)
     runs, _ = _sweep_runs(client, "scale-ray")
@@ -135,36 +163,41 @@ def _kill_node(raylet_pid: int) -> None:
             process.kill()
 
 
-def test_a_node_lost_mid_sweep(postgres_server, clean_mlflow_env, tmp_path):
-    """The second node's processes are SIGKILLed while it runs a job that already made its runs: Ray runs the job
-    again on the node left; every trial ends with one FINISHED chain, the lost attempt's runs end KILLED with the
-    reason, the best trial is registered once."""
+def test_a_node_lost_mid_sweep(ray_cluster, postgres_server, clean_mlflow_env, tmp_path):
+    """A node added to the shared cluster for this test (3 nodes of one CPU: each of the 3 jobs gets a node) has its
+    processes SIGKILLed while it runs a job that already made its runs: Ray runs the job again on the nodes left;
+    every trial ends with one FINISHED chain, the lost attempt's runs end KILLED with the reason, the best trial is
+    registered once. The head and the second node live on for the module's other tests."""
     experiment, model, rates = "scale-ray-loss", "scale-ray-loss-smoke", "0.002,0.005,0.01"
-    with ray_nodes(2, _node_env()) as cluster:
-        worker = next(node for node in cluster["nodes"] if not node["head"])
-        cmd = _sweep_cmd(f"trainer.learning_rate={rates}", f"hydra.launcher.address={cluster['address']}",
-                         f"mlflow.experiment_name={experiment}", f"mlflow.registered_model_name={model}")
-        log = open(tmp_path / "driver.log", "w")
-        begin = time.perf_counter()
-        driver = subprocess.Popen(cmd, cwd=tmp_path, env=chain_env(postgres_server.url), stdout=log,
-                                  stderr=subprocess.STDOUT)
-        try:
-            client, victim, deadline = MlflowClient(postgres_server.url), None, time.monotonic() + 240
-            while victim is None and driver.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.5)
-                pid = _task_on(worker["raylet_pid"])
-                exp = client.get_experiment_by_name(experiment)
-                if pid is not None and exp is not None and client.search_runs(
-                        [exp.experiment_id], f"tags.`ortflow.pid` = '{pid}' and tags.`ortflow.stage` = 'train'"):
-                    victim = pid  # its chain is training: kill the node under it
-            assert victim is not None, "no job reached training on the second node"
-            _kill_node(worker["raylet_pid"])
-            driver.wait(timeout=330)  # within pytest-timeout's 600 s with the wait above
-        finally:
-            if driver.poll() is None:
-                driver.kill()
-            log.close()
-        seconds = time.perf_counter() - begin
+    worker = ray_cluster.add_node()
+    cmd = _sweep_cmd(f"trainer.learning_rate={rates}", f"hydra.launcher.address={ray_cluster.address}",
+                     f"mlflow.experiment_name={experiment}", f"mlflow.registered_model_name={model}")
+    log = open(tmp_path / "driver.log", "w")
+    begin = time.perf_counter()
+    driver = subprocess.Popen(cmd, cwd=tmp_path, env=chain_env(postgres_server.url), stdout=log,
+                              stderr=subprocess.STDOUT)
+    killed = False
+    try:
+        client, victim, deadline = MlflowClient(postgres_server.url), None, time.monotonic() + 240
+        while victim is None and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            pid = _task_on(worker["raylet_pid"])
+            exp = client.get_experiment_by_name(experiment)
+            if pid is not None and exp is not None and client.search_runs(
+                    [exp.experiment_id], f"tags.`ortflow.pid` = '{pid}' and tags.`ortflow.stage` = 'train'"):
+                victim = pid  # its chain is training: kill the node under it
+        assert victim is not None, "no job reached training on the added node"
+        _kill_node(worker["raylet_pid"])
+        killed = True
+        driver.wait(timeout=330)  # within pytest-timeout's 600 s with the wait above
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        log.close()
+        if not killed:  # the added node goes in any case: the other tests have the head and the second node
+            with contextlib.suppress(psutil.Error):
+                _kill_node(worker["raylet_pid"])
+    seconds = time.perf_counter() - begin
     output = (tmp_path / "driver.log").read_text()
     assert driver.returncode == 0, output[-4000:]
     runs, sweeps = _sweep_runs(client, experiment)
@@ -190,12 +223,12 @@ def test_a_node_lost_mid_sweep(postgres_server, clean_mlflow_env, tmp_path):
     assert versions[0].run_id == client.get_run(sweep.data.tags["ortflow.best_run_id"]).data.tags[
         "ortflow.run.export"]
     assert str(client.get_model_version_by_alias(model, "champion").version) == str(versions[0].version)
-    _report("2 nodes x 1 CPU, one lost mid-job, PostgreSQL", 3, seconds, retries=len(lost))
+    _report("3 nodes x 1 CPU, one lost mid-job, PostgreSQL", 3, seconds, retries=len(lost))
 
 
 def test_optuna_trials_as_ray_tasks_on_postgres(ray_cluster, postgres_server, clean_mlflow_env, tmp_path):
     study, trials, experiment, model = f"ray-{tmp_path.name}", 3, "scale-ray-optuna", "scale-ray-optuna-smoke"
-    cmd = _sweep_cmd("hparams_search=optuna", f"hydra.launcher.address={ray_cluster['address']}",
+    cmd = _sweep_cmd("hparams_search=optuna", f"hydra.launcher.address={ray_cluster.address}",
                      f"hydra.sweeper.storage={postgres_server.postgres.optuna_uri}", f"hydra.sweeper.study_name={study}",
                      f"hydra.sweeper.n_trials={trials}", "hydra.sweeper.n_jobs=2",
                      f"mlflow.experiment_name={experiment}", f"mlflow.registered_model_name={model}")

@@ -15,10 +15,10 @@ from pipelines.tracking.logger import MlflowLogger
 
 
 @pytest.fixture
-def store(tmp_path, clean_mlflow_env, monkeypatch):
+def store(sqlite_uri, tmp_path, clean_mlflow_env, monkeypatch):
     """A sqlite store whose current experiment keeps its artifacts under ``tmp_path`` (the Default experiment's
     would be ./mlruns, in the directory the tests run from)."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = sqlite_uri
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     experiment = MlflowClient(uri).create_experiment("notebook", artifact_location=str(tmp_path / "artifacts"))
