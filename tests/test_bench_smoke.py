@@ -111,3 +111,17 @@ def test_reference_models_bench_writes_results(tmp_path):
     assert "Conv" in {o["op"] for o in profile["op_types"]}
     # each part's share is a float64 sum of node times over their total: 1 up to a rounding per node
     assert sum(p["share"] for p in profile["parts"]) == pytest.approx(1.0, abs=profile["nodes"] * 2.0**-52)
+
+
+@pytest.mark.slow
+def test_bench_streaming_tiny_reports_every_engine(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [sys.executable, "-m", "bench.streaming", "--rows", "20000", "--sample", "5000", "--repeats", "1",
+           "--models", "mlp", "--compression", "none", "--folder", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])["summary"]
+    assert set(summary) == {"mlp/stream", "mlp/memory", "mlp/sklearn"}
+    assert summary["mlp/stream"]["rows"] == 20000 and summary["mlp/memory"]["rows"] == 5000
+    assert all(s["rows_per_second"] > 0 and s["peak_rss_mb"] > 0 for s in summary.values())
+    assert (tmp_path / "table-none.parquet").exists()
