@@ -29,6 +29,8 @@ hash of their name.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
@@ -133,6 +135,15 @@ class ParquetSource:
     @property
     def files(self) -> list[str]:
         return list(self._files)
+
+    def identity(self) -> dict:
+        """The source as a mid-epoch checkpoint records it (:func:`source_identity`): the files (by name) and the
+        rows of each row group as a digest, the columns, the buffer and the split."""
+        layout = [(os.path.basename(self._files[fi]), group, rows) for fi, group, rows in self._groups]
+        digest = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
+        return {"files": len(self._files), "row_groups": f"{len(self._groups)} ({digest})",
+                "columns": [*self.columns, self.target, self.weight], "buffer_rows": self.buffer_rows,
+                "split": [self._held.fraction, self._held.key, self._held.validation]}
 
     @staticmethod
     def _metadata(file: str):
@@ -259,6 +270,9 @@ class ArrowSource:
         self.columns = columns
         self.n_rows = data.num_rows if hasattr(data, "num_rows") else None
 
+    def identity(self) -> dict:
+        return {"block_rows": self.block_rows}
+
     def chunks(self, rng: np.random.RandomState | None) -> Iterator[tuple[Any, Any, Any]]:
         if callable(self.data):
             batches, rng = iter(self.data()), None
@@ -288,6 +302,9 @@ class NumpySource:
             raise ValueError(f"X has {len(self.X)} rows but y has {len(self.y)}")
         self.block_rows = int(block_rows)
         self.n_rows = len(self.X)
+
+    def identity(self) -> dict:
+        return {"block_rows": self.block_rows, "shape": list(self.X.shape)}
 
     def chunks(self, rng: np.random.RandomState | None) -> Iterator[tuple[Any, Any, Any]]:
         starts = np.arange(0, self.n_rows, self.block_rows)
@@ -328,6 +345,14 @@ def _numpy(value):
     if hasattr(value, "detach"):  # a torch tensor
         return value.detach().cpu().numpy()
     return value
+
+
+def source_identity(source) -> dict:
+    """What a mid-epoch checkpoint records of the source a fit streams, and a resume compares: its class, its rows
+    (None when unknown) and what its optional ``identity()`` adds (a Parquet source: its files' names and row
+    groups, columns and buffer). Cheap: no row is read. Another source would give the epoch another order."""
+    own = source.identity() if hasattr(source, "identity") else {}
+    return {"type": type(source).__name__, "n_rows": source.n_rows, **own}
 
 
 def is_source(X) -> bool:
