@@ -168,11 +168,14 @@ class BaseTrainer(BaseEstimator):
 
         def convert(chunk_source, order_rng, count: bool, skip: int = 0):
             """The epoch's units of whole batches (the last one may be short), from row ``skip`` on: the rows
-            before it are read (the order and random state depend on them) but neither converted nor trained."""
-            carry, read = None, 0
+            before it are skipped by the source when it can, else read (the order and random state depend on
+            them) but neither converted nor trained."""
+            skipped = bool(skip) and getattr(chunk_source, "skips_rows", False)  # the source skips them itself
+            carry, read = None, skip if skipped else 0
             if count:
                 seen[0] += skip
-            for X, y_part, w_part in chunk_source.chunks(order_rng):
+            for X, y_part, w_part in (chunk_source.chunks(order_rng, skip_rows=skip) if skipped
+                                      else chunk_source.chunks(order_rng)):
                 read += len(y_part)
                 if read <= skip:
                     continue

@@ -7,7 +7,13 @@
   shuffle) orders the epoch;
 - ``n_rows``: the rows of an epoch when known without reading them (None otherwise);
 - optionally ``head(rows)``: the first rows as one ``(X, y, sample_weight)`` triple, read cheaply (the trainer is
-  set up from them; without it, from the first chunk).
+  set up from them; without it, from the first chunk);
+- optionally ``identity()``: a small JSON-able dict telling this source from another one of its class (files, block
+  size...), recorded by a checkpoint written inside an epoch and compared when it is resumed
+  (:func:`source_identity`);
+- optionally ``skips_rows = True`` and ``chunks(rng, skip_rows)``: the epoch without its first ``skip_rows`` rows,
+  ``rng`` left as after the whole epoch, cheaper than reading them (a resume inside an epoch); without it, the
+  trainer reads those rows and drops them.
 
 The sources here:
 
@@ -206,7 +212,13 @@ class ParquetSource:
         columns = {k: (v if mask is None else v[mask])[:rows] for k, v in columns.items()}
         return self._features(columns), columns[self.target], columns.get(self.weight) if self.weight else None
 
-    def chunks(self, rng: np.random.RandomState | None) -> Iterator[tuple[Any, Any, Any]]:
+    #: ``chunks`` takes ``skip_rows`` (see :class:`BatchSource`)
+    skips_rows = True
+
+    def chunks(self, rng: np.random.RandomState | None, skip_rows: int = 0) -> Iterator[tuple[Any, Any, Any]]:
+        """One epoch, from its row ``skip_rows`` on (a resume inside the epoch): a buffer wholly before it is not
+        read when its rows are known from the files' metadata (no split by key), its shuffle drawn all the same
+        so that ``rng`` ends as after the whole epoch."""
         order = np.arange(len(self._groups)) if rng is None else rng.permutation(len(self._groups))
         buffers, current, held = [], [], 0  # the row groups of each buffer, from the files' metadata
         for index in order:
@@ -217,7 +229,14 @@ class ParquetSource:
                 current, held = [], 0
         if current:
             buffers.append(current)
+        done = 0  # the rows of the epoch before this buffer
         for groups in buffers:
+            known = sum(self._groups[index][2] for index in groups) if self._held.key is None else None
+            if known is not None and done + known <= skip_rows:
+                if known and rng is not None:
+                    rng.permutation(known)
+                done += known
+                continue
             columns = self._gather(groups)
             n = len(columns[self.target])
             if n == 0:
@@ -225,6 +244,11 @@ class ParquetSource:
             if rng is not None:
                 perm = rng.permutation(n)
                 columns = {k: np.take(v, perm, axis=0) for k, v in columns.items()}
+            if done < skip_rows:
+                columns = {k: v[skip_rows - done:] for k, v in columns.items()}
+            done += n
+            if done <= skip_rows:
+                continue
             weight = columns[self.weight] if self.weight else None
             features = columns.pop(_MATRIX, None)
             yield (self._features(columns) if features is None else self._frame(features)), columns[self.target], \

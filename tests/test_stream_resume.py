@@ -187,6 +187,44 @@ def test_a_checkpoint_after_an_epochs_last_chunk_resumes_to_its_end(folder, tmp_
     _same_run(space["make"]("fwbw", folder).fit(space["source"](folder), resume_from=ckpt), whole)
 
 
+def test_a_source_without_skip_rows_is_read_and_dropped_up_to_the_position(folder, tmp_path):
+    """A memory-mapped source cannot skip rows itself: the trainer reads the rows trained before the checkpoint and
+    drops them (unconverted); the resumed run still ends as the uninterrupted one."""
+    frame = pd.read_parquet(folder / "data")
+    X, y = frame[FEATURES].to_numpy(np.float32), frame["y"].to_numpy(np.float32)
+    np.save(tmp_path / "X.npy", X)
+    np.save(tmp_path / "y.npy", y)
+    source = ortflow.sources.NumpySource(tmp_path / "X.npy", tmp_path / "y.npy", block_rows=250)
+    assert not hasattr(source, "skips_rows")
+    space = _setup_namespace()
+    est = space["make"]("full", folder, [Checkpoint(tmp_path / "ckpt", every_rows=100), _StopAt(2, 3)])
+    with pytest.raises(_Stop):
+        est.fit(source)
+    whole = space["make"]("full", folder).fit(source)
+    _same_run(space["make"]("full", folder).fit(source, resume_from=tmp_path / "ckpt"), whole)
+
+
+@pytest.mark.parametrize("key", [None, "x0"])
+def test_a_parquet_source_skips_rows_without_reading_whole_buffers(folder, key, monkeypatch):
+    """``chunks(rng, skip_rows=700)`` yields the epoch's rows from row 700 on and leaves the random state as the
+    whole epoch does; its first two 300-row buffers (4 of the 8 row groups) are not read, unless a split by key
+    makes their rows unknown until read."""
+    from ortflow.sources import ParquetSource
+
+    source = ParquetSource(folder / "data", target="y", columns=FEATURES, buffer_rows=300)
+    if key is not None:
+        source = source.split(0.25, key=key)[0]
+    rng_whole, rng_skip = np.random.RandomState(5), np.random.RandomState(5)
+    whole = np.concatenate([y for _, y, _ in source.chunks(rng_whole)])
+    reads = []
+    read = type(source)._read
+    monkeypatch.setattr(type(source), "_read", lambda self, index: reads.append(index) or read(self, index))
+    parts = list(source.chunks(rng_skip, skip_rows=700))
+    np.testing.assert_array_equal(np.concatenate([y for _, y, _ in parts]), whole[700:])
+    np.testing.assert_array_equal(rng_skip.get_state()[1], rng_whole.get_state()[1])
+    assert len(reads) == (4 if key is None else 8)
+
+
 def test_refused_resumes_name_what_differs(folder, tmp_path):
     ckpt = tmp_path / "ckpt"
     space, _ = _stopped(folder, ckpt, every_rows=200)
