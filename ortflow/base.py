@@ -309,6 +309,7 @@ class BaseTrainer(BaseEstimator):
         self.diverged_ = False
         self.in_epoch_ = False
         self._at_chunk = None
+        self._next_seen = None  # a stream's samples seen before its next epoch, for its epoch-boundary checkpoints
         callbacks = self._callbacks()
         for cb in callbacks:
             cb.on_train_begin(self)
@@ -325,6 +326,8 @@ class BaseTrainer(BaseEstimator):
                     begin -= progress.elapsed
                 elif streamed is not None:
                     progress = _Progress(epoch, streamed, rng.get_state(), seen)
+                if progress is not None:
+                    progress.begin = begin
                 self.in_epoch_ = True  # weights are mid-epoch until the epoch ends: no checkpoint then
                 losses, sizes, complete = self._epoch(chunks(epoch), learning_rate, progress, callbacks)
                 self.in_epoch_ = False
@@ -346,6 +349,8 @@ class BaseTrainer(BaseEstimator):
                     logger.info("%s epoch %d: %s", type(self).__name__, epoch + 1, record)
                     logger.debug("batch losses of epoch %d: %s", epoch + 1, losses.tolist())
                 self._rng_state = rng.get_state()
+                if streamed is not None:
+                    self._next_seen = int(samples_seen(epoch + 1))
                 if last_good is not None:
                     last_good = self.get_state()
                 for cb in callbacks:
@@ -571,6 +576,8 @@ class BaseTrainer(BaseEstimator):
             "rng_state": None if rng_state is None else [rng_state[0], rng_state[1].tolist(), *rng_state[2:]],
         }
         if at is None:
+            if getattr(self, "_next_seen", None) is not None:
+                meta["samples_seen"] = self._next_seen
             return checkpoint.write(folder, self._save_runtime_state, meta)
         meta["position"] = {**at.record(), "batch_size": int(self.batch_size), "shuffle": bool(self.shuffle)}
 
@@ -585,13 +592,16 @@ class BaseTrainer(BaseEstimator):
         return checkpoint.fingerprint(self._model.SerializeToString(), self.weights_to_train_)
 
     def _restore_checkpoint(self, folder, rng, streamed=None):
-        """The checkpoint in ``folder`` restored (``rng`` set to its random state); one written inside a streamed
-        epoch is refused unless this fit streams the same source with the same batches, and its progress kept in
-        ``_resumed_progress``."""
+        """The checkpoint in ``folder`` restored (``rng`` set to its random state). One written inside a streamed
+        epoch is refused unless this fit streams the same source with the same batches; a streamed fit resuming a
+        stream's checkpoint keeps in ``_resumed_progress`` what its next epoch continues: the samples seen before
+        it (a source may not know its rows) and, inside an epoch, the position and batch losses."""
         meta = checkpoint.read(folder, type(self).__name__, self._fingerprint())
         position = meta.get("position")
         if position is not None:
             self._resumed_progress = self._check_position(folder, meta["epoch"], position, streamed)
+        elif streamed is not None and meta.get("samples_seen") is not None:  # a stream's epoch boundary
+            self._resumed_progress = _Progress(meta["epoch"], streamed, None, meta["samples_seen"])
         self._load_runtime_state(str(folder))
         self.history_ = []
         self._append(None)
@@ -600,7 +610,7 @@ class BaseTrainer(BaseEstimator):
         if meta["rng_state"] is not None:
             name, keys, *rest = meta["rng_state"]
             rng.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
-        if position is not None:
+        if self._resumed_progress is not None:
             self._resumed_progress.rng_state = rng.get_state()
         return rng
 
@@ -820,7 +830,7 @@ class _Progress:
         self.epoch, self.source, self.rng_state, self.samples_seen = epoch, source, rng_state, int(samples_seen)
         self.chunks, self.rows, self.elapsed = chunks, rows, elapsed
         self.losses, self.sizes = losses or [np.empty(0)], sizes or [np.empty(0)]
-        self._begin = time.perf_counter() - elapsed
+        self.begin = time.perf_counter() - elapsed  # set again when the epoch starts
 
     def position(self) -> StreamPosition:
         return StreamPosition(self.epoch + 1, self.chunks, self.rows)
@@ -829,7 +839,7 @@ class _Progress:
         """The manifest's ``position`` in the epoch after its ``epoch`` complete ones (the losses go to their own
         file)."""
         return {"chunks": self.chunks, "rows": self.rows, "samples_seen": self.samples_seen,
-                "elapsed": time.perf_counter() - self._begin, "source": self.source}
+                "elapsed": time.perf_counter() - self.begin, "source": self.source}
 
 
 class _StreamedValidation:

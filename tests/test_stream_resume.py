@@ -77,7 +77,8 @@ def folder(tmp_path_factory):
     root = tmp_path_factory.mktemp("stream-resume")
     rng = np.random.default_rng(7)
     X = rng.normal(size=(N, D)).astype(np.float32)
-    frame = pd.DataFrame(X, columns=FEATURES).assign(y=(X @ np.array([1.5, -2.0, 0.5]) + 0.3).astype(np.float32))
+    frame = pd.DataFrame(X, columns=FEATURES).assign(y=(X @ np.array([1.5, -2.0, 0.5]) + 0.3).astype(np.float32),
+                                                   id=np.arange(N))
     (root / "data").mkdir()
     for k, part in enumerate(np.array_split(np.arange(N), 2)):
         pq.write_table(pa.Table.from_pandas(frame.iloc[part], preserve_index=False),
@@ -204,7 +205,7 @@ def test_a_source_without_skip_rows_is_read_and_dropped_up_to_the_position(folde
     _same_run(space["make"]("full", folder).fit(source, resume_from=tmp_path / "ckpt"), whole)
 
 
-@pytest.mark.parametrize("key", [None, "x0"])
+@pytest.mark.parametrize("key", [None, "id"])
 def test_a_parquet_source_skips_rows_without_reading_whole_buffers(folder, key, monkeypatch):
     """``chunks(rng, skip_rows=700)`` yields the epoch's rows from row 700 on and leaves the random state as the
     whole epoch does; its first two 300-row buffers (4 of the 8 row groups) are not read, unless a split by key
@@ -223,6 +224,22 @@ def test_a_parquet_source_skips_rows_without_reading_whole_buffers(folder, key, 
     np.testing.assert_array_equal(np.concatenate([y for _, y, _ in parts]), whole[700:])
     np.testing.assert_array_equal(rng_skip.get_state()[1], rng_whole.get_state()[1])
     assert len(reads) == (4 if key is None else 8)
+
+
+def test_a_source_of_unknown_length_resumes_its_learning_rate_schedule(folder, tmp_path):
+    """A source whose rows are unknown until read (a split by key: ``n_rows`` None) used to resume its samples seen
+    at 0, restarting an invscaling rate; a streamed checkpoint records them, at an epoch boundary too."""
+    space = _setup_namespace()
+    train = space["source"](folder).split(0.25, key="id")[0]
+    assert train.n_rows is None
+
+    def make(max_iter, callbacks=None):
+        est = space["make"]("fwbw", folder, callbacks, max_iter=max_iter)
+        return est.set_params(learning_rate=0.05, lr_schedule="invscaling", power_t=0.5)
+
+    make(2, [Checkpoint(tmp_path / "ckpt")]).fit(train)
+    whole = make(3).fit(train)
+    _same_run(make(3).fit(train, resume_from=tmp_path / "ckpt"), whole)
 
 
 def test_refused_resumes_name_what_differs(folder, tmp_path):
