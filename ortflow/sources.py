@@ -27,6 +27,13 @@ permutes the rows within a buffer of ``buffer_rows`` rows gathered from consecut
 buffer only. It is reproducible: the same ``random_state`` gives the same epochs. A streamed epoch therefore differs
 from an in-memory one of the same rows; make ``buffer_rows`` large against the row group size for a better mix.
 
+**A checkpoint inside an epoch.** ``Checkpoint(folder, every_rows=N)`` writes one at the first chunk boundary after
+every ``N`` rows of a streamed epoch: the weights and optimizer state, the position (rows trained), the random
+state at the epoch's start and the epoch's batch losses so far. ``fit(source, resume_from=folder)`` restores that
+random state, so the source yields the same order again, skips the rows already trained (a ``ParquetSource``
+without reading the buffers before them, see ``skips_rows``) and ends with the weights of a run never interrupted.
+The checkpoint records the source's identity (:func:`source_identity`): a resume on another one is refused.
+
 **Validation** is a second source (``fit(source, validation_data=other)``) or a held-out part of the same source,
 ``source.split(fraction, key=column)``: a row belongs to the validation part when a stable hash of its ``key`` value
 falls under ``fraction`` (the same rows on every run and machine); without a key, whole files are held out by the
