@@ -205,6 +205,27 @@ def test_a_source_without_skip_rows_is_read_and_dropped_up_to_the_position(folde
     _same_run(space["make"]("full", folder).fit(source, resume_from=tmp_path / "ckpt"), whole)
 
 
+def test_a_torch_trainer_resumes_inside_an_epoch(folder, tmp_path):
+    """TorchTrainer runs the same epoch loop: stopped inside epoch 2 and resumed, its weights and Adam state end as
+    an uninterrupted run's (skipped where torch is not installed)."""
+    pytest.importorskip("torch")
+    import onnx
+
+    from ortflow.learning_rates import LearningRateAdam
+    from ortflow.torch_trainer import TorchTrainer
+
+    space = _setup_namespace()
+
+    def make(callbacks=None):
+        return TorchTrainer(onnx.load(str(folder / "start.onnx")), learning_rate=LearningRateAdam(eta0=0.05),
+                            batch_size=64, max_iter=3, random_state=3, callbacks=callbacks)
+
+    with pytest.raises(_Stop):
+        make([Checkpoint(tmp_path / "ckpt", every_rows=300), _StopAt(2, 4)]).fit(space["source"](folder))
+    whole = make().fit(space["source"](folder))
+    _same_run(make().fit(space["source"](folder), resume_from=tmp_path / "ckpt"), whole)
+
+
 @pytest.mark.parametrize("key", [None, "id"])
 def test_a_parquet_source_skips_rows_without_reading_whole_buffers(folder, key, monkeypatch):
     """``chunks(rng, skip_rows=700)`` yields the epoch's rows from row 700 on and leaves the random state as the
