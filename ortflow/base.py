@@ -583,8 +583,7 @@ class BaseTrainer(BaseEstimator):
 
         def save_state(tmp: str) -> None:
             self._save_runtime_state(tmp)
-            np.savez(os.path.join(tmp, EPOCH_LOSSES), losses=np.concatenate(at.losses),
-                     sizes=np.concatenate(at.sizes))
+            np.savez(os.path.join(tmp, EPOCH_LOSSES), **at.batches(self.batch_size))
 
         return checkpoint.write(folder, save_state, meta)
 
@@ -634,8 +633,10 @@ class BaseTrainer(BaseEstimator):
                 raise CheckpointError(f"{where} with {key}={position.get(key)!r}, not {value!r}: the epoch's "
                                       f"batches would differ; resume with {key}={position.get(key)!r}")
         stored = checkpoint.load_arrays(folder, EPOCH_LOSSES, "batch losses of the interrupted epoch")
+        sizes = np.full(len(stored["losses"]), float(self.batch_size))
+        sizes[stored["short"]] = stored["short_sizes"]
         return _Progress(epoch, streamed, None, position["samples_seen"], position["chunks"],
-                         position["rows"], [stored["losses"]], [stored["sizes"]], position["elapsed"])
+                         position["rows"], [stored["losses"]], [sizes], position["elapsed"])
 
     # --- prediction ----------------------------------------------------------------------------------------
     def predict(self, X) -> np.ndarray:
@@ -834,6 +835,13 @@ class _Progress:
 
     def position(self) -> StreamPosition:
         return StreamPosition(self.epoch + 1, self.chunks, self.rows)
+
+    def batches(self, batch_size: int) -> dict[str, np.ndarray]:
+        """The batch losses so far and, of their sizes, those of the batches shorter than ``batch_size`` (one per
+        chunk at most): 8 bytes a batch, not 16."""
+        sizes = np.concatenate(self.sizes)
+        short = np.flatnonzero(sizes != batch_size)
+        return {"losses": np.concatenate(self.losses), "short": short, "short_sizes": sizes[short]}
 
     def record(self) -> dict:
         """The manifest's ``position`` in the epoch after its ``epoch`` complete ones (the losses go to their own

@@ -32,7 +32,10 @@ every ``N`` rows of a streamed epoch: the weights and optimizer state, the posit
 state at the epoch's start and the epoch's batch losses so far. ``fit(source, resume_from=folder)`` restores that
 random state, so the source yields the same order again, skips the rows already trained (a ``ParquetSource``
 without reading the buffers before them, see ``skips_rows``) and ends with the weights of a run never interrupted.
-The checkpoint records the source's identity (:func:`source_identity`): a resume on another one is refused.
+The checkpoint records the source's identity (:func:`source_identity`): a resume on another one is refused. An
+:class:`IterableSource` orders its epochs itself: it resumes right only when it yields the same batches again (a
+``DataLoader`` with ``shuffle=True`` does not: its order comes from torch's random state, which no checkpoint
+holds).
 
 **Validation** is a second source (``fit(source, validation_data=other)``) or a held-out part of the same source,
 ``source.split(fraction, key=column)``: a row belongs to the validation part when a stable hash of its ``key`` value
