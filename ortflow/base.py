@@ -626,8 +626,8 @@ class BaseTrainer(BaseEstimator):
             if position.get(key) != value:
                 if key == "source":
                     before = position.get(key) or {}
-                    diff = {k: (before.get(k), value.get(k)) for k in {*before, *value} if before.get(k) != value.get(k)}
-                    detail = "; ".join(f"{k}: {a!r} then, {b!r} now" for k, (a, b) in sorted(diff.items()))
+                    detail = "; ".join(f"{k}: {before.get(k)!r} then, {value.get(k)!r} now"
+                                       for k in sorted({*before, *value}) if before.get(k) != value.get(k))
                     raise CheckpointError(f"{where} of another source ({detail}): its order and rows would differ; "
                                           "resume on the source it streamed")
                 raise CheckpointError(f"{where} with {key}={position.get(key)!r}, not {value!r}: the epoch's "
@@ -831,7 +831,7 @@ class _Progress:
         self.epoch, self.source, self.rng_state, self.samples_seen = epoch, source, rng_state, int(samples_seen)
         self.chunks, self.rows, self.elapsed = chunks, rows, elapsed
         self.losses, self.sizes = losses or [np.empty(0)], sizes or [np.empty(0)]
-        self.begin = time.perf_counter() - elapsed  # set again when the epoch starts
+        self.begin = 0.0  # the epoch's start (time.perf_counter, less the elapsed time before a resume)
 
     def position(self) -> StreamPosition:
         return StreamPosition(self.epoch + 1, self.chunks, self.rows)

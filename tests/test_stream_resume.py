@@ -273,7 +273,8 @@ def test_refused_resumes_name_what_differs(folder, tmp_path):
         make("fwbw", folder).fit(frame[FEATURES].to_numpy(np.float32), frame["y"], resume_from=ckpt)
     with pytest.raises(CheckpointError, match=r"of another source \(buffer_rows: 300 then, 400 now\)"):
         make("fwbw", folder).fit(source(folder, buffer_rows=400), resume_from=ckpt)
-    with pytest.raises(CheckpointError, match=r"of another source \(files: 2 then, 1 now; n_rows: 1200 then, 600 now; row_groups"):
+    with pytest.raises(CheckpointError,
+                       match=r"of another source \(files: 2 then, 1 now; n_rows: 1200 then, 600 now; row_groups"):
         make("fwbw", folder).fit(ortflow.sources.ParquetSource(folder / "data" / "part0.parquet", target="y",
                                                                columns=FEATURES, buffer_rows=300),
                                  resume_from=ckpt)
