@@ -102,7 +102,8 @@ def _same_run(resumed, whole):
 def test_a_run_killed_inside_an_epoch_resumes_where_it_stopped(folder, kind, tmp_path):
     """The first process dies by SIGKILL in epoch 2; this one resumes from its last mid-epoch checkpoint (896 rows
     into epoch 2), replays the epoch's order, skips the rows trained, and ends bit-identical to a run never
-    interrupted: weights, the optimizer's moments (Adam for full), every epoch's train_loss, the random state."""
+    interrupted: weights (full's through Adam's restored moments and step), fwbw's optimizer state, every epoch's
+    train_loss and learning rate, the random state."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "data").symlink_to(folder / "data")
@@ -131,7 +132,7 @@ class _Stop(Exception):
 
 
 class _StopAt(Callback):
-    """Raises after a chunk: the weights moved past the last checkpoint (an exception mid-epoch)."""
+    """Raises at a chunk boundary of a streamed fit, after the callbacks listed before it (a Checkpoint) ran."""
 
     def __init__(self, epoch, chunks):
         self.epoch, self.chunks = epoch, chunks
@@ -141,10 +142,10 @@ class _StopAt(Callback):
             raise _Stop
 
 
-def _stopped(folder, ckpt, kind="fwbw", epoch=1, chunks=2, **checkpoint):
-    """A run checkpointed inside epochs and stopped by an exception after ``chunks`` chunks of ``epoch``."""
+def _stopped(folder, ckpt, epoch=1, chunks=2, **checkpoint):
+    """A fwbw run checkpointed inside epochs and stopped by an exception after ``chunks`` chunks of ``epoch``."""
     space = _setup_namespace()
-    est = space["make"](kind, folder, [Checkpoint(ckpt, **checkpoint), _StopAt(epoch, chunks)])
+    est = space["make"]("fwbw", folder, [Checkpoint(ckpt, **checkpoint), _StopAt(epoch, chunks)])
     with pytest.raises(_Stop):
         est.fit(space["source"](folder))
     return space, est
