@@ -163,6 +163,10 @@ class BaseTrainer(BaseEstimator):
         rng, max_iter = self._begin(model, spec, train_model, feeds, names, check_random_state(self.random_state),
                                     resume_from, identity)
         resume, self._resumed_progress = self._resumed_progress, None
+        if resume is not None and resume.rows and resume.epoch >= max_iter:
+            raise ValueError(f"resume_from={str(resume_from)!r} stopped inside epoch {resume.epoch + 1}, which "
+                             f"max_iter={self.max_iter} does not reach: its weights are not those of an epoch's end; "
+                             f"resume with max_iter >= {resume.epoch + 1}")
         seen = [resume.samples_seen if resume is not None else
                 0 if source.n_rows is None else source.n_rows * len(self.history_)]
 

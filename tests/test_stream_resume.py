@@ -283,6 +283,9 @@ def test_refused_resumes_name_what_differs(folder, tmp_path):
     other.batch_size = 32
     with pytest.raises(CheckpointError, match="with batch_size=64, not 32"):
         other.fit(source(folder), resume_from=ckpt)
+    _stopped(folder, tmp_path / "in-epoch-2", epoch=2, every_rows=200)
+    with pytest.raises(ValueError, match="stopped inside epoch 2, which max_iter=1 does not reach"):
+        make("fwbw", folder, max_iter=1).fit(source(folder), resume_from=tmp_path / "in-epoch-2")
     with pytest.raises(ValueError, match="every_rows=0 must be a positive integer"):
         Checkpoint(ckpt, every_rows=0)
 
