@@ -37,7 +37,7 @@ from . import checkpoint
 from . import graph as g
 from ._ort import InferenceSession, SessionOptions
 from .callbacks import Callback, EarlyStopping, ProgressBar
-from .exceptions import ConvergenceError
+from .exceptions import CheckpointError, ConvergenceError
 from .learning_rates import BaseLearningRate, LearningRateSGD
 from .ml_op_rewrites import make_trainable
 from .parameters import check_parameters
@@ -46,7 +46,7 @@ from .runtime import THREADS_WORK_THRESHOLD, OnnxFunction, make_session_options,
 from .convert import ESTIMATOR_METADATA, graph_classes
 from .frozen_prefix import FrozenPrefix
 from .prefetch import Prefetcher
-from .sources import is_source
+from .sources import is_source, source_identity
 from .inputs import InputMapping
 from .validation import check_device, check_positive_int, check_targets, check_weights_to_train, encode_labels
 
@@ -147,8 +147,9 @@ class BaseTrainer(BaseEstimator):
     def _fit_source(self, source, y, sample_weight, validation_data, resume_from):
         """``fit`` on a :class:`ortflow.sources.BatchSource`: the graph is set up from its first chunk, each epoch
         streams the source's chunks (converted and read ahead on a background thread), validation streams too.
-        A checkpoint holds an epoch boundary and the random state the source's order comes from, so a resumed run
-        replays the interrupted epoch exactly."""
+        A checkpoint holds an epoch boundary, or a chunk boundary inside an epoch (``Checkpoint(every_rows=...)``),
+        with the random state the epoch's order comes from: a resumed run replays the epoch's order and skips the
+        rows already trained, so it ends as an uninterrupted run would."""
         if y is not None or sample_weight is not None:
             raise ValueError("fit(source, ...): the source holds the target and the sample weights; pass y=None")
         # a few rows set the graph up: the source's head when it has one (one row group read), else its first chunk
@@ -158,15 +159,34 @@ class BaseTrainer(BaseEstimator):
             raise ValueError(f"the source {source!r} yields no rows")
         model, spec, feeds, names, train_model, prefix = self._graph_and_feeds(first[0])
         self._prepare_data(spec, prefix, feeds, names, first[1], first[2], None)  # the first rows' checks
+        identity = source_identity(source)
         rng, max_iter = self._begin(model, spec, train_model, feeds, names, check_random_state(self.random_state),
-                                    resume_from)
-        seen = [0 if source.n_rows is None else source.n_rows * len(self.history_)]
+                                    resume_from, identity)
+        resume, self._resumed_progress = self._resumed_progress, None
+        if resume is not None and resume.rows and resume.epoch >= max_iter:
+            raise ValueError(f"resume_from={str(resume_from)!r} stopped inside epoch {resume.epoch + 1}, which "
+                             f"max_iter={self.max_iter} does not reach: its weights are not those of an epoch's end; "
+                             f"resume with max_iter >= {resume.epoch + 1}")
+        seen = [resume.samples_seen if resume is not None else
+                0 if source.n_rows is None else source.n_rows * len(self.history_)]
 
-        def convert(chunk_source, order_rng, count: bool):
-            carry = None
-            for X, y_part, w_part in chunk_source.chunks(order_rng):
+        def convert(chunk_source, order_rng, count: bool, skip: int = 0):
+            """The epoch's units of whole batches (the last one may be short), from row ``skip`` on: the rows
+            before it are skipped by the source when it can, else read (the order and random state depend on
+            them) but neither converted nor trained."""
+            skipped = bool(skip) and getattr(chunk_source, "skips_rows", False)  # the source skips them itself
+            carry, read = None, skip if skipped else 0
+            if count:
+                seen[0] += skip
+            for X, y_part, w_part in (chunk_source.chunks(order_rng, skip_rows=skip) if skipped
+                                      else chunk_source.chunks(order_rng)):
+                read += len(y_part)
+                if read <= skip:
+                    continue
                 f, _ = spec.inputs.feeds(X, _matrix_width(spec, feeds), names)
                 data, _ = self._prepare_data(spec, prefix, f, names, y_part, w_part, None)
+                if read - data.n_samples < skip:  # the first rows not trained yet: a unit starts there
+                    data = data.take(slice(skip - (read - data.n_samples), None))
                 data = data if carry is None else _concat(carry, data)
                 whole = data.n_samples - data.n_samples % self.batch_size
                 carry = data.take(slice(whole, None)) if whole < data.n_samples else None
@@ -180,7 +200,8 @@ class BaseTrainer(BaseEstimator):
                 yield carry, None
 
         def chunks(epoch):
-            with Prefetcher(convert(source, rng if self.shuffle else None, True), self.prefetch_depth) as ahead:
+            skip = resume.rows if resume is not None and epoch == resume.epoch else 0
+            with Prefetcher(convert(source, rng if self.shuffle else None, True, skip), self.prefetch_depth) as ahead:
                 yield from ahead
 
         val = None
@@ -190,7 +211,8 @@ class BaseTrainer(BaseEstimator):
                                 "(source.split(fraction, key=...) holds part of it out)")
             val = _StreamedValidation(lambda: convert(validation_data, None, False))
         self._rt_prefix, self._rng = prefix, rng
-        self._train_epochs(range(len(self.history_), max_iter), chunks, lambda epoch: seen[0], val, rng)
+        self._train_epochs(range(len(self.history_), max_iter), chunks, lambda epoch: seen[0], val, rng,
+                           streamed=identity, resume=resume)
         self._samples_seen = seen[0]
         return self
 
@@ -223,9 +245,11 @@ class BaseTrainer(BaseEstimator):
         self._samples_seen += data.n_samples
         return self
 
-    def _begin(self, model, spec, train_model, feeds, names, rng, resume_from):
+    def _begin(self, model, spec, train_model, feeds, names, rng, resume_from, streamed=None):
         """A fresh start (or a warm one, checked), the fitted inputs recorded, a checkpoint restored: ``(random
-        state, the epoch to stop at)``."""
+        state, the epoch to stop at)``; ``streamed`` is the identity of the source a streamed fit reads (None in
+        memory), ``_resumed_progress`` the progress of the epoch a mid-epoch checkpoint stopped in (else None)."""
+        self._resumed_progress = None
         warm = self.warm_start and hasattr(self, "history_") and resume_from is None
         if warm:
             self._check_warm_start(model, spec)
@@ -233,7 +257,7 @@ class BaseTrainer(BaseEstimator):
             self._start(model, spec, train_model)
         self._fitted_inputs(spec, feeds, names)
         if resume_from is not None:
-            rng = self._restore_checkpoint(resume_from, rng)
+            rng = self._restore_checkpoint(resume_from, rng, streamed)
         return rng, int(self.max_iter) + (len(self.history_) if warm else 0)
 
     def _graph_and_feeds(self, X):
@@ -277,13 +301,19 @@ class BaseTrainer(BaseEstimator):
             del self.feature_names_in_
         self._predict_sess = None
 
-    def _train_epochs(self, epochs: range, chunks, samples_seen, val, rng):
+    def _train_epochs(self, epochs: range, chunks, samples_seen, val, rng, streamed=None, resume=None):
         """Train the ``epochs``: epoch ``e`` runs over ``chunks(e)`` (pairs ``(TrainData, row order or None)``)
-        at the learning rate of ``samples_seen(e)`` samples; validation, records, callbacks, divergence."""
+        at the learning rate of ``samples_seen(e)`` samples; validation, records, callbacks, divergence.
+
+        A streamed fit (``streamed``: its source's identity) follows its progress through each epoch, chunk by
+        chunk, for the callbacks' ``on_chunk_end`` and mid-epoch checkpoints; ``resume`` is the progress a
+        mid-epoch checkpoint restored, continued by the first epoch."""
         every = self._validation_period()
         self.stop_training_ = False
         self.diverged_ = False
         self.in_epoch_ = False
+        self._at_chunk = None
+        self._next_seen = None  # a stream's samples seen before its next epoch, for its epoch-boundary checkpoints
         callbacks = self._callbacks()
         for cb in callbacks:
             cb.on_train_begin(self)
@@ -292,9 +322,18 @@ class BaseTrainer(BaseEstimator):
         try:
             for epoch in epochs:
                 begin = time.perf_counter()
-                learning_rate = self._epoch_learning_rate(samples_seen(epoch))
+                seen = samples_seen(epoch)
+                learning_rate = self._epoch_learning_rate(seen)
+                progress = None
+                if resume is not None and resume.epoch == epoch:
+                    progress = resume
+                    begin -= progress.elapsed
+                elif streamed is not None:
+                    progress = _Progress(epoch, streamed, rng.get_state(), seen)
+                if progress is not None:
+                    progress.begin = begin
                 self.in_epoch_ = True  # weights are mid-epoch until the epoch ends: no checkpoint then
-                losses, sizes, complete = self._epoch(chunks(epoch), learning_rate)
+                losses, sizes, complete = self._epoch(chunks(epoch), learning_rate, progress, callbacks)
                 self.in_epoch_ = False
                 if not complete or not len(losses):
                     self._diverged(epoch, losses, learning_rate, last_good)
@@ -314,6 +353,8 @@ class BaseTrainer(BaseEstimator):
                     logger.info("%s epoch %d: %s", type(self).__name__, epoch + 1, record)
                     logger.debug("batch losses of epoch %d: %s", epoch + 1, losses.tolist())
                 self._rng_state = rng.get_state()
+                if streamed is not None:
+                    self._next_seen = int(samples_seen(epoch + 1))
                 if last_good is not None:
                     last_good = self.get_state()
                 for cb in callbacks:
@@ -335,10 +376,12 @@ class BaseTrainer(BaseEstimator):
             rows += data.n_samples
         return total / rows
 
-    def _epoch(self, chunks, learning_rate) -> tuple[np.ndarray, np.ndarray, bool]:
+    def _epoch(self, chunks, learning_rate, progress=None, callbacks=()) -> tuple[np.ndarray, np.ndarray, bool]:
         """``(loss, row count)`` of every batch over ``chunks``, and whether every batch ran: the trainers stop
-        at the first non-finite loss."""
-        losses, sizes = [np.empty(0)], [np.empty(0)]
+        at the first non-finite loss. A streamed epoch's ``progress`` (resumed or new) holds the batches so far and
+        is advanced after each chunk, where the ``callbacks``' ``on_chunk_end`` run (weights at a chunk boundary:
+        a checkpoint may be written then, nowhere else inside the epoch)."""
+        losses, sizes = ([np.empty(0)], [np.empty(0)]) if progress is None else (progress.losses, progress.sizes)
         for data, order in chunks:
             chunk = self._train_epoch(data, order, learning_rate)
             full = self._batch_sizes(data.n_samples)
@@ -346,6 +389,15 @@ class BaseTrainer(BaseEstimator):
             sizes.append(full[: len(chunk)])
             if len(chunk) < len(full) or not np.isfinite(chunk).all():
                 return np.concatenate(losses), np.concatenate(sizes), False
+            if progress is not None:
+                progress.chunks += 1
+                progress.rows += data.n_samples
+                self._at_chunk = progress
+                try:
+                    for cb in callbacks:
+                        cb.on_chunk_end(self, progress.position())
+                finally:
+                    self._at_chunk = None
         return np.concatenate(losses), np.concatenate(sizes), True
 
     def _prepare_data(self, spec, prefix, feeds, names, y, sample_weight, validation_data):
@@ -510,12 +562,16 @@ class BaseTrainer(BaseEstimator):
     # --- checkpoints ---------------------------------------------------------------------------------------
     def save_checkpoint(self, folder: str | os.PathLike) -> str:
         """Write weights, optimizer state, history and random state to ``folder`` (replaced atomically, every file
-        checksummed). Refused in the middle of an epoch: a checkpoint always holds an epoch boundary."""
+        checksummed). It holds an epoch boundary, or, called from a callback's ``on_chunk_end`` during a streamed
+        fit, a chunk boundary inside an epoch: the position (chunks and rows trained), the random state at the
+        epoch's start (the source's order is replayed from it), the samples seen before it, the source's identity
+        and the batch losses so far (``epoch_losses.npz``). Refused anywhere else in the middle of an epoch."""
         self._check_fitted()
-        if getattr(self, "in_epoch_", False):
+        at = getattr(self, "_at_chunk", None)
+        if getattr(self, "in_epoch_", False) and at is None:
             raise RuntimeError("save_checkpoint in the middle of an epoch (training was interrupted): the weights "
                                "are not those of a completed epoch; the last checkpoint written stays valid")
-        rng_state = getattr(self, "_rng_state", None)
+        rng_state = getattr(self, "_rng_state", None) if at is None else at.rng_state
         meta = {
             "trainer": type(self).__name__,
             "fingerprint": self._fingerprint(),
@@ -523,13 +579,32 @@ class BaseTrainer(BaseEstimator):
             "history": self.history_,
             "rng_state": None if rng_state is None else [rng_state[0], rng_state[1].tolist(), *rng_state[2:]],
         }
-        return checkpoint.write(folder, self._save_runtime_state, meta)
+        if at is None:
+            if getattr(self, "_next_seen", None) is not None:
+                meta["samples_seen"] = self._next_seen
+            return checkpoint.write(folder, self._save_runtime_state, meta)
+        meta["position"] = {**at.record(), "batch_size": int(self.batch_size), "shuffle": bool(self.shuffle)}
+
+        def save_state(tmp: str) -> None:
+            self._save_runtime_state(tmp)
+            np.savez(os.path.join(tmp, EPOCH_LOSSES), **at.batches(self.batch_size))
+
+        return checkpoint.write(folder, save_state, meta)
 
     def _fingerprint(self) -> str:
         return checkpoint.fingerprint(self._model.SerializeToString(), self.weights_to_train_)
 
-    def _restore_checkpoint(self, folder, rng):
+    def _restore_checkpoint(self, folder, rng, streamed=None):
+        """The checkpoint in ``folder`` restored (``rng`` set to its random state). One written inside a streamed
+        epoch is refused unless this fit streams the same source with the same batches; a streamed fit resuming a
+        stream's checkpoint keeps in ``_resumed_progress`` what its next epoch continues: the samples seen before
+        it (a source may not know its rows) and, inside an epoch, the position and batch losses."""
         meta = checkpoint.read(folder, type(self).__name__, self._fingerprint())
+        position = meta.get("position")
+        if position is not None:
+            self._resumed_progress = self._check_position(folder, meta["epoch"], position, streamed)
+        elif streamed is not None and meta.get("samples_seen") is not None:  # a stream's epoch boundary
+            self._resumed_progress = _Progress(meta["epoch"], streamed, None, meta["samples_seen"])
         self._load_runtime_state(str(folder))
         self.history_ = []
         self._append(None)
@@ -538,7 +613,34 @@ class BaseTrainer(BaseEstimator):
         if meta["rng_state"] is not None:
             name, keys, *rest = meta["rng_state"]
             rng.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
+        if self._resumed_progress is not None:
+            self._resumed_progress.rng_state = rng.get_state()
         return rng
+
+    def _check_position(self, folder, epoch: int, position: dict, streamed: dict | None) -> _Progress:
+        """The progress of the epoch a mid-epoch checkpoint stopped in (after ``epoch`` complete ones), once this
+        fit can continue it."""
+        where = (f"resume_from={str(folder)!r} stopped inside epoch {epoch + 1} of a streamed fit "
+                 f"({position['rows']} rows trained)")
+        if streamed is None:
+            raise CheckpointError(f"{where}: an in-memory fit cannot continue it; resume with fit(source, "
+                                  "resume_from=...) on the source it streamed")
+        now = {"source": streamed, "batch_size": int(self.batch_size), "shuffle": bool(self.shuffle)}
+        for key, value in now.items():
+            if position.get(key) != value:
+                if key == "source":
+                    before = position.get(key) or {}
+                    detail = "; ".join(f"{k}: {before.get(k)!r} then, {value.get(k)!r} now"
+                                       for k in sorted({*before, *value}) if before.get(k) != value.get(k))
+                    raise CheckpointError(f"{where} of another source ({detail}): its order and rows would differ; "
+                                          "resume on the source it streamed")
+                raise CheckpointError(f"{where} with {key}={position.get(key)!r}, not {value!r}: the epoch's "
+                                      f"batches would differ; resume with {key}={position.get(key)!r}")
+        stored = checkpoint.load_arrays(folder, EPOCH_LOSSES, "batch losses of the interrupted epoch")
+        sizes = np.full(len(stored["losses"]), float(self.batch_size))
+        sizes[stored["short"]] = stored["short_sizes"]
+        return _Progress(epoch, streamed, None, position["samples_seen"], position["chunks"],
+                         position["rows"], [stored["losses"]], [sizes], position["elapsed"])
 
     # --- prediction ----------------------------------------------------------------------------------------
     def predict(self, X) -> np.ndarray:
@@ -707,6 +809,49 @@ def _graph_is_classifier(model_onnx) -> bool:
         return graph_classes(model_onnx) is not None
     except Exception:  # noqa: BLE001 - fit reports an unreadable graph with the reason
         return False
+
+
+#: the file of a mid-epoch checkpoint holding the epoch's batch losses and sizes so far
+EPOCH_LOSSES = "epoch_losses.npz"
+
+
+@dataclass(frozen=True)
+class StreamPosition:
+    """Where a streamed fit stands at a chunk boundary, handed to :meth:`Callback.on_chunk_end`: ``epoch`` (the
+    epoch in progress, 1-based as in its record), the ``chunks`` and ``rows`` of it trained so far."""
+
+    epoch: int
+    chunks: int
+    rows: int
+
+
+class _Progress:
+    """A streamed epoch's progress: the batch losses and sizes so far, the chunks and rows trained, and what the
+    epoch started from (random state, samples seen before it), with the source's identity: what a mid-epoch
+    checkpoint holds. ``epoch`` is 0-based."""
+
+    def __init__(self, epoch: int, source: dict, rng_state, samples_seen: int, chunks: int = 0, rows: int = 0,
+                 losses=None, sizes=None, elapsed: float = 0.0):
+        self.epoch, self.source, self.rng_state, self.samples_seen = epoch, source, rng_state, int(samples_seen)
+        self.chunks, self.rows, self.elapsed = chunks, rows, elapsed
+        self.losses, self.sizes = losses or [np.empty(0)], sizes or [np.empty(0)]
+        self.begin = 0.0  # the epoch's start (time.perf_counter, less the elapsed time before a resume)
+
+    def position(self) -> StreamPosition:
+        return StreamPosition(self.epoch + 1, self.chunks, self.rows)
+
+    def batches(self, batch_size: int) -> dict[str, np.ndarray]:
+        """The batch losses so far and, of their sizes, those of the batches shorter than ``batch_size`` (one per
+        chunk at most): 8 bytes a batch, not 16."""
+        sizes = np.concatenate(self.sizes)
+        short = np.flatnonzero(sizes != batch_size)
+        return {"losses": np.concatenate(self.losses), "short": short, "short_sizes": sizes[short]}
+
+    def record(self) -> dict:
+        """The manifest's ``position`` in the epoch after its ``epoch`` complete ones (the losses go to their own
+        file)."""
+        return {"chunks": self.chunks, "rows": self.rows, "samples_seen": self.samples_seen,
+                "elapsed": time.perf_counter() - self.begin, "source": self.source}
 
 
 class _StreamedValidation:

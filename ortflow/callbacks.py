@@ -2,7 +2,8 @@
 
 A callback receives the trainer and, after each epoch, that epoch's record: a dict with ``epoch`` (1-based),
 ``train_loss``, ``validation_loss`` (None when not measured), ``learning_rate`` and ``time`` (seconds).
-Setting ``trainer.stop_training_ = True`` ends training after the current epoch.
+Setting ``trainer.stop_training_ = True`` ends training after the current epoch. During a streamed fit
+(``fit(source)``) it is also called after each chunk of an epoch (``on_chunk_end``), with the position in it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ class Callback:
 
     def on_train_begin(self, trainer: Any) -> None:
         """Called once before the first epoch (and after a checkpoint was restored)."""
+
+    def on_chunk_end(self, trainer: Any, position: Any) -> None:
+        """Called during a streamed fit after each chunk of an epoch is trained (the units of whole batches the
+        source's rows are cut into), with an :class:`ortflow.base.StreamPosition` (``epoch``, ``chunks``,
+        ``rows``); the weights are then at a chunk boundary, where ``trainer.save_checkpoint`` may write a
+        mid-epoch checkpoint. Not called by an in-memory fit, whose epochs are its only boundaries."""
 
     def on_epoch_end(self, trainer: Any, record: dict) -> None:
         """Called after every epoch with its record."""
@@ -64,19 +71,40 @@ class EarlyStopping(Callback):
 
 
 class Checkpoint(Callback):
-    """Write ``trainer.save_checkpoint(folder)`` every ``every`` epochs (and after the last one).
+    """Write ``trainer.save_checkpoint(folder)`` every ``every`` epochs (and after the last one) and, during a
+    streamed fit, after every ``every_rows`` rows of an epoch.
 
     The folder is replaced at each write (the last checkpoint wins). Subclasses can override
     :meth:`on_checkpoint`, called after each write, to copy or upload it; ``saved_epoch_`` is the epoch of
-    the last write (None before the first).
+    the last write (None before the first; the completed epochs of a mid-epoch checkpoint).
+
+    ``every_rows`` (None: epoch boundaries only) counts rows, not chunks: the chunks a stream is cut into depend
+    on the source's buffer and the batch size, the rows do not. The checkpoint is written at the first chunk
+    boundary after ``every_rows`` rows were trained since the last one of the epoch (or its start): a chunk is
+    never split, so with chunks larger than ``every_rows`` each chunk gets one. ``fit(source, resume_from=folder)``
+    continues from that position: the epoch's order is replayed from the random state at its start, the rows
+    already trained are read and skipped, and the run ends with the weights of an uninterrupted one.
     """
 
-    def __init__(self, folder: str | Path, every: int = 1):
+    def __init__(self, folder: str | Path, every: int = 1, every_rows: int | None = None):
         self.folder = folder
         self.every = every
+        if every_rows is not None and (isinstance(every_rows, bool) or int(every_rows) != every_rows
+                                       or every_rows < 1):
+            raise ValueError(f"every_rows={every_rows!r} must be a positive integer or None")
+        self.every_rows = every_rows
 
     def on_train_begin(self, trainer: Any) -> None:
         self.saved_epoch_ = None
+        self._rows_saved = None  # (epoch, rows) of the last mid-epoch write
+
+    def on_chunk_end(self, trainer: Any, position: Any) -> None:
+        if self.every_rows is None:
+            return
+        last = self._rows_saved[1] if self._rows_saved and self._rows_saved[0] == position.epoch else 0
+        if position.rows - last >= self.every_rows:
+            self._save(trainer)
+            self._rows_saved = (position.epoch, position.rows)
 
     def on_epoch_end(self, trainer: Any, record: dict) -> None:
         if record["epoch"] % self.every == 0:
@@ -84,14 +112,14 @@ class Checkpoint(Callback):
 
     def on_train_end(self, trainer: Any) -> None:
         # the last epoch's checkpoint, unless on_epoch_end just wrote it, training diverged, or it was interrupted
-        # mid-epoch (the weights are then not those of an epoch boundary: the last checkpoint written stays)
+        # mid-epoch (the weights are then not those of a chunk or epoch boundary: the last checkpoint written stays)
         if getattr(trainer, "diverged_", False) or getattr(trainer, "in_epoch_", False):
             return
         if getattr(self, "saved_epoch_", None) != len(trainer.history_):
             self._save(trainer)
 
     def on_checkpoint(self, trainer: Any, folder: str, epoch: int) -> None:
-        """Called after each checkpoint is written to ``folder`` (``epoch``: the epochs it holds)."""
+        """Called after each checkpoint is written to ``folder`` (``epoch``: the completed epochs it holds)."""
 
     def _save(self, trainer: Any) -> None:
         folder = trainer.save_checkpoint(self.folder)

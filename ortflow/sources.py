@@ -7,7 +7,13 @@
   shuffle) orders the epoch;
 - ``n_rows``: the rows of an epoch when known without reading them (None otherwise);
 - optionally ``head(rows)``: the first rows as one ``(X, y, sample_weight)`` triple, read cheaply (the trainer is
-  set up from them; without it, from the first chunk).
+  set up from them; without it, from the first chunk);
+- optionally ``identity()``: a small JSON-able dict telling this source from another one of its class (files, block
+  size...), recorded by a checkpoint written inside an epoch and compared when it is resumed
+  (:func:`source_identity`);
+- optionally ``skips_rows = True`` and ``chunks(rng, skip_rows)``: the epoch without its first ``skip_rows`` rows,
+  ``rng`` left as after the whole epoch, cheaper than reading them (a resume inside an epoch); without it, the
+  trainer reads those rows and drops them.
 
 The sources here:
 
@@ -21,6 +27,16 @@ permutes the rows within a buffer of ``buffer_rows`` rows gathered from consecut
 buffer only. It is reproducible: the same ``random_state`` gives the same epochs. A streamed epoch therefore differs
 from an in-memory one of the same rows; make ``buffer_rows`` large against the row group size for a better mix.
 
+**A checkpoint inside an epoch.** ``Checkpoint(folder, every_rows=N)`` writes one at the first chunk boundary after
+every ``N`` rows of a streamed epoch: the weights and optimizer state, the position (rows trained), the random
+state at the epoch's start and the epoch's batch losses so far. ``fit(source, resume_from=folder)`` restores that
+random state, so the source yields the same order again, skips the rows already trained (a ``ParquetSource``
+without reading the buffers before them, see ``skips_rows``) and ends with the weights of a run never interrupted.
+The checkpoint records the source's identity (:func:`source_identity`): a resume on another one is refused. An
+:class:`IterableSource` orders its epochs itself: it resumes right only when it yields the same batches again (a
+``DataLoader`` with ``shuffle=True`` does not: its order comes from torch's random state, which no checkpoint
+holds).
+
 **Validation** is a second source (``fit(source, validation_data=other)``) or a held-out part of the same source,
 ``source.split(fraction, key=column)``: a row belongs to the validation part when a stable hash of its ``key`` value
 falls under ``fraction`` (the same rows on every run and machine); without a key, whole files are held out by the
@@ -29,6 +45,8 @@ hash of their name.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol, runtime_checkable
@@ -134,6 +152,15 @@ class ParquetSource:
     def files(self) -> list[str]:
         return list(self._files)
 
+    def identity(self) -> dict:
+        """The source as a mid-epoch checkpoint records it (:func:`source_identity`): the files (by name) and the
+        rows of each row group as a digest, the columns, the buffer and the split."""
+        layout = [(os.path.basename(self._files[fi]), group, rows) for fi, group, rows in self._groups]
+        digest = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
+        return {"files": len(self._files), "row_groups": f"{len(self._groups)} ({digest})",
+                "columns": [*self.columns, self.target, self.weight], "buffer_rows": self.buffer_rows,
+                "split": [self._held.fraction, self._held.key, self._held.validation]}
+
     @staticmethod
     def _metadata(file: str):
         import pyarrow.parquet as pq
@@ -195,7 +222,13 @@ class ParquetSource:
         columns = {k: (v if mask is None else v[mask])[:rows] for k, v in columns.items()}
         return self._features(columns), columns[self.target], columns.get(self.weight) if self.weight else None
 
-    def chunks(self, rng: np.random.RandomState | None) -> Iterator[tuple[Any, Any, Any]]:
+    #: ``chunks`` takes ``skip_rows`` (see :class:`BatchSource`)
+    skips_rows = True
+
+    def chunks(self, rng: np.random.RandomState | None, skip_rows: int = 0) -> Iterator[tuple[Any, Any, Any]]:
+        """One epoch, from its row ``skip_rows`` on (a resume inside the epoch): a buffer wholly before it is not
+        read when its rows are known from the files' metadata (no split by key), its shuffle drawn all the same
+        so that ``rng`` ends as after the whole epoch."""
         order = np.arange(len(self._groups)) if rng is None else rng.permutation(len(self._groups))
         buffers, current, held = [], [], 0  # the row groups of each buffer, from the files' metadata
         for index in order:
@@ -206,7 +239,14 @@ class ParquetSource:
                 current, held = [], 0
         if current:
             buffers.append(current)
+        done = 0  # the rows of the epoch before this buffer
         for groups in buffers:
+            known = sum(self._groups[index][2] for index in groups) if self._held.key is None else None
+            if known is not None and done + known <= skip_rows:
+                if known and rng is not None:
+                    rng.permutation(known)
+                done += known
+                continue
             columns = self._gather(groups)
             n = len(columns[self.target])
             if n == 0:
@@ -214,6 +254,11 @@ class ParquetSource:
             if rng is not None:
                 perm = rng.permutation(n)
                 columns = {k: np.take(v, perm, axis=0) for k, v in columns.items()}
+            if done < skip_rows:
+                columns = {k: v[skip_rows - done:] for k, v in columns.items()}
+            done += n
+            if done <= skip_rows:
+                continue
             weight = columns[self.weight] if self.weight else None
             features = columns.pop(_MATRIX, None)
             yield (self._features(columns) if features is None else self._frame(features)), columns[self.target], \
@@ -259,6 +304,9 @@ class ArrowSource:
         self.columns = columns
         self.n_rows = data.num_rows if hasattr(data, "num_rows") else None
 
+    def identity(self) -> dict:
+        return {"block_rows": self.block_rows}
+
     def chunks(self, rng: np.random.RandomState | None) -> Iterator[tuple[Any, Any, Any]]:
         if callable(self.data):
             batches, rng = iter(self.data()), None
@@ -288,6 +336,9 @@ class NumpySource:
             raise ValueError(f"X has {len(self.X)} rows but y has {len(self.y)}")
         self.block_rows = int(block_rows)
         self.n_rows = len(self.X)
+
+    def identity(self) -> dict:
+        return {"block_rows": self.block_rows, "shape": list(self.X.shape)}
 
     def chunks(self, rng: np.random.RandomState | None) -> Iterator[tuple[Any, Any, Any]]:
         starts = np.arange(0, self.n_rows, self.block_rows)
@@ -328,6 +379,14 @@ def _numpy(value):
     if hasattr(value, "detach"):  # a torch tensor
         return value.detach().cpu().numpy()
     return value
+
+
+def source_identity(source) -> dict:
+    """What a mid-epoch checkpoint records of the source a fit streams, and a resume compares: its class, its rows
+    (None when unknown) and what its optional ``identity()`` adds (a Parquet source: its files' names and row
+    groups, columns and buffer). Cheap: no row is read. Another source would give the epoch another order."""
+    own = source.identity() if hasattr(source, "identity") else {}
+    return {"type": type(source).__name__, "n_rows": source.n_rows, **own}
 
 
 def is_source(X) -> bool:
