@@ -207,3 +207,17 @@ def test_a_streamed_training_stopped_at_an_epoch_and_resumed_ends_with_the_unint
     losses = {run: [m.value for m in sorted(client.get_metric_history(run, "train_loss"), key=lambda m: m.step)]
               for run in (resumed, reference)}
     np.testing.assert_allclose(losses[resumed], losses[reference], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_command_names_a_bad_target_before_any_run(table, tmp_path, pipeline_subprocess_env):
+    import subprocess
+    import sys
+
+    folder, _ = table
+    proc = subprocess.run([sys.executable, "-m", "pipelines.main", "data=parquet", f"data.path={folder}",
+                           "data.target=price"], cwd=tmp_path, env=pipeline_subprocess_env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("ortflow: error: DataError: data.target='price' is not a column of")
+    assert not (tmp_path / "mlflow.db").exists()

@@ -666,6 +666,9 @@ def validate_data(data: DictConfig) -> None:
         if data.sample_rows < 2 or data.buffer_rows < 1:
             raise ConfigError(f"data.sample_rows={data.sample_rows} must be >= 2 and data.buffer_rows="
                               f"{data.buffer_rows} >= 1")
+        if not data.test_size + data.validation_fraction < 1:
+            raise ConfigError(f"data.test_size={data.test_size} + data.validation_fraction="
+                              f"{data.validation_fraction} must stay below 1: the rest is the training part")
     if loader in ARRAY_LOADERS and (data.standardize or data.standardize_target):
         raise ConfigError(f"data.loader={loader} gives arrays (images, tokens) that are never standardized: "
                           "leave data.standardize and data.standardize_target false")

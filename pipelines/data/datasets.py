@@ -154,7 +154,7 @@ class Split:
     def summary(self) -> dict:
         if self.streamed:  # the rows of each part are known without reading only when whole files make it
             parts = self.stream_parts()
-            rows = {f"n_{'validation' if p == 'validation' else p}": parts[p].n_rows for p in parts}
+            rows = {f"n_{p}": parts[p].n_rows for p in parts}
             return {**{k: v for k, v in rows.items() if v is not None}, "n_sample_train": len(self.y_train),
                     "n_features": self.n_features}
         return {
