@@ -7,6 +7,7 @@ run, and a streamed training stopped at an epoch boundary and resumed ends with 
 """
 
 import json
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -207,6 +208,39 @@ def test_a_streamed_training_stopped_at_an_epoch_and_resumed_ends_with_the_unint
     losses = {run: [m.value for m in sorted(client.get_metric_history(run, "train_loss"), key=lambda m: m.step)]
               for run in (resumed, reference)}
     np.testing.assert_allclose(losses[resumed], losses[reference], rtol=1e-5)
+
+
+
+def test_a_streamed_classifier_scores_its_test_part_as_in_memory(tmp_path, new_sqlite_store, run_chain_clean):
+    """Text labels, split by file names (no key): the classes come from a scan of the training part's target, the
+    metrics of the whole test part (its files) equal those of the same rows in memory."""
+    from pipelines.modeling.metrics import classification_metrics
+
+    folder = tmp_path / "labels"
+    folder.mkdir()
+    frame = _table(1).assign(y=lambda f: np.where(f.a - 0.1 * f.b + 0.5 > 0, "yes", "no"))
+    for k, rows in enumerate(np.array_split(np.arange(N), 12)):
+        pq.write_table(pa.Table.from_pandas(frame.iloc[rows], preserve_index=False),
+                       folder / f"part-{k:02d}.parquet", row_group_size=50)
+    uri = new_sqlite_store(tmp_path / "mlflow.db")
+    result = run_chain_clean(["data=parquet", f"data.path={folder}", "data.target=y", "data.task=classification",
+                              "data.features=[a,b,c]", f"mlflow.tracking_uri={uri}", f"mlflow.root={tmp_path}",
+                              "trainer.max_iter=3", "stages=[convert,add_loss,train,evaluate]"], tmp_path / "work")
+    evaluate = result.stage_run_ids["evaluate"]
+    logged = MlflowClient(uri).get_run(evaluate).data.metrics
+    split = Split.load(tmp_path / "work" / "convert" / "split.npz")
+    test_files = sorted(Path(f).name for f in split.stream_parts()["test"].files)
+    assert 0 < len(test_files) < 12
+    test = pd.concat([pq.read_table(folder / f).to_pandas() for f in test_files])
+    assert logged["n_test"] == len(test) and list(split.classes) == ["no", "yes"]
+    path = mlflow.artifacts.download_artifacts(run_id=evaluate, artifact_path="graphs/deploy_model.onnx",
+                                               tracking_uri=uri)
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    proba = session.run(["output_probability"],
+                        {session.get_inputs()[0].name: test[["a", "b", "c"]].to_numpy(np.float32)})[0]
+    expected = classification_metrics(test["y"].to_numpy().astype(str), proba, split.classes, per_class=True)
+    for key, value in expected.items():  # the same probabilities, scored once: equal but for summation order
+        assert logged[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
 
 
 @pytest.mark.slow
