@@ -40,7 +40,8 @@ holds).
 **Validation** is a second source (``fit(source, validation_data=other)``) or a held-out part of the same source,
 ``source.split(fraction, key=column)``: a row belongs to the validation part when a stable hash of its ``key`` value
 falls under ``fraction`` (the same rows on every run and machine); without a key, whole files are held out by the
-hash of their name.
+hash of their name. ``source.split([test, validation], key=column)`` cuts three parts from the same hash (the bands
+``[0, test)``, ``[test, test + validation)`` and the rest).
 """
 
 from __future__ import annotations
@@ -72,27 +73,39 @@ def _stable_fraction(values: np.ndarray) -> np.ndarray:
 
 
 class _Held:
-    """Which rows of a source an epoch keeps: all, the held-out part (``validation=True``) or the rest."""
+    """Which rows of a source an epoch keeps: all (no band), or those whose stable hash falls in the band
+    ``[low, high)`` of [0, 1) (of ``key``'s values, or without a key of the file's name)."""
 
-    def __init__(self, fraction: float | None = None, key: str | None = None, validation: bool = False):
-        if fraction is not None and not 0.0 < fraction < 1.0:
-            raise ValueError(f"split fraction={fraction!r} must be in (0, 1)")
-        self.fraction, self.key, self.validation = fraction, key, validation
+    def __init__(self, low: float | None = None, high: float | None = None, key: str | None = None):
+        self.band = None if low is None else (float(low), float(high))
+        self.key = key
 
     def keep_file(self, path: str) -> bool:
-        if self.fraction is None or self.key is not None:
+        if self.band is None or self.key is not None:
             return True
-        held = _stable_fraction(np.array([os.path.basename(path)], dtype=object))[0] < self.fraction
-        return held == self.validation
+        return bool(self._inside(_stable_fraction(np.array([os.path.basename(path)], dtype=object)))[0])
 
     def rows(self, frame) -> np.ndarray | None:
         """The mask of kept rows (None: all of them)."""
-        if self.fraction is None or self.key is None:
+        if self.band is None or self.key is None:
             return None
         if self.key not in frame:
             raise KeyError(f"split key {self.key!r} is not a column of the source (columns: {list(frame)})")
-        held = _stable_fraction(np.asarray(frame[self.key])) < self.fraction
-        return held if self.validation else ~held
+        return self._inside(_stable_fraction(np.asarray(frame[self.key])))
+
+    def _inside(self, fractions: np.ndarray) -> np.ndarray:
+        low, high = self.band
+        return (fractions >= low) & (fractions < high)
+
+
+def _bands(fraction) -> list[tuple[float, float]]:
+    """``[rest, held 1, held 2, ...]``: the held-out bands one after another from 0, the rest above them."""
+    fractions = [fraction] if np.isscalar(fraction) else list(fraction)
+    if not fractions or any(not 0.0 < f < 1.0 for f in fractions) or not sum(fractions) < 1.0:
+        raise ValueError(f"split fraction={fraction!r} must be in (0, 1) (several: each, and their sum below 1)")
+    edges = np.cumsum([0.0, *fractions]).tolist()
+    return [(edges[-1], 1.0), *zip(edges[:-1], edges[1:])]
+
 
 
 _MATRIX = "\0features"  # the key of the feature matrix among a buffer's columns
@@ -139,14 +152,15 @@ class ParquetSource:
             self._groups.extend((fi, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
         self.n_rows = sum(n for _, _, n in self._groups) if self._held.key is None else None
 
-    def split(self, fraction: float, key: str | None = None) -> tuple[ParquetSource, ParquetSource]:
-        """``(training part, validation part)``, by a stable hash of ``key``'s values, or of file names."""
-        parts = []
-        for validation in (False, True):
-            held = _Held(fraction, key, validation)
-            columns = [c for c in self.columns if c != key]  # the key says where a row goes, it is no feature
-            parts.append(ParquetSource(self.path, self.target, columns, self.weight, self.buffer_rows, held))
-        return parts[0], parts[1]
+    def split(self, fraction, key: str | None = None) -> tuple[ParquetSource, ...]:
+        """``(training part, validation part)``, by a stable hash of ``key``'s values, or of file names.
+
+        ``fraction`` may be a list ``[f1, f2, ...]``: then ``(rest, part 1, part 2, ...)``, part 1 holding the rows
+        whose hash falls in ``[0, f1)``, part 2 those in ``[f1, f1 + f2)``... A test, a validation and a training
+        part from one hash: part 1 keeps its rows whatever ``f2`` is."""
+        columns = [c for c in self.columns if c != key]  # the key says where a row goes, it is no feature
+        return tuple(ParquetSource(self.path, self.target, columns, self.weight, self.buffer_rows,
+                                   _Held(low, high, key)) for low, high in _bands(fraction))
 
     @property
     def files(self) -> list[str]:
@@ -159,7 +173,7 @@ class ParquetSource:
         digest = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
         return {"files": len(self._files), "row_groups": f"{len(self._groups)} ({digest})",
                 "columns": [*self.columns, self.target, self.weight], "buffer_rows": self.buffer_rows,
-                "split": [self._held.fraction, self._held.key, self._held.validation]}
+                "split": [None if self._held.band is None else list(self._held.band), self._held.key]}
 
     @staticmethod
     def _metadata(file: str):
@@ -216,10 +230,17 @@ class ParquetSource:
         return pd.DataFrame(dict(zip(self.columns, arrays)), copy=False)
 
     def head(self, rows: int):
-        """``(X, y, sample_weight)`` of the first rows (at most one row group read), for setting a trainer up."""
-        columns = self._read(0)
-        mask = self._held.rows(columns)
-        columns = {k: (v if mask is None else v[mask])[:rows] for k, v in columns.items()}
+        """``(X, y, sample_weight)`` of the first rows of this part, for setting a trainer up: row groups read in
+        order until ``rows`` rows are gathered (one row group unless the split leaves few of its rows here)."""
+        parts, count = [], 0
+        for index in range(len(self._groups)):
+            columns = self._read(index)
+            mask = self._held.rows(columns)
+            parts.append({k: (v if mask is None else v[mask])[:rows - count] for k, v in columns.items()})
+            count += len(parts[-1][self.target])
+            if count >= rows:
+                break
+        columns = {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k] for k in parts[0]}
         return self._features(columns), columns[self.target], columns.get(self.weight) if self.weight else None
 
     #: ``chunks`` takes ``skip_rows`` (see :class:`BatchSource`)

@@ -196,6 +196,10 @@ def check_inputs(cfg: DictConfig, stages: list[str]) -> None:
             from .data.labels import class_labels, target_description
 
             class_labels(table.y, target_description(cfg.data))
+    if "convert" in stages and data_loader(cfg.data) == DataKind.parquet.value:
+        from .data.streams import open_stream
+
+        open_stream(cfg.data)  # the path, the target, the key and the feature columns, from the files' metadata
     validate(cfg)
 
 

@@ -196,6 +196,33 @@ def compose_pipeline():
     return _compose
 
 
+@pytest.fixture(scope="session")
+def run_chain_clean():
+    """``run_chain_clean(overrides, work_dir) -> ChainResult``: the chain composed from conf/ and run in this
+    process with no MLFLOW_* variable of the caller's shell in the way and no run left active; for module-scoped
+    fixtures, which cannot use ``clean_mlflow_env``."""
+    import mlflow
+    from hydra import compose, initialize_config_dir
+
+    from pipelines.base.config import register_configs
+    from pipelines.orchestration.chain import run_chain
+
+    register_configs()
+
+    def run(overrides, work_dir):
+        with pytest.MonkeyPatch.context() as patch:
+            for name in _MLFLOW_ENV:
+                patch.delenv(name, raising=False)
+            with initialize_config_dir(config_dir=str(REPO_ROOT / "conf"), version_base="1.3"):
+                cfg = compose("config", overrides=list(overrides))
+            result = run_chain(cfg, work_dir=work_dir)
+            while mlflow.active_run() is not None:
+                mlflow.end_run()
+        return result
+
+    return run
+
+
 @pytest.fixture
 def pipeline_subprocess_env():
     """Environment for ``python -m pipelines.*`` run from a temporary folder."""

@@ -21,7 +21,6 @@ from mlflow import MlflowClient
 from onnx import numpy_helper
 
 from pipelines.execution.bundle import Bundle
-from pipelines.orchestration.chain import run_chain
 from pipelines.tracking.checkpoints import (BACKUP_SUFFIX, MANIFEST, RESUMED_BY_TAG, RESUMED_FROM_EPOCH_TAG,
                                    RESUMED_FROM_RUN_TAG, RESUMED_FROM_TAG, check_folder)
 from pipelines.execution.runner import execute_stage, prepare
@@ -33,28 +32,15 @@ TRAINERS = {
     "full": ["trainer=full"],
     "fwbw": ["trainer=fwbw", "trainer.optimizer=nesterov"],  # momentum is part of the state
 }
-REPO_CONF = Path(__file__).resolve().parent.parent / "conf"
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory, new_sqlite_store):
+def prepared(tmp_path_factory, new_sqlite_store, run_chain_clean):
     """One sqlite store for the module (conftest.new_sqlite_store) and an add_loss run in it."""
-    from hydra import compose, initialize_config_dir
-
-    from pipelines.base.config import register_configs
-
     folder = tmp_path_factory.mktemp("resume")
     uri = new_sqlite_store(folder / "mlflow.db")
-    register_configs()
-    with pytest.MonkeyPatch.context() as patch:
-        for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID"):
-            patch.delenv(name, raising=False)
-        with initialize_config_dir(config_dir=str(REPO_CONF), version_base="1.3"):
-            cfg = compose("config", overrides=["experiment=smoke", f"mlflow.tracking_uri={uri}",
-                                               f"mlflow.root={folder}", "stages=[convert,add_loss]"])
-        result = run_chain(cfg, work_dir=folder / "prepare")
-        while mlflow.active_run() is not None:
-            mlflow.end_run()
+    result = run_chain_clean(["experiment=smoke", f"mlflow.tracking_uri={uri}", f"mlflow.root={folder}",
+                              "stages=[convert,add_loss]"], folder / "prepare")
     return folder, uri, result.stage_run_ids["add_loss"]
 
 

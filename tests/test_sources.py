@@ -78,6 +78,29 @@ def test_a_split_by_key_is_stable_disjoint_and_covering(folder):
     assert "id" not in next(train.chunks(None))[0].columns  # the key is not a feature
 
 
+def test_a_three_way_split_cuts_bands_of_one_hash(folder):
+    """split([test, validation]): the first part is the two-way split's held-out part whatever the second
+    fraction; the three are disjoint and cover the table; head() of a part gathers rows across row groups."""
+    root, _ = folder
+    source = ParquetSource(root, target="id", columns=["x0"], buffer_rows=500)  # the ids as the target
+
+    def ids(part):
+        return np.concatenate([y for _, y, _ in part.chunks(None)])
+
+    train, test, valid = source.split([0.2, 0.1], key="id")
+    parts = {"train": ids(train), "test": ids(test), "valid": ids(valid)}
+    every = np.concatenate(list(parts.values()))
+    assert len(every) == len(set(every.tolist())) == N
+    assert 0.05 * N < len(parts["valid"]) < 0.15 * N
+    np.testing.assert_array_equal(parts["test"], ids(source.split(0.2, key="id")[1]))
+    np.testing.assert_array_equal(parts["test"], ids(source.split([0.2, 0.3], key="id")[1]))
+    _, y, _ = valid.head(400)  # about 25 rows of each 250-row group are in the band: many groups read
+    np.testing.assert_array_equal(y, parts["valid"][:len(y)])
+    assert 150 < len(y) <= 400
+    with pytest.raises(ValueError, match="sum below 1"):
+        source.split([0.6, 0.4], key="id")
+
+
 def test_unknown_columns_are_named(folder):
     root, _ = folder
     with pytest.raises(KeyError, match="target column 'label' is not in"):

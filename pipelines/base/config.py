@@ -63,6 +63,7 @@ class DataKind(_Choice):
     iris = "iris"
     digits = "digits"
     file = "file"
+    parquet = "parquet"  # a Parquet file or folder streamed (pipelines/data/streams.py), never read whole
     # arrays for model=onnx graphs: digits as (n, 1, 8, 8) float32 images in [0, 1], synthetic int64 token sequences
     digits_images = "digits_images"
     tokens = "tokens"
@@ -183,6 +184,11 @@ class DataConfig:
     features: Optional[List[str]] = None
     # non-numeric columns and rows with missing/non-finite values: an error (false), or dropped with a warning
     drop_invalid: bool = False
+    # parquet: the column whose stable hash splits the rows (None: whole files by the hash of their names), the
+    # rows of each part read to set things up (start model, standardization), the rows held at once when streaming
+    key: Optional[str] = None
+    sample_rows: int = 10000
+    buffer_rows: int = 65536
     # the split and the preprocessing (statistics from the training part only)
     test_size: float = 0.2
     validation_fraction: float = 0.2
@@ -653,6 +659,16 @@ def validate_data(data: DictConfig) -> None:
     loader = data_loader(data)
     if loader == DataKind.file.value and any(OmegaConf.is_missing(data, k) or not data[k] for k in ("path", "target")):
         raise ConfigError("data=file needs data.path (a .csv or .parquet file) and data.target (the label column)")
+    if loader == DataKind.parquet.value:
+        if any(OmegaConf.is_missing(data, k) or not data[k] for k in ("path", "target")):
+            raise ConfigError("data=parquet needs data.path (a Parquet file or a folder of them) and data.target "
+                              "(the label column)")
+        if data.sample_rows < 2 or data.buffer_rows < 1:
+            raise ConfigError(f"data.sample_rows={data.sample_rows} must be >= 2 and data.buffer_rows="
+                              f"{data.buffer_rows} >= 1")
+        if not data.test_size + data.validation_fraction < 1:
+            raise ConfigError(f"data.test_size={data.test_size} + data.validation_fraction="
+                              f"{data.validation_fraction} must stay below 1: the rest is the training part")
     if loader in ARRAY_LOADERS and (data.standardize or data.standardize_target):
         raise ConfigError(f"data.loader={loader} gives arrays (images, tokens) that are never standardized: "
                           "leave data.standardize and data.standardize_target false")

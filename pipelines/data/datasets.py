@@ -2,7 +2,8 @@
 
 Synthetic sets come from ``make_regression``/``make_classification`` (seeded), ``diabetes``, ``breast_cancer``,
 ``iris`` and ``digits`` are bundled with scikit-learn (no download), ``file`` reads a CSV or Parquet table (checked
-by :mod:`pipelines.data.tables`). ``digits_images`` ((n, 1, 8, 8) float32 images) and ``tokens`` ((n, T) int64
+by :mod:`pipelines.data.tables`), ``parquet`` streams a Parquet file or folder (:mod:`pipelines.data.streams`: the
+split holds samples of its parts and their description). ``digits_images`` ((n, 1, 8, 8) float32 images) and ``tokens`` ((n, T) int64
 sequences, :func:`token_sequences`) are arrays for ``model=onnx`` graphs: split as they are, never standardized. ``data.loader`` (or ``data.name``) picks the loader. The split is saved as one
 ``split.npz`` so a stage run alone works on exactly the rows the earlier stages used.
 """
@@ -16,6 +17,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from ..base.config import data_loader
+from ..base.errors import DataError
 from .labels import class_labels, target_description
 
 
@@ -37,6 +39,27 @@ class Split:
     feature_names: np.ndarray
     classes: np.ndarray  # the sorted class labels, as the data has them (classification); empty otherwise
     kinds: np.ndarray = field(default_factory=lambda: np.array([], dtype=str))  # a table's column kinds
+    # data=parquet: the streamed table's description (pipelines.data.streams.Stream, JSON); X_*/y_* then hold the
+    # first data.sample_rows rows of each part only
+    stream: str = ""
+
+    @property
+    def streamed(self) -> bool:
+        """The rows are streamed from Parquet (``data=parquet``): X_*/y_* are samples of the parts."""
+        return bool(self.stream)
+
+    def stream_parts(self) -> dict:
+        """``{part: ParquetSource}`` of a streamed split (:meth:`pipelines.data.streams.Stream.parts`)."""
+        from .streams import Stream
+
+        return Stream.from_json(self.stream).parts()
+
+    def standardized(self, source):
+        """``source`` standardized as this split's training rows were (:class:`pipelines.data.streams.Standardized`)."""
+        from .streams import Standardized
+
+        return Standardized(source, self.x_mean.astype(np.float64), self.x_scale.astype(np.float64), self.y_mean,
+                            self.y_scale, self.classes if self.task == "classification" else self.classes[:0])
 
     @property
     def is_table(self) -> bool:
@@ -101,6 +124,7 @@ class Split:
                     values[part] = pd.DataFrame({n: v.astype(object) if v.dtype.kind == "U" else v
                                                  for n, v in columns.items()}, columns=names)
         values["task"] = str(values["task"])
+        values["stream"] = str(values.get("stream", ""))
         values["y_mean"] = float(values["y_mean"])
         values["y_scale"] = float(values["y_scale"])
         return cls(**values)
@@ -110,6 +134,11 @@ class Split:
         import hashlib
 
         digest = hashlib.sha256()
+        if self.streamed:  # the test part is the files' rows in the hash band: the description names them
+            from .streams import Stream, description
+
+            digest.update(self.stream.encode())
+            digest.update(description(Stream.from_json(self.stream))["digest"].encode())
         X_test = self.X_test
         if self.is_table:
             import pandas as pd
@@ -123,6 +152,11 @@ class Split:
         return digest.hexdigest()[:16]
 
     def summary(self) -> dict:
+        if self.streamed:  # the rows of each part are known without reading only when whole files make it
+            parts = self.stream_parts()
+            rows = {f"n_{p}": parts[p].n_rows for p in parts}
+            return {**{k: v for k, v in rows.items() if v is not None}, "n_sample_train": len(self.y_train),
+                    "n_features": self.n_features}
         return {
             "n_train": len(self.y_train),
             "n_validation": len(self.y_valid),
@@ -198,6 +232,8 @@ def make_split(data: DictConfig, notes: dict | None = None, preprocess: DictConf
     from sklearn.model_selection import train_test_split
 
     notes = {} if notes is None else notes
+    if data_loader(data) == "parquet":
+        return stream_split(data)
     X, y, names = load_dataset(data, notes, preprocess)
     table = not isinstance(X, np.ndarray)
     # images, token ids: the graph's own input, never standardized (no statistics: raw_X gives them back as they are)
@@ -222,9 +258,18 @@ def make_split(data: DictConfig, notes: dict | None = None, preprocess: DictConf
         X_valid, y_valid = X_rest[:0], y_rest[:0]
     if table:  # the raw columns: the fitted preprocessing scales them, inside the graph
         X_train, X_valid, X_test = (part.reset_index(drop=True) for part in (X_train, X_valid, X_test))
-    plain = table or array
-    x_mean = X_train.mean(axis=0) if data.standardize and not plain else np.zeros(0 if plain else X.shape[1])
-    x_scale = X_train.std(axis=0) if data.standardize and not plain else np.ones(0 if plain else X.shape[1])
+    return standardized_split(data, task, (X_train, y_train), (X_valid, y_valid), (X_test, y_test), names, classes,
+                              plain=table or array, kinds=kinds)
+
+
+def standardized_split(data: DictConfig, task: str, train: tuple, valid: tuple, test: tuple, names, classes,
+                       plain: bool = False, kinds=(), stream: str = "") -> Split:
+    """The Split of the ``(X, y)`` parts, standardized with the training part's statistics (``data.standardize``,
+    ``data.standardize_target``); ``plain`` parts (a table's raw columns, images, tokens) are left as they are."""
+    (X_train, y_train), (X_valid, y_valid), (X_test, y_test) = train, valid, test
+    width = 0 if plain else X_train.shape[1]
+    x_mean = X_train.mean(axis=0) if data.standardize and not plain else np.zeros(width)
+    x_scale = X_train.std(axis=0) if data.standardize and not plain else np.ones(width)
     x_scale = np.where(x_scale > 0, x_scale, 1.0)
     if task == "regression" and data.standardize_target:
         y_mean, y_scale = float(y_train.mean()), float(y_train.std() or 1.0)
@@ -245,5 +290,35 @@ def make_split(data: DictConfig, notes: dict | None = None, preprocess: DictConf
         task=task, X_train=fx(X_train), y_train=fy(y_train), X_valid=fx(X_valid), y_valid=fy(y_valid),
         X_test=fx(X_test), y_test=fy(y_test), x_mean=x_mean.astype(np.float32), x_scale=x_scale.astype(np.float32),
         y_mean=y_mean, y_scale=y_scale, feature_names=np.array(names, dtype=str), classes=classes,
-        kinds=np.array(kinds, dtype=str),
+        kinds=np.array(kinds, dtype=str), stream=stream,
     )
+
+
+def stream_split(data: DictConfig) -> Split:
+    """``data=parquet``: the table split by a stable hash (:mod:`pipelines.data.streams`), never read whole; the
+    Split holds the first ``data.sample_rows`` rows of each part, standardized with the training sample's
+    statistics, and the description later stages stream the parts from."""
+    from .streams import labels_like, open_stream, sample, scan_labels
+
+    stream, parts = open_stream(data)
+    rows = int(data.sample_rows)
+    X_train, y_train = sample(parts["train"], rows)
+    X_test, y_test = sample(parts["test"], rows)
+    X_valid, y_valid = sample(parts["validation"], rows) if "validation" in parts else (X_train[:0], y_train[:0])
+    task = str(data.task)
+    where = f"data.target={stream.target!r} of {stream.path}"
+    classes = np.array([], dtype=np.float64)
+    if task == "classification":
+        classes, _ = class_labels(y_train, f"{where} (its first {len(y_train)} training rows)")
+        found = labels_like(scan_labels(parts["train"]), classes)
+        missing = sorted(set(found.tolist()) - set(classes.tolist()))
+        if missing:
+            raise DataError(f"{where}: the training part holds the labels {missing[:10]} that its first {rows} rows "
+                            "(data.sample_rows, where the start model is fitted) lack: raise data.sample_rows")
+        y_train, y_valid, y_test = (labels_like(y, classes) for y in (y_train, y_valid, y_test))
+    else:
+        y_train, y_valid, y_test = (np.asarray(y, dtype=np.float64) for y in (y_train, y_valid, y_test))
+    if len(y_train) < 2:
+        raise DataError(f"the training part of {stream.path} holds {len(y_train)} rows: too few to train on")
+    return standardized_split(data, task, (X_train, y_train), (X_valid, y_valid), (X_test, y_test), stream.columns,
+                              classes, stream=stream.to_json())

@@ -75,3 +75,46 @@ def metric_suffix(label) -> str:
     import re
 
     return "class_" + re.sub(r"[^0-9A-Za-z_\-. ]", "_", str(label))
+
+
+class StreamedMetrics:
+    """The metrics of :func:`regression_metrics` / :func:`classification_metrics` over predictions that arrive
+    chunk by chunk (``data=parquet``'s test part). Regression keeps sufficient statistics only (rows, sums of the
+    absolute and squared errors, the target's mean and sum of squared deviations, merged chunk by chunk as Chan et
+    al. do): R² without the predictions. Classification keeps the labels and the float32 probabilities (ROC AUC
+    ranks every row), then scores them once."""
+
+    def __init__(self, task: str, classes: np.ndarray, prefix: str = "test_", per_class: bool = False):
+        self.task, self.classes, self.prefix, self.per_class = task, np.asarray(classes), prefix, per_class
+        self.n, self.sse, self.sae, self.mean, self.m2, self.finite = 0, 0.0, 0.0, 0.0, 0.0, True
+        self.labels: list[np.ndarray] = []
+        self.probabilities: list[np.ndarray] = []
+
+    def update(self, y_true: np.ndarray, predicted: np.ndarray) -> None:
+        if self.task == "classification":
+            self.labels.append(np.asarray(y_true))
+            self.probabilities.append(np.asarray(predicted, dtype=np.float32))
+            return
+        y, p = np.asarray(y_true, dtype=np.float64), np.asarray(predicted, dtype=np.float64)
+        if not len(y):
+            return
+        self.finite = self.finite and bool(np.isfinite(p).all())
+        error = y - p
+        self.sse += float(error @ error)
+        self.sae += float(np.abs(error).sum())
+        n, mean = len(y), float(y.mean())
+        m2 = float(((y - mean) ** 2).sum())
+        delta, total = mean - self.mean, self.n + n
+        self.m2 += m2 + delta * delta * self.n * n / total
+        self.mean += delta * n / total
+        self.n = total
+
+    def result(self) -> dict[str, float]:
+        if self.task == "classification":
+            return classification_metrics(np.concatenate(self.labels), np.concatenate(self.probabilities),
+                                          self.classes, self.prefix, per_class=self.per_class)
+        if not self.finite:
+            return regression_metrics([0.0], [float("nan")], self.prefix)
+        r2 = 1.0 - self.sse / self.m2 if self.m2 > 0 else (1.0 if self.sse == 0 else 0.0)
+        return {f"{self.prefix}mse": self.sse / self.n, f"{self.prefix}mae": self.sae / self.n,
+                f"{self.prefix}r2": r2}

@@ -10,6 +10,12 @@ Outputs: ``split.npz`` (standardized train/validation/test arrays and the statis
 (the test predictions of the reference, ``test_predictions``, and of the start, ``start_test_predictions``: what
 ``evaluate`` compares with; data, never a pickle) and ``model.onnx`` (the start as the graph training begins from).
 
+``data=parquet`` (:mod:`pipelines.data.streams`): both fits and the standardization use the first
+``data.sample_rows`` rows of the training part; ``split.npz`` holds each part's sample and the split's description,
+and ``sklearn_reference.npz`` the baselines' test metrics (``test_metrics``, JSON), the test part streamed once
+through both models. The table's files, digest, schema and rows are tagged ``ortflow.data.*`` and logged as
+``data/table.json``.
+
 ``model=onnx`` fits nothing: the graph of ``model.path`` is loaded, checked against the data and ortflow's gradient
 rules, and given the outputs the later stages read (:mod:`pipelines.modeling.onnx_graph`); there is no
 ``sklearn_reference.npz`` (``evaluate`` tags the baselines as not applicable).
@@ -65,6 +71,11 @@ def convert(ctx: StageContext) -> dict:
     (ctx.work_dir / "features.json").write_text(json.dumps({"features": features, **dropped}, indent=1))
     ctx.log_file(ctx.work_dir / "features.json", "data")
     ctx.set_tags({"ortflow.features": ",".join(features), "ortflow.dropped_columns": dropped.get("dropped_columns")})
+    if split.streamed:  # the files, their digest, schema and rows, from their metadata (pipelines.tracking.lineage)
+        from ..tracking.lineage import stream_lineage
+
+        ctx.set_tags(stream_lineage(split, ctx.work_dir / "table.json"))
+        ctx.log_file(ctx.work_dir / "table.json", "data")
     if cfg.mlflow.log_split:
         ctx.log_file(split.save(ctx.work_dir / "split.npz"), "data", entry="split")
     else:  # later stages in this process still find it; a stage run alone needs source.path
@@ -90,12 +101,24 @@ def convert(ctx: StageContext) -> dict:
         f"solver {reference_fit['solver'] or 'default'}, {reference_fit['n_iter']} of max_iter="
         f"{reference_fit['max_iter']} iterations ({'converged' if reference_fit['converged'] else 'NOT converged'})")})
 
-    def test_predictions(model) -> np.ndarray:
-        predicted = sklearn_predict(model, split.X_test, ctx.task)
+    def test_predictions(model, X_test=split.X_test) -> np.ndarray:
+        predicted = sklearn_predict(model, X_test, ctx.task)
         return (split.raw_y(predicted) if ctx.task == "regression" else predicted).astype(np.float64)
 
-    np.savez(ctx.work_dir / "sklearn_reference.npz", test_predictions=test_predictions(reference),
-             start_test_predictions=test_predictions(estimator), split_fingerprint=np.array(split.fingerprint()))
+    if split.streamed:  # the test part streamed once through both: their metrics, not every prediction
+        from ..modeling.streamed import streamed_test
+
+        def predictor(model):
+            def predict(X: np.ndarray) -> np.ndarray:
+                return test_predictions(model, ((X - split.x_mean) / split.x_scale).astype(np.float32))
+            return predict
+
+        scored = streamed_test(split, {"sklearn": predictor(reference), "start": predictor(estimator)})
+        np.savez(ctx.work_dir / "sklearn_reference.npz", test_metrics=np.array(json.dumps(scored.metrics)),
+                 split_fingerprint=np.array(split.fingerprint()))
+    else:
+        np.savez(ctx.work_dir / "sklearn_reference.npz", test_predictions=test_predictions(reference),
+                 start_test_predictions=test_predictions(estimator), split_fingerprint=np.array(split.fingerprint()))
     ctx.log_file(ctx.work_dir / "sklearn_reference.npz", "sklearn", entry="sklearn_reference")
 
     begin = time.perf_counter()

@@ -6,7 +6,9 @@ the scikit-learn reference (fitted to convergence by ``convert``: ``sklearn_test
 under-trained scikit-learn fit training began from: ``start_test_*``) on the same rows. Regression: MSE, MAE, R²;
 classification (any number of classes): accuracy, macro F1, log loss, ROC AUC (one-vs-rest macro for more than two
 classes) and, for the ONNX model, precision/recall/F1 of every class. Plots: predicted vs actual, or ROC curves
-(one-vs-rest per class for more than two classes) and the confusion matrix.
+(one-vs-rest per class for more than two classes) and the confusion matrix. With ``data=parquet`` the test part
+streams chunk by chunk (regression metrics from running sums, :class:`pipelines.modeling.metrics.StreamedMetrics`),
+``n_test`` counts its rows and the plots show its first :data:`pipelines.modeling.streamed.PLOT_ROWS` rows.
 
     python -m pipelines.evaluate source.run_id=<train run>
 """
@@ -24,11 +26,10 @@ from ..data.datasets import Split
 from ..modeling.metrics import classification_metrics, regression_metrics
 from ..modeling.estimators import with_mean, with_scaling
 from ..modeling.predictions import check_finite_predictions, onnx_predict
+from ..modeling.streamed import PREFIX, streamed_test
 from ..execution.runner import StageContext
 
 
-#: the metric prefix of each model's predictions: the trained graph, the converged reference, the start
-PREFIX = {"onnx": "test_", "sklearn": "sklearn_test_", "start": "start_test_"}
 
 
 def deploy_graph(split: Split, trained: onnx.ModelProto, model_name: str | None = None) -> onnx.ModelProto:
@@ -45,11 +46,9 @@ def sklearn_reference(ctx: StageContext, split: Split) -> dict[str, np.ndarray]:
     """The test predictions ``convert`` wrote (arrays, loaded without pickle): ``{'sklearn': the converged
     reference, 'start': the start}``; a missing one is tagged ``ortflow.sklearn_baseline`` (no file, other test
     rows, or a file written before the reference was fitted to convergence: its one array is the start's)."""
-    if "sklearn_reference" not in ctx.bundle:
-        ctx.set_tags({"ortflow.sklearn_baseline": "not applicable (model=onnx: no scikit-learn model)"
-                      if str(ctx.cfg.model.name) == "onnx" else "missing (no sklearn_reference in the source)"})
+    path = _reference_path(ctx)
+    if path is None:
         return {}
-    path = ctx.bundle.path("sklearn_reference", ctx.name)
     try:
         with np.load(path, allow_pickle=False) as data:
             fingerprint = str(data["split_fingerprint"])
@@ -70,6 +69,15 @@ def sklearn_reference(ctx: StageContext, split: Split) -> dict[str, np.ndarray]:
     return found
 
 
+def _reference_path(ctx: StageContext):
+    """The ``sklearn_reference`` file ``convert`` wrote; None, tagged ``ortflow.sklearn_baseline``, without one."""
+    if "sklearn_reference" in ctx.bundle:
+        return ctx.bundle.path("sklearn_reference", ctx.name)
+    ctx.set_tags({"ortflow.sklearn_baseline": "not applicable (model=onnx: no scikit-learn model)"
+                  if str(ctx.cfg.model.name) == "onnx" else "missing (no sklearn_reference in the source)"})
+    return None
+
+
 def evaluate(ctx: StageContext) -> dict:
     split = Split.load(ctx.bundle.path("split", ctx.name))
     trained = ctx.bundle.load_onnx("trained_model", ctx.name)
@@ -79,33 +87,60 @@ def evaluate(ctx: StageContext) -> dict:
     ctx.log_file(path, "graphs", entry="deploy_model")
 
     session = onnxruntime.InferenceSession(deploy.SerializeToString(), providers=["CPUExecutionProvider"])
-    X_raw = split.raw_X(split.X_test)
-    predictions = {"onnx": onnx_predict(session, X_raw, split.task)}
-    check_finite_predictions(predictions["onnx"], split)
-    predictions.update(sklearn_reference(ctx, split))
-
-    metrics: dict[str, float] = {}
-    if split.task == "regression":
-        y_true = split.raw_y(split.y_test)
-        for label, y_pred in predictions.items():
-            metrics.update(regression_metrics(y_true, y_pred, PREFIX[label]))
-        finite = {k: v for k, v in predictions.items() if np.isfinite(v).all()}
-        if finite:
-            ctx.log_file(plots.predicted_vs_actual(y_true, finite, ctx.work_dir / "plots" / "predicted_vs_actual.png"),
-                         "plots")
+    if split.streamed:  # data=parquet: the test part streamed once; the plots show its first rows
+        metrics, y_true, predictions = _streamed_metrics(ctx, split, session)
     else:
-        y_true, classes = split.y_test, split.classes
-        for label, proba in predictions.items():
-            onnx_model = label == "onnx"
-            metrics.update(classification_metrics(y_true, proba, classes, PREFIX[label],
-                                                  per_class=onnx_model))
-        folder = ctx.work_dir / "plots"
+        predictions = {"onnx": onnx_predict(session, split.raw_X(split.X_test), split.task)}
+        check_finite_predictions(predictions["onnx"], split)
+        predictions.update(sklearn_reference(ctx, split))
+        y_true = split.raw_y(split.y_test) if split.task == "regression" else split.y_test
+        metrics = {}
+        for label, predicted in predictions.items():
+            if split.task == "regression":
+                metrics.update(regression_metrics(y_true, predicted, PREFIX[label]))
+            else:
+                metrics.update(classification_metrics(y_true, predicted, split.classes, PREFIX[label],
+                                                      per_class=label == "onnx"))
+    folder = ctx.work_dir / "plots"
+    finite = {k: v for k, v in predictions.items() if np.isfinite(v).all()}
+    if split.task == "regression":
+        if finite:
+            ctx.log_file(plots.predicted_vs_actual(y_true, finite, folder / "predicted_vs_actual.png"), "plots")
+    else:
+        classes = split.classes
         y_pred = classes[np.argmax(predictions["onnx"], axis=1)]
         ctx.log_file(plots.confusion_matrix(y_true, y_pred, classes, folder / "confusion_matrix.png"), "plots")
-        finite = {k: v for k, v in predictions.items() if np.isfinite(v).all()}
         if finite and set(np.unique(y_true)) == set(classes):  # every class in the test rows: a curve each
             ctx.log_file(plots.roc_curves(y_true, finite, classes, folder / "roc.png"), "plots")
     ctx.log_metrics(metrics)
     (ctx.work_dir / "evaluation.json").write_text(json.dumps({"task": split.task, "metrics": metrics}, indent=1))
     ctx.log_file(ctx.work_dir / "evaluation.json", None, entry="evaluation")
     return ctx.metrics
+
+
+def _streamed_metrics(ctx: StageContext, split: Split, session) -> tuple[dict, np.ndarray, dict]:
+    """``data=parquet``: the deployable graph's metrics over the whole test part, streamed chunk by chunk (each
+    chunk's predictions checked finite), the baselines' from ``convert``; ``(metrics, the first test rows' targets,
+    their predictions)`` for the plots."""
+
+    def predict(X: np.ndarray) -> np.ndarray:
+        predicted = onnx_predict(session, X, split.task)
+        check_finite_predictions(predicted, split)
+        return predicted
+
+    scored = streamed_test(split, {"onnx": predict}, per_class=("onnx",))
+    metrics = {**scored.metrics, **_streamed_baselines(ctx, split)}
+    ctx.log_metrics({"n_test": scored.n_rows})
+    return metrics, scored.y_sample, scored.predictions_sample
+
+
+def _streamed_baselines(ctx: StageContext, split: Split) -> dict[str, float]:
+    """The scikit-learn baselines' test metrics ``convert`` computed on the streamed test part (none: tagged)."""
+    path = _reference_path(ctx)
+    if path is None:
+        return {}
+    with np.load(path, allow_pickle=False) as data:
+        if "test_metrics" not in data or str(data["split_fingerprint"]) != split.fingerprint():
+            ctx.set_tags({"ortflow.sklearn_baseline": "missing (the reference metrics are for other test rows)"})
+            return {}
+        return {k: float(v) for k, v in json.loads(str(data["test_metrics"])).items()}

@@ -4,7 +4,8 @@
 trains ``model.onnx`` with :class:`ortflow.OrtGradientForwardBackwardOptimizer` and the configured loss;
 ``trainer=torch`` trains ``model.onnx`` as a torch layer with :class:`ortflow.TorchTrainer` and the same loss.
 Logs the losses of every epoch (step = epoch, written in batches), every graph the trainer used, the trained
-prediction graph, the history and a loss-curve PNG. A diverging run (non-finite loss) ends FAILED.
+prediction graph, the history and a loss-curve PNG. With ``data=parquet`` the epochs and the validation stream
+the parts of the table (``fit(source, validation_data=source)``), standardized as ``convert``'s sample was. A diverging run (non-finite loss) ends FAILED.
 
     python -m pipelines.train source.run_id=<add_loss run> trainer=fwbw trainer.optimizer=nesterov
 """
@@ -61,12 +62,18 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
     if resume is not None and resume.run_id:
         trainer_callbacks.append(MarkResumed(ctx.tracking, resume.run_id, ctx.run_id))  # the killed run ends KILLED
     estimator = build_trainer(cfg, graph, trainer_callbacks)
-    validation = (split.X_valid, split.y_valid) if split.has_validation else None
+    if split.streamed:  # data=parquet: epochs and validation read the parts chunk by chunk, standardized
+        parts = split.stream_parts()
+        X, y = split.standardized(parts["train"]), None
+        validation = split.standardized(parts["validation"]) if "validation" in parts else None
+    else:
+        X, y = split.X_train, split.y_train
+        validation = (split.X_valid, split.y_valid) if split.has_validation else None
 
     resume_from = resume.folder if resume is not None else None
     begin = time.perf_counter()
     try:
-        estimator.fit(split.X_train, split.y_train, validation_data=validation, resume_from=resume_from)
+        estimator.fit(X, y, validation_data=validation, resume_from=resume_from)
     except ortflow.ConvergenceError:
         logger.wait()
         history = getattr(estimator, "history_", [])

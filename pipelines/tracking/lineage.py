@@ -2,7 +2,9 @@
 
 - :func:`log_split_inputs` logs the train, validation and test parts a stage used as MLflow dataset inputs
   (``mlflow.data.from_pandas``: source, digest, schema and profile; the context ``training``, ``validation`` or
-  ``testing``): the raw features under their names plus the target, as the registered model sees them.
+  ``testing``): the raw features under their names plus the target, as the registered model sees them. A
+  streamed table (``data=parquet``) is never read for it: each part is a ``MetaDataset`` of the files (their
+  digest, the schema, the rows from the footers, :func:`stream_lineage` for the tags ``ortflow.data.*``).
 - :func:`source_tags` are the tags ``mlflow run`` gives its run (``mlflow.user``, ``mlflow.source.name``,
   ``mlflow.source.type``, ``mlflow.source.git.commit``): MLflow's own context providers, for the runs the
   pipelines create themselves (``python -m pipelines...``).
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,14 +42,10 @@ BUILT_IN_SOURCES = {"regression": "sklearn.datasets.make_regression",
 def data_source(data: DictConfig):
     """The MLflow dataset source of ``data``: the table's file, or the scikit-learn function of a built-in set."""
     loader = data_loader(data)
-    if loader == DataKind.file.value:
-        from mlflow.data.dataset_source_registry import resolve_dataset_source
-
+    if loader in (DataKind.file.value, DataKind.parquet.value):
         from ..base.paths import user_path
 
-        with warnings.catch_warnings():  # "file" and "" both name MLflow's local source
-            warnings.simplefilter("ignore")
-            return resolve_dataset_source(user_path(str(data.path)).resolve().as_uri())
+        return _local_source(str(user_path(str(data.path))))
     from mlflow.data.code_dataset_source import CodeDatasetSource
 
     return CodeDatasetSource({"mlflow.source.name": BUILT_IN_SOURCES.get(loader, f"pipelines.data.datasets:{loader}"),
@@ -59,6 +58,8 @@ def split_datasets(split: Split, data: DictConfig, parts: tuple[str, ...] = tupl
     import mlflow.data
     import pandas as pd
 
+    if split.streamed:
+        return _stream_datasets(split, data, parts)
     target = str(data.get("target") or "target")
     source = data_source(data)
     arrays = {"train": (split.X_train, split.y_train), "validation": (split.X_valid, split.y_valid),
@@ -76,6 +77,92 @@ def split_datasets(split: Split, data: DictConfig, parts: tuple[str, ...] = tupl
             datasets[part] = mlflow.data.from_pandas(frame, source=source, targets=target,
                                                      name=f"{data.name}-{part}")
     return datasets
+
+
+def _local_source(path: str):
+    """MLflow's dataset source of a local file or folder."""
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+
+    with warnings.catch_warnings():  # "file" and "" both name MLflow's local source
+        warnings.simplefilter("ignore")
+        return resolve_dataset_source(Path(path).resolve().as_uri())
+
+
+def stream_lineage(split: Split, path: str | Path) -> dict[str, str]:
+    """``data=parquet``: the table's description from its files' metadata (no row read: the files, the digest of
+    their names, sizes and modification times, the schema, the row count), written to ``path`` as JSON; returns
+    the ``ortflow.data.*`` tags that say it in short."""
+    import json
+
+    from ..data.streams import Stream, description
+
+    stream = Stream.from_json(split.stream)
+    table = {**description(stream), "split": json.loads(stream.to_json())}
+    Path(path).write_text(json.dumps(table, indent=1))
+    bands = f"test [0, {stream.test_size:g})" + (
+        f", validation [{stream.test_size:g}, {stream.test_size + stream.validation_fraction:g})"
+        if stream.validation_fraction > 0 else "") + ", train the rest"
+    return {"ortflow.data.source": stream.path, "ortflow.data.digest": table["digest"],
+            "ortflow.data.rows": str(table["n_rows"]), "ortflow.data.files": str(len(table["files"])),
+            "ortflow.data.split": f"stable hash of {f'column {stream.key!r}' if stream.key else 'file names'}: "
+                                  f"{bands}"}
+
+
+def _stream_datasets(split: Split, data: DictConfig, parts: tuple[str, ...]) -> dict:
+    """``{part: MetaDataset}`` of a streamed table: its files as the source, a digest of the files and the part's
+    hash band, the schema and, as profile, the rows (from the metadata; a part's own rows when whole files make
+    it), the files and the row groups. Nothing is read but the files' footers."""
+    import hashlib
+    import json
+
+    from mlflow.data.meta_dataset import MetaDataset
+
+    from ..data.streams import Stream, description
+
+    class StreamedDataset(MetaDataset):
+        def __init__(self, *args, profile: dict, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._profile = profile
+
+        @property
+        def profile(self):
+            return self._profile
+
+        def to_dict(self) -> dict[str, str]:
+            return {**super().to_dict(), "profile": json.dumps(self._profile)}
+
+    stream = Stream.from_json(split.stream)
+    table, sources = description(stream), stream.parts()
+    schema = _mlflow_schema(table["schema"])
+    datasets = {}
+    for part in parts:
+        if part not in sources:
+            continue
+        digest = hashlib.sha256(f"{table['digest']}\0{part}\0{stream.to_json()}".encode()).hexdigest()[:16]
+        profile = {"table_rows": table["n_rows"], "rows": sources[part].n_rows, "files": len(sources[part].files),
+                   "table_files": len(table["files"]), "row_groups": table["n_row_groups"],
+                   "split": f"{'key ' + stream.key if stream.key else 'by file name'}"}
+        datasets[part] = StreamedDataset(_local_source(stream.path), name=f"{data.name}-{part}", digest=digest,
+                                         schema=schema, profile=profile)
+    return datasets
+
+
+def _mlflow_schema(columns: dict[str, str]):
+    """An MLflow schema from the Arrow type names of :func:`pipelines.data.streams.description`."""
+    from mlflow.types import ColSpec, DataType, Schema
+
+    def kind(arrow: str) -> DataType:
+        if arrow == "bool":
+            return DataType.boolean
+        if arrow.startswith(("int", "uint")):
+            return DataType.long if arrow.endswith("64") else DataType.integer
+        if arrow in ("float", "halffloat"):
+            return DataType.float
+        if arrow == "double":
+            return DataType.double
+        return DataType.string
+
+    return Schema([ColSpec(kind(t), name) for name, t in columns.items()])
 
 
 def _labels(split: Split, y: np.ndarray) -> np.ndarray:
@@ -131,4 +218,4 @@ def logged_model_name(cfg: DictConfig) -> str:
     return "".join(c if c not in "/:" else "_" for c in name) or "model"
 
 
-__all__ = ["log_split_inputs", "split_datasets", "source_tags", "logged_model_name", "STAGE_INPUTS"]
+__all__ = ["log_split_inputs", "split_datasets", "stream_lineage", "source_tags", "logged_model_name", "STAGE_INPUTS"]

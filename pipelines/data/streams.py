@@ -1,0 +1,195 @@
+"""``data=parquet``: a Parquet file or folder streamed through the stages, never held in memory.
+
+The table is split by one stable hash (:meth:`ortflow.sources.ParquetSource.split`): the rows whose ``data.key``
+hashes in ``[0, test_size)`` are the test part, in ``[test_size, test_size + validation_fraction)`` the validation
+part, the rest the training part; without ``data.key`` whole files go to a part by the hash of their name. The
+same rows on every run and machine, whatever else changes.
+
+What is read whole: nothing. What is sampled: the first ``data.sample_rows`` rows of each part (``convert`` fits the
+scikit-learn start and reference and the standardization on the training sample; ``export`` takes its input example
+and checks the registered graph on the test sample). What streams: training epochs and validation
+(:class:`Standardized` over the parts), the test metrics (``evaluate``) and the scikit-learn baselines' test metrics
+(``convert``), chunk by chunk.
+
+The split's description (:class:`Stream`, JSON in ``split.npz``) is what later stages open the parts from, so a
+stage run alone reads the same rows as the chain did.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from omegaconf import DictConfig
+
+from ..base.errors import DataError
+
+#: the parts of a split, in the order of :meth:`Stream.parts`
+PARTS = ("train", "validation", "test")
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Where the rows of each part come from: a Parquet file or folder, its columns and the hash split."""
+
+    path: str
+    target: str
+    columns: tuple[str, ...]
+    key: str | None
+    test_size: float
+    validation_fraction: float
+    buffer_rows: int
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "columns": list(self.columns)}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Stream:
+        values = json.loads(text)
+        return cls(**{**values, "columns": tuple(values["columns"])})
+
+    def parts(self) -> dict[str, Any]:
+        """``{part: ParquetSource}`` (no ``validation`` when ``validation_fraction`` is 0)."""
+        from ortflow.sources import ParquetSource
+
+        source = ParquetSource(self.path, self.target, list(self.columns) or None, buffer_rows=self.buffer_rows)
+        fractions = [self.test_size] + ([self.validation_fraction] if self.validation_fraction > 0 else [])
+        parts = source.split(fractions, key=self.key)
+        return dict(zip(("train", "test", "validation"), parts))
+
+
+def open_stream(data: DictConfig) -> tuple[Stream, dict[str, Any]]:
+    """The configured table checked and split: ``(Stream, {part: ParquetSource})``. A :class:`DataError` names a
+    missing path, target, key or feature column, a non-numeric feature and an empty part."""
+    from ..base.paths import user_path
+
+    path = user_path(str(data.path)).resolve()
+    if not path.exists():
+        raise DataError(f"data.path={data.path!r}: {path} does not exist (a Parquet file or a folder of them)")
+    schema = _schema(path, data)
+    target, key = str(data.target), (str(data.key) if data.get("key") else None)
+    for role, name in (("data.target", target), ("data.key", key)):
+        if name is not None and name not in schema.names:
+            raise DataError(f"{role}={name!r} is not a column of {path}; its columns: {schema.names}")
+    if data.features:
+        columns = [str(c) for c in data.features]
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise DataError(f"data.features names columns {missing} missing from {path}; its columns: "
+                            f"{schema.names}")
+        if target in columns or (key and key in columns):
+            raise DataError(f"data.features includes the target or the split key: {[target, key]}")
+    else:
+        columns = [n for n in schema.names if n not in (target, key)]
+    if not columns:
+        raise DataError(f"{path} has no feature column besides the target {target!r}")
+    other = [c for c in columns if not _numeric(schema.field(c).type)]
+    if other:
+        raise DataError(f"data=parquet trains on numeric columns only, and {path} has the non-numeric columns "
+                        f"{other}: list the numeric ones in data.features=[...], or read the table whole with "
+                        "data=file (its preprocessing encodes text, dates and gaps)")
+    stream = Stream(str(path), target, tuple(columns), key, float(data.test_size),
+                    float(data.validation_fraction), int(data.buffer_rows))
+    try:
+        return stream, stream.parts()
+    except ValueError as exc:  # a part the files' names leave empty
+        raise DataError(f"data.path={data.path!r}: {exc}: without data.key whole files go to the test, validation "
+                        "and training parts by the hash of their names; set data.key=<a column> to split rows, or "
+                        "use more files") from None
+    except (OSError, KeyError) as exc:
+        raise DataError(f"data.path={data.path!r}: {exc}") from None
+
+
+def _schema(path, data: DictConfig):
+    import pyarrow.dataset as ds
+
+    try:
+        return ds.dataset(str(path), format="parquet").schema
+    except Exception as exc:  # noqa: BLE001 - pyarrow's ArrowInvalid: not Parquet
+        raise DataError(f"data.path={data.path!r}: {path} cannot be read as Parquet: {type(exc).__name__}: "
+                        f"{exc}") from None
+
+
+def _numeric(arrow_type) -> bool:
+    import pyarrow.types as pt
+
+    return pt.is_integer(arrow_type) or pt.is_floating(arrow_type) or pt.is_boolean(arrow_type)
+
+
+def sample(source, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``rows`` rows of ``source`` as ``(X float64 matrix, y)``."""
+    X, y, _ = source.head(rows)
+    return np.asarray(X, dtype=np.float64), np.asarray(y)
+
+
+def file_digest(files: list[str]) -> str:
+    """A digest of the files' names, sizes and modification times: changes when a file is added, removed or
+    rewritten, without reading any."""
+    digest = hashlib.sha256()
+    for file in sorted(files):
+        stat = os.stat(file)
+        digest.update(f"{os.path.basename(file)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def description(stream: Stream) -> dict[str, Any]:
+    """What lineage records of the table, from the files' metadata only: the files, their digest, the schema,
+    the row count and the row groups."""
+    import pyarrow.parquet as pq
+    from ortflow.sources import ParquetSource
+
+    files = ParquetSource(stream.path, stream.target, list(stream.columns)).files
+    metadata = [pq.read_metadata(f) for f in files]
+    schema = metadata[0].schema.to_arrow_schema()
+    return {"path": stream.path, "files": files, "digest": file_digest(files),
+            "n_rows": sum(m.num_rows for m in metadata), "n_row_groups": sum(m.num_row_groups for m in metadata),
+            "schema": {name: str(schema.field(name).type) for name in schema.names}}
+
+
+def labels_like(y, classes: np.ndarray) -> np.ndarray:
+    """Labels read from a chunk in the dtype of the split's classes (int64 or text), as :func:`class_labels`
+    gives them."""
+    y = np.asarray(y)
+    return y.astype(np.int64) if classes.dtype.kind in "iu" else y.astype(str)
+
+
+class Standardized:
+    """A :class:`ortflow.sources.BatchSource` over ``source`` that standardizes as the in-memory split does:
+    features ``(X - x_mean) / x_scale`` in float32, a regression target ``(y - y_mean) / y_scale``, a classifier's
+    labels as the split's classes have them."""
+
+    def __init__(self, source, x_mean: np.ndarray, x_scale: np.ndarray, y_mean: float, y_scale: float,
+                 classes: np.ndarray):
+        self.source, self.x_mean, self.x_scale = source, x_mean, x_scale
+        self.y_mean, self.y_scale, self.classes = y_mean, y_scale, classes
+        self.n_rows = source.n_rows
+
+    def _standardize(self, X, y, w) -> tuple[np.ndarray, np.ndarray, Any]:
+        X = ((np.asarray(X, dtype=np.float64) - self.x_mean) / self.x_scale).astype(np.float32)
+        if len(self.classes):
+            return X, labels_like(y, self.classes), w
+        return X, ((np.asarray(y, dtype=np.float64) - self.y_mean) / self.y_scale).astype(np.float32), w
+
+    def head(self, rows: int):
+        return self._standardize(*self.source.head(rows))
+
+    def chunks(self, rng: np.random.RandomState | None) -> Iterator[tuple[np.ndarray, np.ndarray, Any]]:
+        for X, y, w in self.source.chunks(rng):
+            yield self._standardize(X, y, w)
+
+
+def scan_labels(source) -> np.ndarray:
+    """Every label of ``source``'s target, read one row group at a time (the target column alone)."""
+    from ortflow.sources import ParquetSource
+
+    labels_only = ParquetSource(source.path, source.target, [], buffer_rows=source.buffer_rows,
+                                _held=source._held)
+    seen: set = set()
+    for _, y, _ in labels_only.chunks(None):
+        seen.update(np.unique(np.asarray(y)).tolist())
+    return np.array(sorted(seen))

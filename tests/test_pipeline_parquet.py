@@ -1,0 +1,257 @@
+"""``data=parquet``: a folder of Parquet files streamed through the chain (pipelines/data/streams.py).
+
+The folder (4 files x 3 row groups, written here) is never read whole by the stages; the tests read it whole to
+check them: the test metrics equal those of the same rows scored in memory by the trained model, the three-band
+split is stable and disjoint, the lineage is logged from the files' metadata, a bad column is named before any
+run, and a streamed training stopped at an epoch boundary and resumed ends with the uninterrupted weights.
+"""
+
+import json
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import onnx
+import onnxruntime
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from mlflow import MlflowClient
+from onnx import numpy_helper
+
+from ortflow.sources import _stable_fraction
+from pipelines.base.errors import DataError
+from pipelines.data.datasets import Split
+from pipelines.data.streams import open_stream
+from pipelines.execution.bundle import Bundle
+from pipelines.execution.runner import execute_stage, prepare
+from pipelines.modeling.metrics import regression_metrics
+from pipelines.stages.train import train
+from tolerances import U32, float32_sum_atol
+
+FILES, GROUPS, GROUP_ROWS = 4, 3, 100
+N = FILES * GROUPS * GROUP_ROWS
+WEIGHTS = np.array([2.0, -0.3, 4.0])
+TEST, VALID = 0.2, 0.2
+
+
+def _table(seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(N, 3)) * [1.0, 10.0, 0.1] + [0.0, 5.0, 1.0]  # features of different scales
+    y = X @ WEIGHTS + 1.0 + rng.normal(scale=0.1, size=N)
+    return pd.DataFrame({"id": np.arange(N), "a": X[:, 0], "b": X[:, 1], "c": X[:, 2].astype(np.float32),
+                         "y": y})
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    """``(folder, the whole table)``: the folder holds FILES files of GROUPS row groups each."""
+    folder = tmp_path_factory.mktemp("parquet") / "events"
+    folder.mkdir()
+    frame = _table()
+    for k, rows in enumerate(np.array_split(np.arange(N), FILES)):
+        pq.write_table(pa.Table.from_pandas(frame.iloc[rows], preserve_index=False),
+                       folder / f"part-{k}.parquet", row_group_size=GROUP_ROWS)
+    return folder, frame
+
+
+def _overrides(folder, uri, root, *more):
+    return ["data=parquet", f"data.path={folder}", "data.target=y", "data.key=id", f"mlflow.tracking_uri={uri}",
+            f"mlflow.root={root}", "trainer.max_iter=4", "trainer.batch_size=16", "data.sample_rows=200",
+            "data.buffer_rows=250", *more]
+
+
+def _band(frame: pd.DataFrame, low: float, high: float) -> pd.DataFrame:
+    fraction = _stable_fraction(frame["id"].to_numpy())
+    return frame[(fraction >= low) & (fraction < high)]
+
+
+@pytest.fixture(scope="module")
+def chain(table, tmp_path_factory, new_sqlite_store, run_chain_clean):
+    """The whole chain on the folder, in a sqlite store of its own: ``(result, uri)``."""
+    folder, _ = table
+    root = tmp_path_factory.mktemp("chain")
+    uri = new_sqlite_store(root / "mlflow.db")
+    return run_chain_clean(_overrides(folder, uri, root), root / "work"), uri
+
+
+def test_streamed_test_metrics_equal_the_in_memory_ones(chain, table):
+    result, uri = chain
+    _, frame = table
+    evaluate = result.stage_run_ids["evaluate"]
+    logged = MlflowClient(uri).get_run(evaluate).data.metrics
+    test = _band(frame, 0.0, TEST)
+    assert logged["n_test"] == len(test)
+    path = mlflow.artifacts.download_artifacts(run_id=evaluate, artifact_path="graphs/deploy_model.onnx",
+                                               tracking_uri=uri)
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+
+    def predict(X):
+        return session.run(None, {name: np.asarray(X, dtype=np.float32)})[0].reshape(len(X), -1)[:, 0]
+
+    X, y = test[["a", "b", "c"]].to_numpy(np.float64), test["y"].to_numpy()
+    predicted = predict(X)
+    expected = regression_metrics(y, predicted)
+    # the deploy graph is linear: its weights and intercept from unit rows; a prediction is a float32 sum of
+    # n_features + 1 terms, the same rows scored in batches of another size may differ by float32_sum_atol of them
+    intercept = float(predict(np.zeros((1, 3)))[0])
+    weights = predict(np.eye(3)) - intercept
+    tolerance = float32_sum_atol(np.abs(X.astype(np.float32)) @ np.abs(weights) + abs(intercept), 4)
+    error = np.abs(y - predicted)
+    atol = {"test_mse": float(np.mean(2 * error * tolerance + tolerance ** 2)),
+            "test_mae": float(np.mean(tolerance))}
+    atol["test_r2"] = atol["test_mse"] / float(np.var(y))
+    for key, value in expected.items():
+        assert abs(logged[key] - value) <= atol[key] + 1e-9 * abs(value), (key, logged[key], value)
+    assert logged["test_r2"] > 0.99  # it learned the linear target
+    for key in ("sklearn_test_mse", "start_test_r2"):  # the baselines, streamed in convert
+        assert np.isfinite(logged[key])
+
+
+def test_the_three_parts_are_stable_disjoint_and_covering(chain, table, compose_pipeline):
+    result, _ = chain
+    folder, frame = table
+    cfg = compose_pipeline("data=parquet", f"data.path={folder}", "data.target=y", "data.key=id")
+    ids = {}
+    for attempt in range(2):  # two opens of the folder: the same rows in each part
+        _, parts = open_stream(cfg.data)
+        for part, source in parts.items():
+            keyed = type(source)(source.path, "id", [], _held=source._held)  # the key as target: the rows' ids
+            found = np.concatenate([y for _, y, _ in keyed.chunks(None)])
+            assert ids.setdefault(part, found).tolist() == found.tolist(), part
+    assert sorted(ids) == ["test", "train", "validation"]
+    every = np.concatenate(list(ids.values()))
+    assert len(every) == len(set(every.tolist())) == N  # disjoint and covering
+    for part, (low, high) in {"test": (0, TEST), "validation": (TEST, TEST + VALID), "train": (TEST + VALID, 1)
+                              }.items():
+        assert sorted(ids[part].tolist()) == sorted(_band(frame, low, high)["id"].tolist()), part
+    # the split the chain saved describes these parts; the saved samples are their first rows
+    split = Split.load(Bundle.from_source(
+        compose_pipeline(f"source.run_id={result.stage_run_ids['convert']}",
+                         f"mlflow.tracking_uri={chain[1]}").source).path("split", "train"))
+    assert split.streamed and json.loads(split.stream)["key"] == "id"
+    first_test = _band(frame, 0.0, TEST)["y"].to_numpy()[:len(split.y_test)]
+    # the sample is standardized in float32 and scaled back: a few float32 roundings of the target's magnitude
+    np.testing.assert_allclose(split.raw_y(split.y_test), first_test, atol=8 * U32 * np.abs(first_test).max())
+
+
+def test_lineage_from_the_files_metadata(chain, table):
+    result, uri = chain
+    folder, _ = table
+    client = MlflowClient(uri)
+    tags = client.get_run(result.stage_run_ids["convert"]).data.tags
+    assert tags["ortflow.data.source"] == str(folder.resolve())
+    assert tags["ortflow.data.rows"] == str(N) and tags["ortflow.data.files"] == str(FILES)
+    assert len(tags["ortflow.data.digest"]) == 16 and "column 'id'" in tags["ortflow.data.split"]
+    for stage, contexts in (("train", {"training", "validation"}), ("evaluate", {"testing"})):
+        inputs = client.get_run(result.stage_run_ids[stage]).inputs.dataset_inputs
+        found = {i.tags[0].value: i.dataset for i in inputs}
+        assert set(found) == contexts, stage
+        for dataset in found.values():
+            assert json.loads(dataset.profile)["table_rows"] == N
+            assert json.loads(dataset.source)["uri"].endswith("events")
+            assert "'a'" in dataset.schema or '"a"' in dataset.schema
+
+
+@pytest.mark.parametrize("override,words", [
+    ("data.target=price", ["data.target='price'", "'a'", "'id'"]),
+    ("data.key=user", ["data.key='user'"]),
+    ("data.features=[a,zz]", ["zz"]),
+])
+def test_a_bad_column_is_named(table, compose_pipeline, override, words):
+    folder, _ = table
+    cfg = compose_pipeline("data=parquet", f"data.path={folder}", "data.target=y", "data.key=id", override)
+    with pytest.raises(DataError) as info:
+        open_stream(cfg.data)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_a_text_column_is_refused_pointing_at_data_file(tmp_path, compose_pipeline):
+    frame = _table().head(50).assign(city="Lyon")
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp_path / "t.parquet")
+    cfg = compose_pipeline("data=parquet", f"data.path={tmp_path / 't.parquet'}", "data.target=y")
+    with pytest.raises(DataError, match=r"non-numeric columns \['city'\].*data=file"):
+        open_stream(cfg.data)
+
+
+def _weights(uri, run_id):
+    path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="graphs/trained_model.onnx",
+                                               tracking_uri=uri)
+    return {t.name: numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
+
+
+def test_a_streamed_training_stopped_at_an_epoch_and_resumed_ends_with_the_uninterrupted_weights(
+        chain, table, compose_pipeline, clean_mlflow_env, tmp_path):
+    result, uri = chain
+    folder, _ = table
+    base = [*_overrides(folder, uri, tmp_path, "trainer.optimizer=adam", "trainer.learning_rate=0.05"),
+            f"source.run_id={result.stage_run_ids['add_loss']}", "mlflow.experiment_name=parquet-resume"]
+
+    def train_run(work, *more):
+        cfg = compose_pipeline(*[o for o in base if not o.startswith("trainer.max_iter")], *more)
+        return execute_stage("train", train, cfg, prepare(cfg), Bundle.from_source(cfg.source),
+                             tmp_path / work)["run_id"]
+
+    stopped = train_run("stopped", "trainer.max_iter=2", "trainer.checkpoint_every=1")
+    resumed = train_run("resumed", "trainer.max_iter=5", f"trainer.resume_from={stopped}")
+    reference = train_run("reference", "trainer.max_iter=5")
+    client = MlflowClient(uri)
+    assert client.get_run(resumed).data.tags["ortflow.resumed_from_epoch"] == "2"
+    assert client.get_run(resumed).data.metrics["n_epochs"] == 5
+    expected, got = _weights(uri, reference), _weights(uri, resumed)
+    assert sorted(got) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    losses = {run: [m.value for m in sorted(client.get_metric_history(run, "train_loss"), key=lambda m: m.step)]
+              for run in (resumed, reference)}
+    np.testing.assert_allclose(losses[resumed], losses[reference], rtol=1e-5)
+
+
+
+def test_a_streamed_classifier_scores_its_test_part_as_in_memory(tmp_path, new_sqlite_store, run_chain_clean):
+    """Text labels, split by file names (no key): the classes come from a scan of the training part's target, the
+    metrics of the whole test part (its files) equal those of the same rows in memory."""
+    from pipelines.modeling.metrics import classification_metrics
+
+    folder = tmp_path / "labels"
+    folder.mkdir()
+    frame = _table(1).assign(y=lambda f: np.where(f.a - 0.1 * f.b + 0.5 > 0, "yes", "no"))
+    for k, rows in enumerate(np.array_split(np.arange(N), 12)):
+        pq.write_table(pa.Table.from_pandas(frame.iloc[rows], preserve_index=False),
+                       folder / f"part-{k:02d}.parquet", row_group_size=50)
+    uri = new_sqlite_store(tmp_path / "mlflow.db")
+    result = run_chain_clean(["data=parquet", f"data.path={folder}", "data.target=y", "data.task=classification",
+                              "data.features=[a,b,c]", f"mlflow.tracking_uri={uri}", f"mlflow.root={tmp_path}",
+                              "trainer.max_iter=3", "stages=[convert,add_loss,train,evaluate]"], tmp_path / "work")
+    evaluate = result.stage_run_ids["evaluate"]
+    logged = MlflowClient(uri).get_run(evaluate).data.metrics
+    split = Split.load(tmp_path / "work" / "convert" / "split.npz")
+    test_files = sorted(Path(f).name for f in split.stream_parts()["test"].files)
+    assert 0 < len(test_files) < 12
+    test = pd.concat([pq.read_table(folder / f).to_pandas() for f in test_files])
+    assert logged["n_test"] == len(test) and list(split.classes) == ["no", "yes"]
+    path = mlflow.artifacts.download_artifacts(run_id=evaluate, artifact_path="graphs/deploy_model.onnx",
+                                               tracking_uri=uri)
+    session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
+    proba = session.run(["output_probability"],
+                        {session.get_inputs()[0].name: test[["a", "b", "c"]].to_numpy(np.float32)})[0]
+    expected = classification_metrics(test["y"].to_numpy().astype(str), proba, split.classes, per_class=True)
+    for key, value in expected.items():  # the same probabilities, scored once: equal but for summation order
+        assert logged[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+
+
+@pytest.mark.slow
+def test_the_command_names_a_bad_target_before_any_run(table, tmp_path, pipeline_subprocess_env):
+    import subprocess
+    import sys
+
+    folder, _ = table
+    proc = subprocess.run([sys.executable, "-m", "pipelines.main", "data=parquet", f"data.path={folder}",
+                           "data.target=price"], cwd=tmp_path, env=pipeline_subprocess_env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("ortflow: error: DataError: data.target='price' is not a column of")
+    assert not (tmp_path / "mlflow.db").exists()
