@@ -340,3 +340,15 @@ def test_loss_hints_name_choices_that_exist(compose_pipeline):
     for name in eval(named[1]):
         loss = select("loss", name)
         assert loss.names[0] == name and loss.task == "classification"
+
+
+def test_checkpoints_inside_an_epoch_are_for_a_streamed_table(compose_pipeline, tmp_path):
+    """``trainer.checkpoint_every_rows`` on a table held in memory would do nothing (an in-memory epoch has one chunk):
+    refused, naming data=parquet; accepted with data=parquet and checkpoint_every >= 1."""
+    with pytest.raises(ConfigError, match=r"checkpoint_every_rows=100: .*data=parquet.*checkpoint_every >= 1"):
+        validate(compose_pipeline("trainer.checkpoint_every=1", "trainer.checkpoint_every_rows=100"))
+    with pytest.raises(ConfigError, match=r"checkpoint_every_rows=0 must be a positive number of rows"):
+        validate(compose_pipeline("data=parquet", f"data.path={tmp_path}", "data.target=y",
+                                  "trainer.checkpoint_every=1", "trainer.checkpoint_every_rows=0"))
+    validate(compose_pipeline("data=parquet", f"data.path={tmp_path}", "data.target=y", "trainer.checkpoint_every=1",
+                              "trainer.checkpoint_every_rows=100"))

@@ -3,9 +3,11 @@
 The folder (4 files x 3 row groups, written here) is never read whole by the stages; the tests read it whole to
 check them: the test metrics equal those of the same rows scored in memory by the trained model, the three-band
 split is stable and disjoint, the lineage is logged from the files' metadata, a bad column is named before any
-run, and a streamed training stopped at an epoch boundary and resumed ends with the uninterrupted weights.
+run, and a streamed training stopped inside an epoch and resumed from its logged mid-epoch checkpoint ends
+with the uninterrupted weights.
 """
 
+import functools
 import json
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import pytest
 from mlflow import MlflowClient
 from onnx import numpy_helper
 
+import ortflow
 from ortflow.sources import _stable_fraction
 from pipelines.base.errors import DataError
 from pipelines.data.datasets import Split
@@ -183,32 +186,52 @@ def _weights(uri, run_id):
     return {t.name: numpy_helper.to_array(t) for t in onnx.load(path).graph.initializer}
 
 
-def test_a_streamed_training_stopped_at_an_epoch_and_resumed_ends_with_the_uninterrupted_weights(
+class _StopInside(ortflow.Callback):
+    """Stops training (as a crash would) at the end of chunk ``chunks`` of epoch ``epoch``: inside the epoch, after
+    the mid-epoch checkpoints of the chunks before it were written and logged."""
+
+    def __init__(self, epoch: int, chunks: int):
+        self.epoch, self.chunks = epoch, chunks
+
+    def on_chunk_end(self, trainer, position):
+        if (position.epoch, position.chunks) == (self.epoch, self.chunks):
+            raise RuntimeError(f"stopped inside epoch {position.epoch} after {position.rows} rows")
+
+
+def test_a_streamed_training_stopped_inside_an_epoch_and_resumed_ends_with_the_uninterrupted_weights(
         chain, table, compose_pipeline, clean_mlflow_env, tmp_path):
     result, uri = chain
     folder, _ = table
-    base = [*_overrides(folder, uri, tmp_path, "trainer.optimizer=adam", "trainer.learning_rate=0.05"),
+    base = [*_overrides(folder, uri, tmp_path, "trainer.optimizer=adam", "trainer.learning_rate=0.05",
+                        "trainer.max_iter=5"),
             f"source.run_id={result.stage_run_ids['add_loss']}", "mlflow.experiment_name=parquet-resume"]
 
-    def train_run(work, *more):
-        cfg = compose_pipeline(*[o for o in base if not o.startswith("trainer.max_iter")], *more)
-        return execute_stage("train", train, cfg, prepare(cfg), Bundle.from_source(cfg.source),
-                             tmp_path / work)["run_id"]
+    def train_run(work, *more, callbacks=()):
+        cfg = compose_pipeline(*base, *more)
+        return execute_stage("train", functools.partial(train, callbacks=callbacks), cfg, prepare(cfg),
+                             Bundle.from_source(cfg.source), tmp_path / work)["run_id"]
 
-    stopped = train_run("stopped", "trainer.max_iter=2", "trainer.checkpoint_every=1")
-    resumed = train_run("resumed", "trainer.max_iter=5", f"trainer.resume_from={stopped}")
-    reference = train_run("reference", "trainer.max_iter=5")
     client = MlflowClient(uri)
+    with pytest.raises(RuntimeError, match="stopped inside epoch 3"):  # chunks of ~180 rows: one checkpoint each
+        train_run("stopped", "trainer.checkpoint_every=1", "trainer.checkpoint_every_rows=100",
+                  callbacks=[_StopInside(epoch=3, chunks=3)])
+    [stopped] = [r.info.run_id for r in client.search_runs(
+        [client.get_experiment_by_name("parquet-resume").experiment_id], "attributes.status = 'FAILED'")]
+    position = json.loads(Path(mlflow.artifacts.download_artifacts(
+        run_id=stopped, artifact_path="checkpoint/trainer.json", tracking_uri=uri)).read_text())
+    assert position["epoch"] == 2 and position["position"]["chunks"] == 2  # inside epoch 3, after its 2nd chunk
+
+    resumed = train_run("resumed", f"trainer.resume_from={stopped}")
+    reference = train_run("reference")
     assert client.get_run(resumed).data.tags["ortflow.resumed_from_epoch"] == "2"
     assert client.get_run(resumed).data.metrics["n_epochs"] == 5
     expected, got = _weights(uri, reference), _weights(uri, resumed)
     assert sorted(got) == sorted(expected)
-    for name, value in expected.items():
-        np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    for name, value in expected.items():  # the same batches in the same order from the same state: bit for bit
+        np.testing.assert_array_equal(got[name], value, err_msg=name)
     losses = {run: [m.value for m in sorted(client.get_metric_history(run, "train_loss"), key=lambda m: m.step)]
               for run in (resumed, reference)}
-    np.testing.assert_allclose(losses[resumed], losses[reference], rtol=1e-5)
-
+    assert losses[resumed] == losses[reference]
 
 
 def test_a_streamed_classifier_scores_its_test_part_as_in_memory(tmp_path, new_sqlite_store, run_chain_clean):

@@ -298,6 +298,9 @@ class TrainerConfig:
     weights_to_train: Optional[List[str]] = None
     # N > 0: a checkpoint every N epochs and after the last, each logged under the run's checkpoint/ at once
     checkpoint_every: int = 0
+    # data=parquet: also a checkpoint inside an epoch, at the first chunk boundary after every N rows trained (a run
+    # killed mid-epoch resumes there); needs checkpoint_every > 0
+    checkpoint_every_rows: Optional[int] = None
     # continue a training from a checkpoint folder, or from a logged one: runs:/<train run id>/checkpoint, or
     # just <train run id> (a run killed while RUNNING is then marked KILLED, tagged ortflow.resumed_by)
     resume_from: Optional[str] = None
@@ -582,6 +585,14 @@ def _check_values(cfg: DictConfig) -> None:
         problems.append(f"data.n_samples={cfg.data.n_samples} must be >= 10 and data.n_features >= 1")
     if cfg.data.vocab_size < 2:
         problems.append(f"data.vocab_size={cfg.data.vocab_size} must be >= 2")
+    every_rows = cfg.trainer.checkpoint_every_rows
+    if every_rows is not None:
+        if every_rows < 1:
+            problems.append(f"trainer.checkpoint_every_rows={every_rows} must be a positive number of rows")
+        if _value(cfg.data.loader) != DataKind.parquet.value or cfg.trainer.checkpoint_every < 1:
+            problems.append(f"trainer.checkpoint_every_rows={every_rows}: checkpoints inside an epoch are for a "
+                            "streamed table (data=parquet) with trainer.checkpoint_every >= 1; an in-memory "
+                            "epoch checkpoints at its end")
     if str(cfg.penalty.name) == "elastic" and cfg.penalty.l1 <= 0 and cfg.penalty.l2 <= 0:
         problems.append("penalty=elastic needs penalty.l1 > 0 or penalty.l2 > 0")
     if problems:

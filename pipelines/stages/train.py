@@ -57,7 +57,8 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
     if cfg.trainer.checkpoint_every > 0:
         # each checkpoint is also logged under the run's checkpoint/ (in the background): a killed run resumes
         trainer_callbacks.append(MlflowCheckpoint(ctx.work_dir / "checkpoint", int(cfg.trainer.checkpoint_every),
-                                          ctx.tracking, ctx.run_id))
+                                                  ctx.tracking, ctx.run_id,
+                                                  every_rows=cfg.trainer.checkpoint_every_rows))
     resume = resume_point(ctx)  # trainer.resume_from: downloaded, checked, and this run tagged
     if resume is not None and resume.run_id:
         trainer_callbacks.append(MarkResumed(ctx.tracking, resume.run_id, ctx.run_id))  # the killed run ends KILLED

@@ -52,7 +52,8 @@ RESUMED_FROM_RUN_TAG = "ortflow.resumed_from_run"
 RESUMED_FROM_EPOCH_TAG = "ortflow.resumed_from_epoch"
 RESUMED_BY_TAG = "ortflow.resumed_by"
 # settings that may differ between a run and its resumption without changing the result
-_FREE_KEYS = ("trainer.max_iter", "trainer.checkpoint_every", "trainer.resume_from", "trainer.verbose")
+_FREE_KEYS = ("trainer.max_iter", "trainer.checkpoint_every", "trainer.checkpoint_every_rows", "trainer.resume_from",
+              "trainer.verbose")
 _COMPARED = ("seed", "data.", "model.", "loss.", "penalty.", "trainer.")
 _RUN_ID = re.compile(r"^[0-9a-fA-F]{32}$")
 _RUNS_URI = re.compile(r"^runs:/([^/]+)/*(.*)$")
@@ -116,7 +117,8 @@ def _link_tree(source: Path, target: Path) -> None:
 
 
 class MlflowCheckpoint(ortflow.Checkpoint):
-    """Write a checkpoint every ``every`` epochs (and after the last one) into ``folder`` and log it to the run.
+    """Write a checkpoint every ``every`` epochs (and after the last one), and during a streamed fit every
+    ``every_rows`` rows inside an epoch, into ``folder`` and log it to the run.
 
     With ``background`` (the default) the epoch loop only links the new checkpoint's files aside; a thread
     writes the manifest and logs it, the newest first: a checkpoint written while the previous one is still
@@ -129,8 +131,8 @@ class MlflowCheckpoint(ortflow.Checkpoint):
     """
 
     def __init__(self, folder: str | Path, every: int, tracking: tr.Tracking, run_id: str,
-                 artifact_path: str = ARTIFACT_PATH, background: bool = True):
-        super().__init__(folder, every=every)
+                 artifact_path: str = ARTIFACT_PATH, background: bool = True, every_rows: int | None = None):
+        super().__init__(folder, every=every, every_rows=every_rows)
         self.tracking = tracking
         self.run_id = run_id
         self.artifact_path = artifact_path
@@ -140,6 +142,7 @@ class MlflowCheckpoint(ortflow.Checkpoint):
         self.wait_seconds = 0.0
         self.logged = 0
         self.failures = 0
+        self._written = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._next: tuple[Path, int] | None = None
@@ -156,8 +159,10 @@ class MlflowCheckpoint(ortflow.Checkpoint):
         if not self.background:
             self._log_checkpoint(Path(folder), epoch)
             return
-        # the next checkpoint replaces ``folder`` while this one is logged: keep its files aside (hard links)
-        snapshot = self.spool / f"epoch-{epoch:09d}"
+        # the next checkpoint replaces ``folder`` while this one is logged: keep its files aside (hard links), in a
+        # folder of its own (a streamed epoch writes several checkpoints of the same epoch count)
+        self._written += 1
+        snapshot = self.spool / f"{self._written:09d}-epoch-{epoch}"
         _link_tree(Path(folder), snapshot)
         with self._lock:
             superseded, self._next = self._next, (snapshot, epoch)
