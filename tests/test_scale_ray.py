@@ -348,3 +348,24 @@ def test_the_head_node_killed_mid_sweep_stops_the_sweep_and_ends_its_runs(new_sq
     assert {r.data.tags.get("ortflow.pipeline") for r in killed_runs} >= {"main"}  # the job's chain run
     assert all(r.data.tags["ortflow.failure_reason"].startswith(f"lost: {lost}") for r in killed_runs)
     print(f"head lost: the driver ended {seconds:.1f} s after the kill")
+
+
+def test_a_job_killed_by_rays_memory_monitor_stops_the_sweep_naming_memory(new_sqlite_store, clean_mlflow_env,
+                                                                           tmp_path):
+    """A cluster of its own (the head alone) whose memory monitor finds the node over its threshold
+    (``RAY_memory_usage_threshold=0.01``: every job is over it, as a job filling a node's memory would be), so Ray's
+    OOM killer ends each job's worker. Ray used to run a killed job again without limit (the driver still waited
+    after 180 s); the launcher gives it ``max_retries`` (1 here), then the job comes back lost with Ray's reason and
+    the sweep stops naming memory: status 2, the sweep run FAILED, nothing RUNNING."""
+    uri = new_sqlite_store(tmp_path / "mlflow.db")
+    env = {**_node_env(), "RAY_memory_usage_threshold": "0.01", "RAY_memory_monitor_refresh_ms": "100"}
+    with ray_nodes(1, env) as cluster:
+        cmd = _sweep_cmd("trainer.learning_rate=0.002", f"hydra.launcher.address={cluster.address}",
+                         "hydra.launcher.max_retries=1")
+        output, seconds = _stopped_sweep(cmd, tmp_path, chain_env(uri))
+    oom = "RayJobLostError: Ray job #0 (experiment=smoke mlflow.connect_timeout=30 trainer.learning_rate=0.002) " \
+          "was lost: OutOfMemoryError: "
+    assert f"SweepError: the sweep stopped: {oom}" in output and "running low on memory" in output
+    sweep, runs = _failed_sweep(uri)
+    assert sweep.data.tags["ortflow.failure_reason"].startswith(oom)
+    print(f"job killed for memory: the sweep stopped in {seconds:.1f} s")

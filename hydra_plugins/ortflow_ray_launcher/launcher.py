@@ -18,7 +18,8 @@ job's config composed in the driver (as Hydra's basic launcher does), the task r
 ``JobReturn`` (status, return value, the config, the job's working directory) coming back to the driver. The
 sweep folder is made absolute in the driver, so every job writes under the folder the driver names, whatever
 the worker's current directory. A task whose retries are spent (its node lost again and again) comes back as a
-FAILED ``JobReturn`` carrying Ray's error, as a job that raised would. While the jobs run, the driver waits on them
+FAILED ``JobReturn`` carrying a :class:`RayJobLostError` (the job, and the first lines of Ray's error), as a job that
+raised would; a job killed by Ray's memory monitor counts as lost (its retries are ``max_retries`` too). While the jobs run, the driver waits on them
 a second at a time and checks that the head (its GCS) still accepts connections: a head lost for ``head_timeout``
 seconds stops the sweep with an error naming the cluster and the jobs that did not return.
 
@@ -65,6 +66,13 @@ class RayResourceError(UserError, ValueError):
 
     hint = ("lower hydra.launcher.num_cpus / hydra.launcher.remote (memory, resources, num_gpus), or add larger "
             "nodes; on an autoscaling cluster that starts them on demand, hydra.launcher.check_fits=false")
+
+
+class RayJobLostError(UserError, RuntimeError):
+    """Ray gave up on a job (its retries spent): its worker or node died, or Ray's memory monitor killed it."""
+
+    hint = ("a job killed for memory needs fewer jobs per node (a larger hydra.launcher.num_cpus), larger nodes, or "
+            "hydra.launcher.remote.memory to reserve what it uses; hydra.launcher.max_retries runs a lost job again")
 
 
 class RayClusterLostError(UserError, RuntimeError):
@@ -118,6 +126,10 @@ class RayLauncher(Launcher):
         # Ray ends a driver whose GCS stays silent for this long (60 s by default), before any cleanup: leave the
         # launcher time to stop the sweep itself first
         os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(max(60, int(self.head_timeout) + 30)))
+        # a job killed by Ray's memory monitor is otherwise run again without limit (seen: a sweep waiting for
+        # ever on a node short of memory); the driver owns the tasks, so its setting applies: max_retries, as for a
+        # lost node
+        os.environ.setdefault("RAY_task_oom_retries", str(self.max_retries))
         try:
             import ray
         except ImportError as error:
@@ -216,11 +228,13 @@ class RayLauncher(Launcher):
                            " ".join(config.hydra.overrides.task), type(ret._return_value).__name__, ret._return_value)
             return ret
         except ray.exceptions.RayError as error:
-            _log.error("Ray job #%s (%s) was lost: %s", config.hydra.job.num,
-                       " ".join(config.hydra.overrides.task), error)
+            lost = RayJobLostError(f"Ray job #{config.hydra.job.num} ({' '.join(config.hydra.overrides.task)}) "
+                                   f"was lost: {type(error).__name__}: {_first_lines(error)}")
+            lost.ray_error = error
+            _log.error("%s", lost)
             ret = JobReturn(overrides=list(config.hydra.overrides.task), hydra_cfg=config,
                             status=JobStatus.FAILED)
-            ret.return_value = error
+            ret.return_value = lost
             return ret
 
 
@@ -232,6 +246,12 @@ def _unanswered(address: str) -> str:
             return ""
     except OSError as error:
         return f"{type(error).__name__}: {error.strerror or error}"
+
+
+def _first_lines(error: BaseException, lines: int = 2) -> str:
+    """The first lines of Ray's message (an out-of-memory kill adds object-store statistics and a process table)."""
+    text = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return " ".join(text[:lines])[:1000]
 
 
 def _amounts(resources: Dict[str, float]) -> str:
