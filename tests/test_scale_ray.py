@@ -277,8 +277,9 @@ def test_a_job_asking_more_memory_than_any_node_is_refused_before_launch(ray_clu
     cmd = _sweep_cmd("trainer.learning_rate=0.002,0.005", f"hydra.launcher.address={ray_cluster.address}",
                      f"+hydra.launcher.remote.memory={2**40}")
     output, seconds = _stopped_sweep(cmd, tmp_path, chain_env(uri))
-    assert "RayResourceError: each job asks Ray for CPU=1, memory=1024.0 GiB but no node of the cluster at " \
-           f"{ray_cluster.address} (2 node(s)) has that much: memory short, the largest node has CPU=1, memory=" in output
+    refused = ("RayResourceError: each job asks Ray for CPU=1, memory=1024.0 GiB but no node of the cluster at "
+               f"{ray_cluster.address} (2 node(s)) has that much: memory short, the largest node has CPU=1, memory=")
+    assert refused in output
     assert "Launching" not in output  # before any job
     sweep, runs = _failed_sweep(uri)
     assert len(runs) == 1 and sweep.data.tags["ortflow.failure_reason"].startswith("RayResourceError: each job asks")

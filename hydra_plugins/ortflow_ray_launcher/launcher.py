@@ -5,7 +5,7 @@ Ray started for the sweep with ``init`` as ``ray.init`` arguments, stopped when 
 (what each job reserves), ``max_retries`` (how many times Ray runs a job again when its worker or its node dies),
 ``remote`` (more ``.options()`` of the task: ``memory``, ``resources``, ``scheduling_strategy``...),
 ``runtime_env`` (Ray's runtime environment of the jobs, e.g. ``working_dir`` or ``pip`` for a cluster whose image
-lacks the project) and ``env_prefixes`` (the driver's environment variables starting with one of them reach the
+lacks the project), ``env_prefixes`` (the driver's environment variables starting with one of them reach the
 jobs through ``runtime_env.env_vars``: by default ``MLFLOW_`` and ``ORTFLOW_``, so the jobs write to the driver's
 tracking store and nest under its sweep run), ``check_fits`` (refuse, before any job, a job whose request fits no
 node of the cluster: Ray would leave it pending for ever; false on an autoscaling cluster whose larger nodes start
@@ -18,10 +18,11 @@ job's config composed in the driver (as Hydra's basic launcher does), the task r
 ``JobReturn`` (status, return value, the config, the job's working directory) coming back to the driver. The
 sweep folder is made absolute in the driver, so every job writes under the folder the driver names, whatever
 the worker's current directory. A task whose retries are spent (its node lost again and again) comes back as a
-FAILED ``JobReturn`` carrying a :class:`RayJobLostError` (the job, and the first lines of Ray's error), as a job that
-raised would; a job killed by Ray's memory monitor counts as lost (its retries are ``max_retries`` too). While the jobs run, the driver waits on them
-a second at a time and checks that the head (its GCS) still accepts connections: a head lost for ``head_timeout``
-seconds stops the sweep with an error naming the cluster and the jobs that did not return.
+FAILED ``JobReturn`` carrying a :class:`RayJobLostError` (the job, and the first lines of Ray's error), as a job
+that raised would; a job killed by Ray's memory monitor counts as lost (its retries are ``max_retries`` too).
+While the jobs run, the driver waits on them a second at a time and checks that the head (its GCS) still accepts
+connections: a head lost for ``head_timeout`` seconds stops the sweep with an error naming the cluster and the
+jobs that did not return.
 
 Plugin discovery imports this module whenever Hydra starts: Ray is imported only when a sweep launches.
 """
