@@ -1,6 +1,8 @@
 """Sweeps on Ray (``hydra/launcher=ray``, hydra_plugins/ortflow_ray_launcher): a local Ray started for the sweep, a
 two-node cluster on this machine (tests/ray_cluster.py) with the PostgreSQL tracking server, a node lost in the
-middle of a sweep, and an Optuna study on PostgreSQL whose trials run as Ray tasks."""
+middle of a sweep, and an Optuna study on PostgreSQL whose trials run as Ray tasks; then the faults of
+docs/RELIABILITY.md's "Probe round 3 (issue 30): the Ray launcher" (a memory request above every node, a worker
+that cannot reach the tracking server, the head killed mid-sweep, a job killed by Ray's memory monitor)."""
 
 from __future__ import annotations
 
