@@ -126,7 +126,10 @@ def _closing_sweep(main: Callable[[], Any]) -> Callable[[], Any]:
             closed = fail_unclosed_sweep(exc)
             if closed is None or not isinstance(exc, Exception):
                 raise
-            raise SweepError(f"the sweep stopped: {type(exc).__name__}: {exc}; {closed}") from exc
+            error = SweepError(f"the sweep stopped: {type(exc).__name__}: {exc}; {closed}")
+            if isinstance(exc, UserError):  # the cause's advice (a lost Ray cluster, an unreachable store...)
+                error.hint = exc.hint
+            raise error from exc
 
     return entry
 
@@ -228,7 +231,11 @@ def _guarded(cfg: DictConfig, body: Callable[[], float | None], what: str) -> fl
 
         try:
             record_failed_job(cfg, HydraConfig.get(), exc)  # no-op when the job's run exists (already FAILED)
-        except Exception as record_error:  # noqa: BLE001 - report, keep the sweep going
+        except Exception as record_error:  # noqa: BLE001 - report it
             print(f"ortflow: could not record the failed job: {record_error}", file=sys.stderr)
+            # no run says this job failed (its store is unreachable from here, e.g. from a Ray worker): fail the
+            # Hydra job instead, so that its error reaches the launching process (which stops a basic sweep and
+            # fails the sweep run with it) rather than a sweep that looks finished
+            raise exc from None
         direction = str(HydraConfig.get().sweeper.get("direction", "minimize"))
         return -float("inf") if "max" in direction.lower() else float("inf")

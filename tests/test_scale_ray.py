@@ -1,6 +1,8 @@
 """Sweeps on Ray (``hydra/launcher=ray``, hydra_plugins/ortflow_ray_launcher): a local Ray started for the sweep, a
 two-node cluster on this machine (tests/ray_cluster.py) with the PostgreSQL tracking server, a node lost in the
-middle of a sweep, and an Optuna study on PostgreSQL whose trials run as Ray tasks."""
+middle of a sweep, and an Optuna study on PostgreSQL whose trials run as Ray tasks; then the faults of
+docs/RELIABILITY.md's "Probe round 3 (issue 30): the Ray launcher" (a memory request above every node, a worker
+that cannot reach the tracking server, the head killed mid-sweep, a job killed by Ray's memory monitor)."""
 
 from __future__ import annotations
 
@@ -240,3 +242,133 @@ def test_optuna_trials_as_ray_tasks_on_postgres(ray_cluster, postgres_server, cl
     sweep, chains = _check_sweep(MlflowClient(postgres_server.url), experiment, model, trials)
     assert sweep.data.metrics["best_objective"] == pytest.approx(loaded.best_value)
     _report("Optuna, 2 nodes x 1 CPU, PostgreSQL study", trials, seconds)
+
+
+# --- reliability probe, round 3 (issue 30; docs/RELIABILITY.md): each fault ends in a clear error, nothing RUNNING ---
+
+
+def _failed_sweep(uri: str, experiment: str = "ortflow"):
+    """The store's runs after a sweep that stopped: its one sweep run (FAILED, with the reason), none RUNNING and
+    nothing registered; returns (sweep run, every run)."""
+    client = MlflowClient(uri)
+    runs, sweeps = _sweep_runs(client, experiment)
+    assert len(sweeps) == 1 and sweeps[0].info.status == "FAILED", [(r.info.run_name, r.info.status) for r in runs]
+    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+    assert not client.search_registered_models()
+    return sweeps[0], runs
+
+
+def _stopped_sweep(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float = 240) -> tuple[str, float]:
+    """Run a sweep that must stop on an expected error: status 2, one ``ortflow: error: SweepError`` line and no
+    traceback; returns its output and wall time."""
+    begin = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    seconds, output = time.perf_counter() - begin, proc.stdout + proc.stderr
+    assert proc.returncode == 2, output[-4000:]
+    assert "ortflow: error: SweepError: the sweep stopped: " in output and "Traceback" not in output, output[-4000:]
+    print(next(line for line in output.splitlines() if line.startswith("ortflow: error:")))
+    return output, seconds
+
+
+def test_a_job_asking_more_memory_than_any_node_is_refused_before_launch(ray_cluster, new_sqlite_store,
+                                                                          clean_mlflow_env, tmp_path):
+    """``hydra.launcher.remote.memory`` above every node's: Ray would leave the tasks pending for ever (only its
+    autoscaler logs 'No available node types can fulfill resource request'); the launcher refuses before any job,
+    naming the request and the largest node, and the sweep run ends FAILED with that reason."""
+    uri = new_sqlite_store(tmp_path / "mlflow.db")
+    cmd = _sweep_cmd("trainer.learning_rate=0.002,0.005", f"hydra.launcher.address={ray_cluster.address}",
+                     f"+hydra.launcher.remote.memory={2**40}")
+    output, seconds = _stopped_sweep(cmd, tmp_path, chain_env(uri))
+    refused = ("RayResourceError: each job asks Ray for CPU=1, memory=1024.0 GiB but no node of the cluster at "
+               f"{ray_cluster.address} (2 node(s)) has that much: memory short, the largest node has CPU=1, memory=")
+    assert refused in output
+    assert "Launching" not in output  # before any job
+    sweep, runs = _failed_sweep(uri)
+    assert len(runs) == 1 and sweep.data.tags["ortflow.failure_reason"].startswith("RayResourceError: each job asks")
+    print(f"memory request refused in {seconds:.1f} s")
+
+
+def test_a_worker_that_cannot_reach_the_tracking_server_fails_the_sweep_naming_it(ray_cluster, new_sqlite_store,
+                                                                                    clean_mlflow_env, tmp_path):
+    """The jobs see a tracking URI nothing answers (a closed port on 127.0.0.1, given to the workers alone through
+    ``hydra.launcher.runtime_env``, as a server the driver reaches and a worker does not): each job fails at once,
+    naming the URI, and cannot record that; the error comes back to the driver, which stops the sweep with it
+    (status 2) and ends the sweep run FAILED. It used to end FINISHED with ``jobs=0`` and status 0."""
+    from pipelines.server import free_port
+
+    uri, unreachable = new_sqlite_store(tmp_path / "mlflow.db"), f"http://127.0.0.1:{free_port()}"
+    cmd = _sweep_cmd("trainer.learning_rate=0.002,0.005", f"hydra.launcher.address={ray_cluster.address}",
+                     f"+hydra.launcher.runtime_env.env_vars.MLFLOW_TRACKING_URI={unreachable}")
+    output, seconds = _stopped_sweep(cmd, tmp_path, chain_env(uri))
+    refused = f"TrackingUnavailableError: the MLflow tracking server {unreachable} is unreachable (/health: "
+    assert f"SweepError: the sweep stopped: {refused}" in output
+    assert f"failed: {refused}" in output  # the driver names the job (Ray job #i (overrides) failed: ...)
+    sweep, runs = _failed_sweep(uri)
+    assert len(runs) == 1 and sweep.data.tags["ortflow.failure_reason"].startswith(refused)
+    print(f"unreachable tracking server reported in {seconds:.1f} s")
+
+
+def test_the_head_node_killed_mid_sweep_stops_the_sweep_and_ends_its_runs(new_sqlite_store, clean_mlflow_env,
+                                                                          tmp_path):
+    """A cluster of its own (the head alone, one CPU: one job runs, the other waits) loses its head (GCS, raylet,
+    workers: SIGKILL) while a job's stage runs: Ray would leave the driver waiting, then end it after 60 s without
+    any cleanup (every run RUNNING for ever). The launcher notices the head refusing connections, and after
+    ``hydra.launcher.head_timeout`` stops the sweep: status 2, an error naming the cluster and the jobs that did
+    not return, the sweep run FAILED and the lost job's runs KILLED, each with the reason."""
+    uri = new_sqlite_store(tmp_path / "mlflow.db")
+    with ray_nodes(1, _node_env()) as cluster:
+        cmd = _sweep_cmd("trainer.learning_rate=0.002,0.005", f"hydra.launcher.address={cluster.address}",
+                         "hydra.launcher.head_timeout=5")
+        log = open(tmp_path / "driver.log", "w")
+        driver = subprocess.Popen(cmd, cwd=tmp_path, env=chain_env(uri), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            client, deadline, stage = MlflowClient(uri), time.monotonic() + 240, []
+            while not stage and driver.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+                exp = client.get_experiment_by_name("ortflow")
+                stage = exp and client.search_runs([exp.experiment_id], "tags.`ortflow.stage` LIKE '%'")
+            assert stage, "no job made a stage run"
+            _kill_node(cluster.nodes[0]["raylet_pid"])  # its workers and agents
+            for pid in cluster.nodes[0]["pids"]:  # and the GCS
+                with contextlib.suppress(psutil.Error):
+                    psutil.Process(pid).kill()
+            killed = time.perf_counter()
+            driver.wait(timeout=120)
+            seconds = time.perf_counter() - killed
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+            log.close()
+    output = (tmp_path / "driver.log").read_text()
+    assert driver.returncode == 2, output[-4000:]
+    lost = (f"RayClusterLostError: the Ray cluster at {cluster.address} was lost: its head (GCS {cluster.address}) "
+            "has not accepted a connection for 5 s (ConnectionRefusedError")
+    assert f"ortflow: error: SweepError: the sweep stopped: {lost}" in output and "Traceback" not in output
+    assert "2 of 2 jobs never returned (#0, #1)" in output
+    sweep, runs = _failed_sweep(uri)
+    assert sweep.data.tags["ortflow.failure_reason"].startswith(lost)
+    killed_runs = [r for r in runs if r.info.status == "KILLED"]
+    assert {r.data.tags.get("ortflow.pipeline") for r in killed_runs} >= {"main"}  # the job's chain run
+    assert all(r.data.tags["ortflow.failure_reason"].startswith(f"lost: {lost}") for r in killed_runs)
+    print(f"head lost: the driver ended {seconds:.1f} s after the kill")
+
+
+def test_a_job_killed_by_rays_memory_monitor_stops_the_sweep_naming_memory(new_sqlite_store, clean_mlflow_env,
+                                                                           tmp_path):
+    """A cluster of its own (the head alone) whose memory monitor finds the node over its threshold
+    (``RAY_memory_usage_threshold=0.01``: every job is over it, as a job filling a node's memory would be), so Ray's
+    OOM killer ends each job's worker. Ray used to run a killed job again without limit (the driver still waited
+    after 180 s); the launcher gives it ``max_retries`` (1 here), then the job comes back lost with Ray's reason and
+    the sweep stops naming memory: status 2, the sweep run FAILED, nothing RUNNING."""
+    uri = new_sqlite_store(tmp_path / "mlflow.db")
+    env = {**_node_env(), "RAY_memory_usage_threshold": "0.01", "RAY_memory_monitor_refresh_ms": "100"}
+    with ray_nodes(1, env) as cluster:
+        cmd = _sweep_cmd("trainer.learning_rate=0.002", f"hydra.launcher.address={cluster.address}",
+                         "hydra.launcher.max_retries=1")
+        output, seconds = _stopped_sweep(cmd, tmp_path, chain_env(uri))
+    oom = "RayJobLostError: Ray job #0 (experiment=smoke mlflow.connect_timeout=30 trainer.learning_rate=0.002) " \
+          "was lost: OutOfMemoryError: "
+    assert f"SweepError: the sweep stopped: {oom}" in output and "running low on memory" in output
+    sweep, runs = _failed_sweep(uri)
+    assert sweep.data.tags["ortflow.failure_reason"].startswith(oom)
+    print(f"job killed for memory: the sweep stopped in {seconds:.1f} s")

@@ -93,8 +93,17 @@ def close_sweep(tracking: Any, config: DictConfig, run_id: str, space: Mapping[s
 
 def fail_sweep(config: DictConfig, run_id: str, exc: BaseException) -> str:
     """End the sweep run ``run_id`` that stopped on ``exc`` before its end (see
-    :func:`pipelines.orchestration.sweep_callback.fail_unclosed_sweep`), with the reason; the status it ended with."""
+    :func:`pipelines.orchestration.sweep_callback.fail_unclosed_sweep`), with the reason; the status it ended with.
+
+    Its job runs still RUNNING whose process is gone end KILLED with the reason; when ``exc`` says the jobs are
+    lost with it (``exc.jobs_lost``: the Ray cluster's head lost), every one still RUNNING does (a job left on a
+    node that outlives the head is ended by Ray when that node gives up on the head; one that ends first ends its
+    own runs)."""
     tracking = tr.setup(config)
+    children = tracking.client.search_runs([tracking.experiment_id], max_results=10000,
+                                           filter_string=f"tags.mlflow.parentRunId = '{run_id}' and "
+                                                         "attributes.status = 'RUNNING'")
+    end_lost_attempts(tracking, children, f"lost: {tr.failure_reason(exc)}", alive_too=getattr(exc, "jobs_lost", False))
     mark_failed(tracking, run_id, exc, fluent=False)
     return status_of(exc)
 
@@ -104,20 +113,20 @@ LOST_REASON = ("lost: the process running this job ended without ending its run 
                "the launcher may have run the job again (a run of its own)")
 
 
-def end_lost_attempts(tracking: Any, children: list) -> int:
-    """End KILLED, with :data:`LOST_REASON`, the sweep's job runs still RUNNING whose process is gone (a launcher
-    such as Ray runs a job again when its node dies; the lost attempt's runs would stay RUNNING for ever), and
-    their RUNNING stage runs; returns how many job runs were ended. The sweep closes once every job has returned,
-    so a job run still RUNNING then belongs to a lost attempt."""
+def end_lost_attempts(tracking: Any, children: list, reason: str = LOST_REASON, alive_too: bool = False) -> int:
+    """End KILLED, with ``reason``, the sweep's job runs still RUNNING whose process is gone (a launcher such as
+    Ray runs a job again when its node dies; the lost attempt's runs would stay RUNNING for ever), or every one
+    still RUNNING with ``alive_too``, and their RUNNING stage runs; returns how many job runs were ended. The sweep
+    closes once every job has returned, so a job run still RUNNING then belongs to a lost attempt."""
     client, count = tracking.client, 0
     for run in children:
-        if run.info.status != "RUNNING" or tr.is_alive(run):
+        if run.info.status != "RUNNING" or (not alive_too and tr.is_alive(run)):
             continue
         stages = client.search_runs([tracking.experiment_id], max_results=1000,
                                     filter_string=f"tags.mlflow.parentRunId = '{run.info.run_id}' and "
                                                   "attributes.status = 'RUNNING'")
         for lost in [*stages, run]:
-            tr.set_tags(tracking, lost.info.run_id, {tr.FAILURE_TAG: LOST_REASON})
+            tr.set_tags(tracking, lost.info.run_id, {tr.FAILURE_TAG: reason[:4900]})
             client.set_terminated(lost.info.run_id, "KILLED")
         count += 1
     return count
