@@ -25,9 +25,12 @@ install: $(STAMP)
 run: $(STAMP)
 	$(PY) -m pipelines.main $(ARGS)
 
-## The test suite.
+## The test suite, in TEST_WORKERS processes (pytest-xdist; the tests of one shared server or cluster share one,
+## tests/conftest.py). TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup)
 test: $(STAMP) postgres
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 ## The core tests and one pipeline chain on the plain onnxruntime (newest release) under Python 3.13, in .venv313.
 PYTHON313 ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13) python3.13)
@@ -49,7 +52,7 @@ endif
 
 test-ort: $(STAMP_ORT)
 	$(PY_ORT) -c "import ortflow; assert ortflow.backend() == 'plain', ortflow.backend()"
-	$(PY_ORT) -m pytest -m "not slow" $(CORE_TESTS) $(PYTEST_ARGS)
+	$(PY_ORT) -m pytest $(XDIST) -m "not slow" $(CORE_TESTS) $(PYTEST_ARGS)
 	$(PY_ORT) -m pytest $(ORT_CHAIN) $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -4,11 +4,20 @@ import numpy as np
 import pytest
 
 
+#: session-wide servers and clusters: under pytest-xdist (``make test`` runs ``-n``), the tests that use one run in
+#: one worker (``--dist loadgroup``), so each is started once, not once per worker
+SHARED_SERVERS = {"postgres_server": "cluster", "ray_cluster": "cluster", "mlflow_server": "mlflow_server"}
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``training_build`` (onnxruntime's own gradients, TrainingAgent, generate_artifacts) are skipped
-    where the plain onnxruntime is installed."""
+    where the plain onnxruntime is installed; the tests of a shared server share an xdist group."""
     from ortflow import backend
 
+    for item in items:
+        groups = {SHARED_SERVERS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_SERVERS}
+        if groups:
+            item.add_marker(pytest.mark.xdist_group(sorted(groups)[0]))
     if backend() == "training":
         return
     skip = pytest.mark.skip(reason="needs onnxruntime-training; the plain onnxruntime is installed")

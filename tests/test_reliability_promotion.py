@@ -89,7 +89,7 @@ def _check_story(client, name: str, winner: tuple[str, str, float], losers: list
             assert float(lost["holder_value"]) == pytest.approx(winner[2]) and winner[2] < value
 
 
-@pytest.fixture(params=["server", "sqlite"])
+@pytest.fixture(params=[pytest.param("server", marks=pytest.mark.xdist_group("mlflow_server")), "sqlite"])
 def store_uri(request, clean_mlflow_env):
     return request.getfixturevalue("mlflow_server" if request.param == "server" else "sqlite_uri")
 
