@@ -76,6 +76,45 @@ def test_a_graph_with_an_if_trains_or_names_the_node(kind):
 
 
 @pytest.mark.parametrize("kind", ["full", "fwbw"])
+def test_a_graph_with_a_loop_names_the_node_and_trains_what_follows_it(kind):
+    """A Loop (its body doubles the value twice) between the weight and the output: no gradient on either build
+    (ortflow has no rule, onnxruntime-training's builder none either), named; the weights after it still train
+    with the loop frozen in the prefix."""
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond_in"], ["cond_out"]), helper.make_node("Add", ["v_in", "v_in"], ["v_out"])],
+        "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                 helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+                 helper.make_tensor_value_info("v_in", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("v_out", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("MatMul", ["X", "W"], ["m"]),
+             helper.make_node("Loop", ["trips", "go", "m"], ["l"], body=body, name="twice"),
+             helper.make_node("Add", ["l", "b"], ["Y"])]
+    onx = _graph(nodes, extra_initializers=[numpy_helper.from_array(np.array(2, dtype=np.int64), "trips"),
+                                            numpy_helper.from_array(np.array(True), "go")])
+    with pytest.raises(NotDifferentiableError, match=r"node 'twice' \(op Loop\)"):
+        _fit(kind, onx)
+    est = _fit(kind, onx, weights_to_train=["b"], max_iter=60)  # W stays ones: Y = 4 * X.sum(1) + b
+    assert est.train_losses_[-1] < est.train_losses_[0]
+    np.testing.assert_allclose(est.get_state()["b"], [np.mean(Y - 4 * X.sum(axis=1))], rtol=0.05)
+
+
+@pytest.mark.parametrize("kind", ["full", "fwbw"])
+def test_a_graph_file_with_external_data_outside_its_folder_is_refused(kind, model_with_outside_data,
+                                                                         regression_data):
+    """An exported graph saved with external data names a file: one outside the graph's folder (``../``) is refused
+    naming the tensor and the path, before anything is read from it."""
+    path = str(model_with_outside_data / "model.onnx")
+    X, y = regression_data
+    with pytest.raises(ortflow.UnsafePathError, match=r"initializer 'coef' stores its data at '\.\./secret\.bin', "
+                                                      r"outside the model's folder"):
+        if kind == "full":
+            ortflow.OrtGradientOptimizer(ortflow.add_loss_output(path, "squared_error"), max_iter=1).fit(X, y)
+        else:
+            ortflow.OrtGradientForwardBackwardOptimizer(path, learning_loss="squared_error", max_iter=1).fit(X, y)
+
+
+@pytest.mark.parametrize("kind", ["full", "fwbw"])
 def test_a_weight_shared_by_two_nodes_gets_both_gradients(kind):
     """Y = X W + X W + b: W's gradient is the sum over both uses, so W converges to half the truth."""
     nodes = [helper.make_node("MatMul", ["X", "W"], ["m1"]), helper.make_node("MatMul", ["X", "W"], ["m2"]),
