@@ -22,7 +22,11 @@ def store(sqlite_uri, tmp_path, clean_mlflow_env, monkeypatch):
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     experiment = MlflowClient(uri).create_experiment("notebook", artifact_location=str(tmp_path / "artifacts"))
-    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", experiment)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_ID", experiment)  # restored after the test; set_experiment sets it too
+    # MLflow's fluent API prefers the experiment last made active in this process (an in-process pipeline test's,
+    # in another store) to MLFLOW_EXPERIMENT_ID: seen as "No Experiment with id=5 exists" when xdist ran a chain
+    # test before these in the same worker
+    mlflow.set_experiment(experiment_id=experiment)
     try:
         yield uri
     finally:
