@@ -139,7 +139,9 @@ def own_mlflow_server(tmp_path_factory):
 
 @pytest.fixture
 def clean_mlflow_env(monkeypatch):
-    """No MLFLOW_* variable of the caller's shell leaks into a pipeline test; no run stays active after it."""
+    """No MLFLOW_* variable of the caller's shell leaks into a pipeline test, nor one the test's MLflow calls set
+    (``mlflow.set_tracking_uri``/``set_experiment`` write them for subprocesses) into the tests after it; no run
+    stays active after it."""
     for name in _MLFLOW_ENV:
         monkeypatch.delenv(name, raising=False)
     yield
@@ -147,6 +149,8 @@ def clean_mlflow_env(monkeypatch):
 
     while mlflow.active_run() is not None:
         mlflow.end_run()
+    for name in _MLFLOW_ENV:  # then monkeypatch puts back what the shell had
+        _os.environ.pop(name, None)
 
 
 @pytest.fixture(scope="session")

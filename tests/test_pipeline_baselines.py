@@ -28,7 +28,7 @@ def test_the_reference_is_the_estimator_with_its_class_defaults(compose_pipeline
 
 
 @pytest.mark.slow
-def test_evaluate_logs_the_converged_reference_and_the_start_apart(compose_pipeline, tmp_path):
+def test_evaluate_logs_the_converged_reference_and_the_start_apart(compose_pipeline, clean_mlflow_env, tmp_path):
     """Seen: ``sklearn_test_*`` scored the start itself (``model.sklearn_max_iter=1``: LogisticRegression after one
     lbfgs iteration), so 'ONNX beats scikit-learn' compared training with an estimator stopped on purpose."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 from pathlib import Path
 
 import mlflow
@@ -28,6 +29,20 @@ MODEL = "ortflow-smoke-regression-mlp_regressor"
 def _chain(compose_pipeline, tmp_path, uri, *overrides, name="chain"):
     cfg = compose_pipeline("experiment=smoke", f"mlflow.tracking_uri={uri}", f"mlflow.root={tmp_path}", *overrides)
     return run_chain(cfg, work_dir=tmp_path / name)
+
+
+def test_two_chains_in_one_process_each_go_to_their_own_experiment(compose_pipeline, clean_mlflow_env, tmp_path):
+    """Seen (under pytest-xdist, a chain test then another in one worker): ``mlflow.set_experiment`` in the first
+    chain's setup left ``MLFLOW_EXPERIMENT_ID`` in the environment, which wins over the config, so a notebook's
+    second chain went to the first one's experiment (or, on another store, failed: 'Run ... not found')."""
+    first, second = f"sqlite:///{tmp_path / 'a.db'}", f"sqlite:///{tmp_path / 'b.db'}"
+    results = [_chain(compose_pipeline, tmp_path, uri, f"mlflow.experiment_name={name}", "stages=[convert]",
+                      name=name)
+               for uri, name in ((first, "first"), (first, "second"), (second, "third"))]
+    for (uri, name), result in zip(((first, "first"), (first, "second"), (second, "third")), results):
+        run = MlflowClient(uri).get_run(result.run_id)
+        assert MlflowClient(uri).get_experiment(run.info.experiment_id).name == name
+    assert "MLFLOW_EXPERIMENT_ID" not in os.environ
 
 
 def _children(client, parent):

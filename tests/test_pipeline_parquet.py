@@ -180,6 +180,34 @@ def test_a_text_column_is_refused_pointing_at_data_file(tmp_path, compose_pipeli
         open_stream(cfg.data)
 
 
+@pytest.mark.parametrize("where,stage", [("sample", None), ("training", "train"), ("test", "convert")])
+def test_a_gap_in_the_table_is_named_before_it_trains_or_scores(where, stage, tmp_path, new_sqlite_store,
+                                                                run_chain_clean):
+    """Seen: one NaN in a training row past the sample ended the chain with a traceback, ``X holds NaN or infinite
+    values (first at index (21552, 2))`` (a chunk's index, no column, no file); a gap in the test part would have
+    made the test metrics NaN. Each part's chunks are checked as they are read: a DataError names the column and
+    the part; a gap in the sample stops the chain's check before any run, a later one fails the stage's run."""
+    frame = _table()
+    fraction = _stable_fraction(frame["id"].to_numpy())
+    rows = {"sample": np.flatnonzero(fraction >= TEST + VALID)[0],  # the training part's first row: in the sample
+            "training": np.flatnonzero(fraction >= TEST + VALID)[-1],  # its last: past the 200-row sample
+            "test": np.flatnonzero(fraction < TEST)[-1]}
+    frame.loc[rows[where], "b"] = np.nan
+    folder = tmp_path / "gaps"
+    folder.mkdir()
+    for k, part in enumerate(np.array_split(np.arange(N), FILES)):
+        pq.write_table(pa.Table.from_pandas(frame.iloc[part], preserve_index=False), folder / f"part-{k}.parquet",
+                       row_group_size=GROUP_ROWS)
+    uri = new_sqlite_store(tmp_path / "mlflow.db")
+    expected = rf"column\(s\) \['b'\] hold missing or non-finite values \(in the {where} rows\).*fill or drop the gaps"
+    with pytest.raises(DataError, match=expected):
+        run_chain_clean(_overrides(folder, uri, tmp_path, "trainer.max_iter=1"), tmp_path / "work")
+    experiment = MlflowClient(uri).get_experiment_by_name("ortflow")
+    runs = MlflowClient(uri).search_runs([experiment.experiment_id]) if experiment else []
+    stages = {r.data.tags["ortflow.stage"]: r.info.status for r in runs if "ortflow.stage" in r.data.tags}
+    assert stages == {} if stage is None else stages[stage] == "FAILED", stages
+
+
 def _weights(uri, run_id):
     path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="graphs/trained_model.onnx",
                                                tracking_uri=uri)

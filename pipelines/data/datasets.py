@@ -54,12 +54,12 @@ class Split:
 
         return Stream.from_json(self.stream).parts()
 
-    def standardized(self, source):
+    def standardized(self, source, part: str = "training"):
         """``source`` standardized as this split's training rows were (:class:`pipelines.data.streams.Standardized`)."""
         from .streams import Standardized
 
         return Standardized(source, self.x_mean.astype(np.float64), self.x_scale.astype(np.float64), self.y_mean,
-                            self.y_scale, self.classes if self.task == "classification" else self.classes[:0])
+                            self.y_scale, self.classes if self.task == "classification" else self.classes[:0], part)
 
     @property
     def is_table(self) -> bool:

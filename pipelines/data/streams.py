@@ -124,7 +124,23 @@ def _numeric(arrow_type) -> bool:
 def sample(source, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """The first ``rows`` rows of ``source`` as ``(X float64 matrix, y)``."""
     X, y, _ = source.head(rows)
-    return np.asarray(X, dtype=np.float64), np.asarray(y)
+    return finite(source, np.asarray(X, dtype=np.float64), np.asarray(y), "sample")
+
+
+def finite(source, X: np.ndarray, y: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(X, y)`` of a chunk of ``source``, once every feature (and a numeric target) is a finite number: a gap
+    (NaN, a null read as NaN) or an infinity would train to NaN weights and be reported as a divergence, or make
+    the test metrics NaN. A :class:`DataError` names the columns, the part of the table and the way out."""
+    bad = ~np.isfinite(X).all(axis=0)
+    columns = [str(c) for c, b in zip(source.columns, bad) if b]
+    if y.dtype.kind == "f" and not np.isfinite(y).all():
+        columns.append(f"{source.target} (the target)")
+    if columns:
+        raise DataError(f"data.path={source.path!r}: column(s) {columns} hold missing or non-finite values (in the "
+                        f"{where} rows): data=parquet feeds numeric columns as they are; fill or drop the gaps in "
+                        "the table, or read it whole with data=file, whose preprocessing imputes them "
+                        "(data.drop_invalid=true drops those rows)")
+    return X, y
 
 
 def file_digest(files: list[str]) -> str:
@@ -164,22 +180,31 @@ class Standardized:
     labels as the split's classes have them."""
 
     def __init__(self, source, x_mean: np.ndarray, x_scale: np.ndarray, y_mean: float, y_scale: float,
-                 classes: np.ndarray):
+                 classes: np.ndarray, part: str = "training"):
         self.source, self.x_mean, self.x_scale = source, x_mean, x_scale
         self.y_mean, self.y_scale, self.classes = y_mean, y_scale, classes
-        self.n_rows = source.n_rows
+        self.n_rows, self.part = source.n_rows, part
+        self.skips_rows = getattr(source, "skips_rows", False)  # a resume inside an epoch skips without reading
+
+    def identity(self) -> dict:
+        """The wrapped source's (what a checkpoint inside an epoch records and a resume compares)."""
+        from ortflow.sources import source_identity
+
+        return source_identity(self.source)
 
     def _standardize(self, X, y, w) -> tuple[np.ndarray, np.ndarray, Any]:
-        X = ((np.asarray(X, dtype=np.float64) - self.x_mean) / self.x_scale).astype(np.float32)
+        X, y = finite(self.source, np.asarray(X, dtype=np.float64), np.asarray(y), self.part)
+        X = ((X - self.x_mean) / self.x_scale).astype(np.float32)
         if len(self.classes):
             return X, labels_like(y, self.classes), w
-        return X, ((np.asarray(y, dtype=np.float64) - self.y_mean) / self.y_scale).astype(np.float32), w
+        return X, ((y.astype(np.float64) - self.y_mean) / self.y_scale).astype(np.float32), w
 
     def head(self, rows: int):
         return self._standardize(*self.source.head(rows))
 
-    def chunks(self, rng: np.random.RandomState | None) -> Iterator[tuple[np.ndarray, np.ndarray, Any]]:
-        for X, y, w in self.source.chunks(rng):
+    def chunks(self, rng: np.random.RandomState | None,
+               skip_rows: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, Any]]:
+        for X, y, w in (self.source.chunks(rng, skip_rows=skip_rows) if skip_rows else self.source.chunks(rng)):
             yield self._standardize(X, y, w)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..data.datasets import Split
-from ..data.streams import labels_like
+from ..data.streams import finite, labels_like
 from .metrics import StreamedMetrics
 
 #: the test rows whose predictions are kept for the plots
@@ -38,9 +38,10 @@ def streamed_test(split: Split, predictors: Mapping[str, Callable[[np.ndarray], 
               for label in predictors}
     kept_y, kept = [], {label: [] for label in predictors}
     n_rows = 0
-    for X, y, _ in split.stream_parts()["test"].chunks(None):
-        X = np.asarray(X, dtype=np.float64)
-        y = labels_like(y, classes) if len(classes) else np.asarray(y, dtype=np.float64)
+    test = split.stream_parts()["test"]
+    for X, y, _ in test.chunks(None):
+        X, y = finite(test, np.asarray(X, dtype=np.float64), np.asarray(y), "test")
+        y = labels_like(y, classes) if len(classes) else y.astype(np.float64)
         room = max(keep_rows - n_rows, 0)
         n_rows += len(y)
         if room:

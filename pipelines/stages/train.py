@@ -66,7 +66,7 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
     if split.streamed:  # data=parquet: epochs and validation read the parts chunk by chunk, standardized
         parts = split.stream_parts()
         X, y = split.standardized(parts["train"]), None
-        validation = split.standardized(parts["validation"]) if "validation" in parts else None
+        validation = split.standardized(parts["validation"], "validation") if "validation" in parts else None
     else:
         X, y = split.X_train, split.y_train
         validation = (split.X_valid, split.y_valid) if split.has_validation else None

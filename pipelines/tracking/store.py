@@ -8,6 +8,8 @@ A tracking server is asked for its ``/health`` before anything runs (:func:`chec
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,13 +146,31 @@ def create_store_once(uri: str) -> None:
         client.search_registered_models(max_results=1)
 
 
+@contextlib.contextmanager
+def _environment_kept(*names: str):
+    """Undo what MLflow writes into ``os.environ`` inside: ``mlflow.set_tracking_uri`` and ``mlflow.set_experiment``
+    also set ``MLFLOW_TRACKING_URI`` and ``MLFLOW_EXPERIMENT_ID`` (for subprocesses), which :func:`setup` reads
+    before the config, so every later chain of the process (a notebook's second chain, another store, another
+    experiment name) went to the first one's store and experiment, or failed on a store without that experiment."""
+    before = {name: os.environ.get(name) for name in names}
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def setup(cfg: DictConfig) -> Tracking:
     """Point MLflow at the store (after checking a server answers) and make sure the experiment exists."""
     uri = resolve_tracking_uri(cfg)
     retries, retry_seconds = int(cfg.mlflow.retries), float(cfg.mlflow.retry_seconds)
     check_reachable(uri, float(cfg.mlflow.connect_timeout))
     create_store_once(uri)
-    mlflow.set_tracking_uri(uri)
+    with _environment_kept("MLFLOW_TRACKING_URI"):
+        mlflow.set_tracking_uri(uri)  # for the fluent API in this process
     client = RetryingClient(MlflowClient(tracking_uri=uri), retries=retries, retry_seconds=retry_seconds)
     experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
     if experiment_id:
@@ -165,5 +185,6 @@ def setup(cfg: DictConfig) -> Tracking:
                 if "already exists" not in str(exc).lower() and "unique constraint" not in str(exc).lower():
                     raise
             experiment = client.get_experiment_by_name(name)
-    mlflow.set_experiment(experiment_id=experiment.experiment_id)
+    with _environment_kept("MLFLOW_EXPERIMENT_ID"):
+        mlflow.set_experiment(experiment_id=experiment.experiment_id)
     return Tracking(uri, client, experiment.experiment_id, experiment.name, resolve_root(cfg), retries, retry_seconds)
