@@ -3,9 +3,10 @@
 Synthetic sets come from ``make_regression``/``make_classification`` (seeded), ``diabetes``, ``breast_cancer``,
 ``iris`` and ``digits`` are bundled with scikit-learn (no download), ``file`` reads a CSV or Parquet table (checked
 by :mod:`pipelines.data.tables`), ``parquet`` streams a Parquet file or folder (:mod:`pipelines.data.streams`: the
-split holds samples of its parts and their description). ``digits_images`` ((n, 1, 8, 8) float32 images) and ``tokens`` ((n, T) int64
-sequences, :func:`token_sequences`) are arrays for ``model=onnx`` graphs: split as they are, never standardized. ``data.loader`` (or ``data.name``) picks the loader. The split is saved as one
-``split.npz`` so a stage run alone works on exactly the rows the earlier stages used.
+split holds samples of its parts and their description). ``digits_images`` ((n, 1, 8, 8) float32 images) and
+``tokens`` ((n, T) int64 sequences, :func:`token_sequences`) are arrays for ``model=onnx`` graphs: split as they are,
+never standardized. ``data.loader`` (or ``data.name``) picks the loader. The split is saved as one ``split.npz`` so a
+stage run alone works on exactly the rows the earlier stages used.
 """
 
 from __future__ import annotations

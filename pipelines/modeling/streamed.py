@@ -52,7 +52,7 @@ def streamed_test(split: Split, predictors: Mapping[str, Callable[[np.ndarray], 
             if room:
                 kept[label].append(predicted[:room])
     if not n_rows:
-        raise ValueError(f"the test part of {split.stream_parts()['test'].path} holds no rows")
+        raise ValueError(f"the test part of {test.path} holds no rows")
     metrics = {k: v for score in scores.values() for k, v in score.result().items()}
     return StreamedTest(metrics, n_rows, np.concatenate(kept_y),
                         {label: np.concatenate(parts) for label, parts in kept.items()})

@@ -5,7 +5,8 @@ trains ``model.onnx`` with :class:`ortflow.OrtGradientForwardBackwardOptimizer` 
 ``trainer=torch`` trains ``model.onnx`` as a torch layer with :class:`ortflow.TorchTrainer` and the same loss.
 Logs the losses of every epoch (step = epoch, written in batches), every graph the trainer used, the trained
 prediction graph, the history and a loss-curve PNG. With ``data=parquet`` the epochs and the validation stream
-the parts of the table (``fit(source, validation_data=source)``), standardized as ``convert``'s sample was. A diverging run (non-finite loss) ends FAILED.
+the parts of the table (``fit(source, validation_data=source)``), standardized as ``convert``'s sample was. A
+diverging run (non-finite loss) ends FAILED.
 
     python -m pipelines.train source.run_id=<add_loss run> trainer=fwbw trainer.optimizer=nesterov
 """
