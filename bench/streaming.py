@@ -7,7 +7,10 @@ then measures, for each model of ``--models`` and each in a fresh process (its o
 - ``stream``: ``OrtGradientForwardBackwardOptimizer.fit(ParquetSource(folder))``, one epoch, shuffled (row groups
   in random order, rows within a 262,144-row buffer), chunks read ahead on a background thread;
 - ``memory``: the same trainer on a sample that fits in memory (``--sample`` rows, read whole first; the time
-  counts the epoch only), rows per second;
+  counts the fit only), rows per second;
+- ``memory-sleeping``: the same with ``spinning=False`` (onnxruntime's idle threads sleep, as they do in a streamed
+  fit): the in-memory side of the comparison with the one setting a streamed fit changes (for a model trained on
+  one thread, ``linear``, it changes nothing);
 - ``sklearn``: scikit-learn's ``partial_fit`` over the same Parquet batches (one call per 1,024-row batch, as a
   user's loop would), rows per second: ``SGDRegressor`` for ``linear``, ``MLPRegressor`` for ``mlp``.
 
@@ -34,6 +37,7 @@ BATCH = 1024
 
 
 MODELS = ("linear", "mlp")
+ENGINES = ("stream", "memory", "memory-sleeping", "sklearn")
 
 
 def table_path(folder: str, compression: str) -> str:
@@ -86,12 +90,12 @@ def _start_graph(model: str):
     return ortflow.to_onnx(start, X)
 
 
-def _trainer(model: str):
+def _trainer(model: str, **settings):
     import ortflow
 
     return ortflow.OrtGradientForwardBackwardOptimizer(_start_graph(model), learning_loss="squared_error",
                                                        max_iter=1, batch_size=BATCH, learning_rate=1e-3,
-                                                       random_state=0)
+                                                       random_state=0, **settings)
 
 
 def child(engine: str, model: str, path: str, sample: int) -> dict:
@@ -105,14 +109,14 @@ def child(engine: str, model: str, path: str, sample: int) -> dict:
         begin = time.perf_counter()
         trainer.fit(source)
         seconds, rows = time.perf_counter() - begin, source.n_rows
-    elif engine == "memory":
+    elif engine in ("memory", "memory-sleeping"):
         import pyarrow.parquet as pq
 
         table = pq.ParquetFile(path).read_row_groups(list(range(-(-sample // ROW_GROUP)))).slice(0, sample)
         X = np.stack([table.column(f"x{i}").to_numpy() for i in range(FEATURES)], axis=1).astype(np.float32)
         y = table.column("y").to_numpy().astype(np.float32)
         del table
-        trainer = _trainer(model)
+        trainer = _trainer(model, **({"spinning": False} if engine == "memory-sleeping" else {}))
         begin = time.perf_counter()
         trainer.fit(X, y)
         seconds, rows = time.perf_counter() - begin, len(X)
@@ -162,19 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[dict]] = {}
     for _ in range(args.repeats):  # interleaved, one fresh process each
         for model in models:
-            for engine in ("stream", "memory", "sklearn"):
+            for engine in ENGINES:
                 out = subprocess.run([sys.executable, "-m", "bench.streaming", "--sample", str(args.sample),
                                       "--child", engine, model, path], capture_output=True, text=True, check=True)
                 results.setdefault(f"{model}/{engine}", []).append(json.loads(out.stdout.strip().splitlines()[-1]))
     summary = {key: {k: float(np.median([r[k] for r in runs])) for k in ("rows_per_second", "peak_rss_mb", "rows")}
                for key, runs in results.items()}
     for key, s in summary.items():
-        print(f"{key:15s} {s['rows']:>12,.0f} rows  {s['rows_per_second']:>12,.0f} rows/s  "
+        print(f"{key:22s} {s['rows']:>12,.0f} rows  {s['rows_per_second']:>12,.0f} rows/s  "
               f"peak RSS {s['peak_rss_mb']:,.0f} MB")
     for model in models:
-        stream, memory, sk = (summary[f"{model}/{e}"]["rows_per_second"] for e in ("stream", "memory", "sklearn"))
-        print(f"{model}: streamed / in-memory throughput {stream / memory:.2f}; streamed / scikit-learn partial_fit "
-              f"{stream / sk:.1f}")
+        stream, memory, sleeping, sk = (summary[f"{model}/{e}"]["rows_per_second"] for e in ENGINES)
+        print(f"{model}: streamed / in-memory throughput {stream / memory:.2f} ({stream / sleeping:.2f} against "
+              f"in memory with idle threads sleeping); streamed / scikit-learn partial_fit {stream / sk:.1f}")
     print(json.dumps({"summary": summary, "runs": results}))
     return 0
 

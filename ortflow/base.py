@@ -9,8 +9,9 @@ Parameters are declared once in :mod:`ortflow.parameters` (``parameters`` of eac
 - ``_graph_spec(model) -> GraphSpec``: the feeds and outputs of ``model`` (already loaded and checked).
 - ``_build_runtime(model, spec, rate)``: create the sessions for a fresh fit, ``rate`` the learning rate.
 - ``_loss_object()``: the :class:`ortflow.losses.BaseLearningLoss` trained (for :meth:`BaseTrainer.losses`).
-- ``_train_epoch(data, order, learning_rate) -> np.ndarray``: one epoch over ``self._batches``, returning the
-  loss of every batch (it stops early at a non-finite loss; the base reports it).
+- ``_train_epoch(data, order, learning_rate) -> np.ndarray``: one epoch over ``self._batches`` of the rows of
+  ``order`` (indices into ``data``; None: all of them as stored, see ``_unit_rows``), returning the loss of every
+  batch (it stops early at a non-finite loss; the base reports it).
 - ``_validation_loss(data) -> float``.
 - ``_epoch_learning_rate(samples_seen) -> float | None``: the rate used for the coming epoch (for the record).
 - ``get_state()``, ``_set_weights(state)``.
@@ -46,7 +47,7 @@ from .runtime import THREADS_WORK_THRESHOLD, OnnxFunction, make_session_options,
 from .convert import ESTIMATOR_METADATA, graph_classes
 from .frozen_prefix import FrozenPrefix
 from .prefetch import Prefetcher
-from .sources import is_source, source_identity
+from .sources import is_source, replays_order, source_identity
 from .inputs import InputMapping
 from .validation import check_device, check_positive_int, check_targets, check_weights_to_train, encode_labels
 
@@ -125,7 +126,8 @@ class BaseTrainer(BaseEstimator):
         arrays, a ``DataLoader``), read chunk by chunk with the next chunks prepared on a background thread; ``y``
         is then None (the source holds the target) and ``validation_data`` may be another source.
         """
-        if is_source(X):
+        self._streamed_fit = is_source(X)
+        if self._streamed_fit:
             return self._fit_source(X, y, sample_weight, validation_data, resume_from)
         model, spec, feeds, names, train_model, prefix = self._graph_and_feeds(X)
         data, val = self._prepare_data(spec, prefix, feeds, names, y, sample_weight, validation_data)
@@ -152,6 +154,11 @@ class BaseTrainer(BaseEstimator):
         rows already trained, so it ends as an uninterrupted run would."""
         if y is not None or sample_weight is not None:
             raise ValueError("fit(source, ...): the source holds the target and the sample weights; pass y=None")
+        replays = replays_order(source)
+        if not replays and any(getattr(cb, "every_rows", None) for cb in self._callbacks()):
+            raise ValueError(f"Checkpoint(every_rows=...) on {source!r}, whose epochs come in an order drawn from "
+                             "torch's random state (a DataLoader with shuffle=True): a resume inside an epoch could "
+                             "not replay it; checkpoint at epoch ends (every_rows=None) or use shuffle=False")
         # a few rows set the graph up: the source's head when it has one (one row group read), else its first chunk
         first = source.head(max(2, self.batch_size)) if hasattr(source, "head") else next(iter(source.chunks(None)),
                                                                                            None)
@@ -163,6 +170,11 @@ class BaseTrainer(BaseEstimator):
         rng, max_iter = self._begin(model, spec, train_model, feeds, names, check_random_state(self.random_state),
                                     resume_from, identity)
         resume, self._resumed_progress = self._resumed_progress, None
+        if resume is not None and resume.rows and not replays:
+            raise ValueError(f"resume_from={str(resume_from)!r} stopped inside epoch {resume.epoch + 1} of {source!r}, "
+                             "whose epochs come in an order drawn from torch's random state (a DataLoader with "
+                             "shuffle=True): the rows trained before it cannot be told apart; resume from a "
+                             "checkpoint at an epoch's end")
         if resume is not None and resume.rows and resume.epoch >= max_iter:
             raise ValueError(f"resume_from={str(resume_from)!r} stopped inside epoch {resume.epoch + 1}, which "
                              f"max_iter={self.max_iter} does not reach: its weights are not those of an epoch's end; "
@@ -171,29 +183,41 @@ class BaseTrainer(BaseEstimator):
                 0 if source.n_rows is None else source.n_rows * len(self.history_)]
 
         def convert(chunk_source, order_rng, count: bool, skip: int = 0):
-            """The epoch's units of whole batches (the last one may be short), from row ``skip`` on: the rows
-            before it are skipped by the source when it can, else read (the order and random state depend on
-            them) but neither converted nor trained."""
+            """The epoch's units ``(data, order)`` of whole batches (the last one may be short), from row ``skip``
+            on: the rows before it are skipped by the source when it can, else read (the order and random state
+            depend on them) but neither converted nor trained. A chunk the source yields with its rows' order
+            stays as read, the trainer gathering each batch; the rows left over at a chunk's end (fewer than a
+            batch) are copied out and joined to the next chunk's first rows."""
             skipped = bool(skip) and getattr(chunk_source, "skips_rows", False)  # the source skips them itself
-            carry, read = None, skip if skipped else 0
+            carry, read, bs = None, skip if skipped else 0, self.batch_size
             if count:
                 seen[0] += skip
-            for X, y_part, w_part in (chunk_source.chunks(order_rng, skip_rows=skip) if skipped
-                                      else chunk_source.chunks(order_rng)):
-                read += len(y_part)
+            for item in (chunk_source.chunks(order_rng, skip_rows=skip) if skipped
+                         else chunk_source.chunks(order_rng)):
+                X, y_part, w_part, order = item if len(item) == 4 else (*item, None)
+                n = len(y_part) if order is None else len(order)
+                read += n
                 if read <= skip:
                     continue
                 f, _ = spec.inputs.feeds(X, _matrix_width(spec, feeds), names)
                 data, _ = self._prepare_data(spec, prefix, f, names, y_part, w_part, None)
-                if read - data.n_samples < skip:  # the first rows not trained yet: a unit starts there
-                    data = data.take(slice(skip - (read - data.n_samples), None))
-                data = data if carry is None else _concat(carry, data)
-                whole = data.n_samples - data.n_samples % self.batch_size
-                carry = data.take(slice(whole, None)) if whole < data.n_samples else None
-                if whole:
+                start = max(0, skip - (read - n))  # the rows of this chunk trained before a resume
+                if carry is not None:
+                    end = min(n, start + bs - carry.n_samples)
+                    carry, start = _concat(carry, _rows(data, order, start, end)), end
+                    if carry.n_samples < bs:
+                        continue
                     if count:
-                        seen[0] += whole
-                    yield data.take(slice(0, whole)), None
+                        seen[0] += bs
+                    yield carry, None
+                    carry = None
+                whole = start + (n - start) // bs * bs
+                if whole > start:
+                    if count:
+                        seen[0] += whole - start
+                    yield (data.take(slice(start, whole)), None) if order is None else (data, order[start:whole])
+                if whole < n:
+                    carry = _rows(data, order, whole, n)
             if carry is not None:
                 if count:
                     seen[0] += carry.n_samples
@@ -371,7 +395,8 @@ class BaseTrainer(BaseEstimator):
         if isinstance(val, TrainData):
             return self._validation_loss(val)
         total, rows = 0.0, 0
-        for data, _ in val.chunks():
+        for data, order in val.chunks():
+            data = data if order is None else data.take(order)
             total += self._validation_loss(data) * data.n_samples
             rows += data.n_samples
         return total / rows
@@ -384,14 +409,14 @@ class BaseTrainer(BaseEstimator):
         losses, sizes = ([np.empty(0)], [np.empty(0)]) if progress is None else (progress.losses, progress.sizes)
         for data, order in chunks:
             chunk = self._train_epoch(data, order, learning_rate)
-            full = self._batch_sizes(data.n_samples)
+            full = self._batch_sizes(self._unit_rows(data, order))
             losses.append(np.asarray(chunk, dtype=np.float64))
             sizes.append(full[: len(chunk)])
             if len(chunk) < len(full) or not np.isfinite(chunk).all():
                 return np.concatenate(losses), np.concatenate(sizes), False
             if progress is not None:
                 progress.chunks += 1
-                progress.rows += data.n_samples
+                progress.rows += int(full.sum())
                 self._at_chunk = progress
                 try:
                     for cb in callbacks:
@@ -503,6 +528,11 @@ class BaseTrainer(BaseEstimator):
         bs = self.batch_size
         for start in range(0, n_samples, bs):
             yield slice(start, start + bs) if order is None else order[start : start + bs]
+
+    @staticmethod
+    def _unit_rows(data: TrainData, order) -> int:
+        """The rows a unit ``(data, order)`` trains: those of ``order`` (indices into ``data``) when given."""
+        return data.n_samples if order is None else len(order)
 
     def _batch_sizes(self, n_samples: int) -> np.ndarray:
         sizes = np.full((n_samples + self.batch_size - 1) // self.batch_size, self.batch_size, dtype=np.float64)
@@ -725,7 +755,16 @@ class BaseTrainer(BaseEstimator):
         return check_device(self.device)[1]
 
     def _session_options(self) -> SessionOptions:
-        return make_session_options(getattr(self, "n_threads_", self.n_threads))
+        """The training sessions' options: ``n_threads_`` intra-op threads, spinning as ``spinning`` says (None:
+        not in a streamed fit, where the reader thread needs a core)."""
+        options = make_session_options(getattr(self, "n_threads_", self.n_threads))
+        if not self._spinning():
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return options
+
+    def _spinning(self) -> bool:
+        spinning = getattr(self, "spinning", None)  # None in an estimator pickled before the parameter
+        return spinning if spinning is not None else not getattr(self, "_streamed_fit", False)
 
     def _threads(self, model: onnx.ModelProto) -> int:
         """``n_threads`` when set, else the count :func:`ortflow.runtime.threads_for_work` picks for a batch of
@@ -859,6 +898,11 @@ class _StreamedValidation:
 
     def __init__(self, chunks):
         self.chunks = chunks
+
+
+def _rows(data: TrainData, order, start: int, stop: int) -> TrainData:
+    """Rows ``start:stop`` of a chunk in its training order (``order``, or as stored when None), copied out."""
+    return data.take(slice(start, stop) if order is None else order[start:stop])
 
 
 def _concat(a: TrainData, b: TrainData) -> TrainData:

@@ -175,8 +175,9 @@ class OrtGradientOptimizer(BaseTrainer):
 
     def _train_epoch(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
         if self._rt_step is not None:
-            return self._rt_step.epoch(self._arrays(data), self._batches(data.n_samples, order),
-                                       len(self._batch_sizes(data.n_samples)), learning_rate)
+            rows = self._unit_rows(data, order)
+            return self._rt_step.epoch(self._arrays(data), self._batches(rows, order), len(self._batch_sizes(rows)),
+                                       learning_rate)
         # The C++ objects behind Module/Optimizer are called directly: the Python wrappers build new vectors
         # and convert every fetch on each call. A row slice of a C-contiguous float32 array is handed to
         # onnxruntime without a copy; shuffled batches are gathered (one batch-sized copy).
@@ -185,8 +186,9 @@ class OrtGradientOptimizer(BaseTrainer):
             optimizer.set_learning_rate(learning_rate)
             self._rt_lr = learning_rate
         arrays = self._arrays(data)
-        losses = np.empty(len(self._batch_sizes(data.n_samples)), dtype=np.float64)
-        for i, rows in enumerate(self._batches(data.n_samples, order)):
+        n_samples = self._unit_rows(data, order)
+        losses = np.empty(len(self._batch_sizes(n_samples)), dtype=np.float64)
+        for i, rows in enumerate(self._batches(n_samples, order)):
             fetches = OrtValueVector()
             module.train_step([a[rows] for a in arrays], fetches)
             loss = float(fetches[0].numpy())

@@ -155,6 +155,10 @@ SHARED = (
           "True: a non-finite loss raises ConvergenceError; False: warn and keep the last finite weights"),
     Param("n_threads", None, _optional(check_positive_int), "intra-op threads of onnxruntime; None: chosen from a batch's work (one "
           "thread for small batches through small graphs, all cores otherwise), the choice in ``n_threads_``"),
+    Param("spinning", None, _optional(check_bool),
+          "whether onnxruntime's idle intra-op threads spin waiting for work (True) or sleep (False); None: they "
+          "spin in memory and sleep in a streamed fit, whose reader thread needs a core (the numbers are the same "
+          "either way; TorchTrainer's layer sleeps unless True)"),
     Param("enable_logging", False, check_bool,
           "log every epoch (INFO) and every batch loss (DEBUG) to the 'ortflow' logger"),
     Param("prefetch_depth", 2, check_positive_int,

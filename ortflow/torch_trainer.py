@@ -80,7 +80,7 @@ class TorchTrainer(BaseTrainer):
         self.weights_to_train_ = self._check_weights(model, train_graph, output)
         self.backend_ = backend()
         module = OnnxModule(train_graph, weights_to_train=self.weights_to_train_,
-                            n_threads=getattr(self, "n_threads_", self.n_threads))
+                            n_threads=getattr(self, "n_threads_", self.n_threads), spinning=bool(self.spinning))
         rank = len(spec.label_shape)
         width = spec.label_shape[1] if rank == 2 and isinstance(spec.label_shape[1], int) else None
         loss = self._loss_object()
@@ -119,8 +119,9 @@ class TorchTrainer(BaseTrainer):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate
         module.train()
-        losses = np.empty(len(self._batch_sizes(data.n_samples)), dtype=np.float64)
-        for i, rows in enumerate(self._batches(data.n_samples, order)):
+        n_samples = self._unit_rows(data, order)
+        losses = np.empty(len(self._batch_sizes(n_samples)), dtype=np.float64)
+        for i, rows in enumerate(self._batches(n_samples, order)):
             xs, y, w = self._tensors(data, rows)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(module(*xs).reshape(y.shape), y, w)

@@ -121,7 +121,8 @@ def test_bench_streaming_tiny_reports_every_engine(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])["summary"]
-    assert set(summary) == {"mlp/stream", "mlp/memory", "mlp/sklearn"}
-    assert summary["mlp/stream"]["rows"] == 20000 and summary["mlp/memory"]["rows"] == 5000
+    assert set(summary) == {"mlp/stream", "mlp/memory", "mlp/memory-sleeping", "mlp/sklearn"}
+    assert summary["mlp/stream"]["rows"] == 20000
+    assert summary["mlp/memory"]["rows"] == summary["mlp/memory-sleeping"]["rows"] == 5000
     assert all(s["rows_per_second"] > 0 and s["peak_rss_mb"] > 0 for s in summary.values())
     assert (tmp_path / "table-none.parquet").exists()

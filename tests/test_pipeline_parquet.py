@@ -240,14 +240,15 @@ def test_a_streamed_training_stopped_inside_an_epoch_and_resumed_ends_with_the_u
                              Bundle.from_source(cfg.source), tmp_path / work)["run_id"]
 
     client = MlflowClient(uri)
-    with pytest.raises(RuntimeError, match="stopped inside epoch 3"):  # chunks of ~180 rows: one checkpoint each
+    with pytest.raises(RuntimeError, match="stopped inside epoch 3"):
         train_run("stopped", "trainer.checkpoint_every=1", "trainer.checkpoint_every_rows=100",
-                  callbacks=[_StopInside(epoch=3, chunks=3)])
+                  callbacks=[_StopInside(epoch=3, chunks=4)])
     [stopped] = [r.info.run_id for r in client.search_runs(
         [client.get_experiment_by_name("parquet-resume").experiment_id], "attributes.status = 'FAILED'")]
     position = json.loads(Path(mlflow.artifacts.download_artifacts(
         run_id=stopped, artifact_path="checkpoint/trainer.json", tracking_uri=uri)).read_text())
-    assert position["epoch"] == 2 and position["position"]["chunks"] == 2  # inside epoch 3, after its 2nd chunk
+    assert position["epoch"] == 2 and 0 < position["position"]["rows"]  # inside epoch 3, after one of its units
+    assert position["position"]["chunks"] < 4
 
     resumed = train_run("resumed", f"trainer.resume_from={stopped}")
     reference = train_run("reference")

@@ -11,7 +11,7 @@ from sklearn.linear_model import LinearRegression
 
 import ortflow
 from ortflow.prefetch import Prefetcher
-from ortflow.sources import ArrowSource, IterableSource, NumpySource, ParquetSource
+from ortflow.sources import ArrowSource, IterableSource, NumpySource, ParquetSource, ordered
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -41,7 +41,7 @@ def folder(tmp_path_factory):
 
 def _rows(source, rng):
     return np.concatenate([X["x0"].to_numpy() if hasattr(X, "columns") else np.asarray(X)[:, 0]
-                           for X, _, _ in source.chunks(rng)])
+                           for X, _, _ in map(ordered, source.chunks(rng))])
 
 
 def test_every_row_once_per_epoch_in_a_reproducible_order(folder):
@@ -59,7 +59,7 @@ def test_the_buffer_mixes_rows_of_several_row_groups(folder):
     root, frame = folder
     group_of = dict(zip(frame["x0"], frame["id"] // 250))
     source = ParquetSource(root, target="y", buffer_rows=1000)
-    X, _, _ = next(source.chunks(np.random.RandomState(0)))
+    X, _, _ = ordered(next(source.chunks(np.random.RandomState(0))))
     groups = [group_of[v] for v in X["x0"].to_numpy()[:100]]
     assert len(set(groups)) >= 3  # the first 100 rows come from 4 row groups, interleaved
 
@@ -155,6 +155,49 @@ def test_fit_on_a_source_equals_fit_in_memory_without_shuffling(folder, start, k
     assert len(streamed.history_) == 3
     for name, value in in_memory.get_state().items():
         np.testing.assert_array_equal(streamed.get_state()[name], value)
+
+
+@pytest.mark.parametrize("kind", ["full", "fwbw"])
+def test_a_shuffled_source_trains_its_chunks_rows_in_their_order(folder, start, kind):
+    """A shuffled chunk keeps its rows where they are and gives their order; the trainer gathers each batch in that
+    order: one epoch equals an unshuffled in-memory fit on the rows ``ordered`` lists (buffers of 350 rows: batches
+    that straddle two buffers too)."""
+    root, _ = folder
+    source = ParquetSource(root, target="y", columns=[f"x{i}" for i in range(D)], buffer_rows=350)
+    chunks = [ordered(chunk) for chunk in source.chunks(np.random.RandomState(0))]
+    assert all(len(chunk) == 4 for chunk in source.chunks(np.random.RandomState(0)))  # left unpermuted, with an order
+    X = np.concatenate([X.to_numpy() for X, _, _ in chunks])
+    y = np.concatenate([y for _, y, _ in chunks])
+    streamed = _trainer(kind, start, max_iter=1, random_state=0).fit(source)
+    in_memory = _trainer(kind, start, max_iter=1, shuffle=False).fit(X, y)
+    for name, value in in_memory.get_state().items():
+        np.testing.assert_array_equal(streamed.get_state()[name], value)
+
+
+def test_a_streamed_fit_lets_onnxruntimes_idle_threads_sleep_and_trains_the_same(folder, start):
+    """``spinning=None``: idle intra-op threads spin in memory, sleep in a streamed fit (whose reader thread needs
+    a core); either way the weights are the same, two threads or not."""
+    root, frame = folder
+    features = [f"x{i}" for i in range(D)]
+    source = ParquetSource(root, target="y", columns=features, buffer_rows=400)
+
+    def spins(est) -> bool:
+        try:
+            return est._session_options().get_session_config_entry("session.intra_op.allow_spinning") != "0"
+        except RuntimeError:  # not set: onnxruntime's default, spinning
+            return True
+
+    streamed = _trainer("fwbw", start, n_threads=2).fit(source)
+    spinning = _trainer("fwbw", start, n_threads=2, spinning=True).fit(source)
+    assert not spins(streamed) and spins(spinning)
+    for name, value in spinning.get_state().items():
+        np.testing.assert_array_equal(streamed.get_state()[name], value)
+    X, y = frame[features].to_numpy(np.float32), frame["y"].to_numpy()
+    sleeping = _trainer("fwbw", start, n_threads=2, spinning=False).fit(X, y)
+    default = _trainer("fwbw", start, n_threads=2).fit(X, y)
+    assert not spins(sleeping) and spins(default)
+    for name, value in default.get_state().items():
+        np.testing.assert_array_equal(sleeping.get_state()[name], value)
 
 
 @pytest.mark.parametrize("kind", ["full", "fwbw"])

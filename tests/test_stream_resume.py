@@ -47,8 +47,8 @@ SETUP = textwrap.dedent('''
         return ParquetSource(folder / "data", target="y", columns=["x0", "x1", "x2"], buffer_rows=buffer_rows)
 ''')
 
-# The first process: checkpoints every 200 rows, killed (SIGKILL, no cleanup) in epoch 2 after its 3rd chunk,
-# right after that chunk's checkpoint was written.
+# The first process: checkpoints every 200 rows, killed (SIGKILL, no cleanup) in epoch 2 after its 5th unit,
+# right after that unit's checkpoint was written.
 KILLED = SETUP + textwrap.dedent('''
     import os, signal, sys
     from pathlib import Path
@@ -56,7 +56,7 @@ KILLED = SETUP + textwrap.dedent('''
 
     class Kill(Callback):
         def on_chunk_end(self, trainer, position):
-            if position.epoch == 2 and position.chunks == 3:
+            if position.epoch == 2 and position.chunks == 5:
                 os.kill(os.getpid(), signal.SIGKILL)
 
     folder = Path(sys.argv[2])
@@ -113,9 +113,10 @@ def test_a_run_killed_inside_an_epoch_resumes_where_it_stopped(folder, kind, tmp
                           timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr
     manifest = ortflow.checkpoint.read_manifest(run / "ckpt")
-    # units of 256, 320, 320, 256 and 48 rows (buffers of 300 rows, the rest carried over): the third one ends at
-    # row 896, each one past 200 rows since the last write
-    assert manifest["epoch"] == 1 and manifest["position"]["rows"] == 896 and manifest["position"]["chunks"] == 3
+    # units of 256, 64, 256, 64, 256, 64, 192 and 48 rows (buffers of 300 rows; the rows left at a buffer's end and
+    # the next buffer's first ones make a unit of one batch): written after the 1st, 3rd and 5th, each one past 200
+    # rows since the last write; the 5th ends at row 896
+    assert manifest["epoch"] == 1 and manifest["position"]["rows"] == 896 and manifest["position"]["chunks"] == 5
 
     space = _setup_namespace()
     whole = space["make"](kind, folder).fit(space["source"](folder))
@@ -152,8 +153,8 @@ def _stopped(folder, ckpt, epoch=1, chunks=2, **checkpoint):
 
 
 def test_an_exception_between_chunk_boundaries_keeps_the_last_checkpoint(folder, tmp_path):
-    """An exception inside chunk 3 of epoch 1, after its batches moved the weights: save_checkpoint refuses and
-    Checkpoint's end-of-training write does not happen; the checkpoint left is chunk 2's (576 rows), which resumes
+    """An exception inside unit 4 of epoch 1, after its batches moved the weights: save_checkpoint refuses and
+    Checkpoint's end-of-training write does not happen; the checkpoint left is unit 3's (576 rows), which resumes
     to the uninterrupted weights."""
     ckpt = tmp_path / "ckpt"
     space = _setup_namespace()
@@ -163,7 +164,7 @@ def test_an_exception_between_chunk_boundaries_keeps_the_last_checkpoint(folder,
     def interrupted(self, data, order, learning_rate):
         losses = original(self, data, order, learning_rate)
         calls.append(1)
-        if len(calls) == 3:
+        if len(calls) == 4:
             raise _Stop
         return losses
 
@@ -183,7 +184,7 @@ def test_a_checkpoint_after_an_epochs_last_chunk_resumes_to_its_end(folder, tmp_
     """every_rows=1 writes after every chunk; stopped right after the last chunk of epoch 1 (before its record),
     the resume has nothing left to read in that epoch and still records its train_loss as the whole run does."""
     ckpt = tmp_path / "ckpt"
-    space, _ = _stopped(folder, ckpt, epoch=1, chunks=5, every_rows=1)  # 4 units of whole batches, the carry
+    space, _ = _stopped(folder, ckpt, epoch=1, chunks=8, every_rows=1)  # the 8th unit: the last 48 rows
     assert ortflow.checkpoint.read_manifest(ckpt)["position"]["rows"] == N
     whole = space["make"]("fwbw", folder).fit(space["source"](folder))
     _same_run(space["make"]("fwbw", folder).fit(space["source"](folder), resume_from=ckpt), whole)
@@ -232,18 +233,18 @@ def test_a_parquet_source_skips_rows_without_reading_whole_buffers(folder, key, 
     """``chunks(rng, skip_rows=700)`` yields the epoch's rows from row 700 on and leaves the random state as the
     whole epoch does; its first two 300-row buffers (4 of the 8 row groups) are not read, unless a split by key
     makes their rows unknown until read."""
-    from ortflow.sources import ParquetSource
+    from ortflow.sources import ParquetSource, ordered
 
     source = ParquetSource(folder / "data", target="y", columns=FEATURES, buffer_rows=300)
     if key is not None:
         source = source.split(0.25, key=key)[0]
     rng_whole, rng_skip = np.random.RandomState(5), np.random.RandomState(5)
-    whole = np.concatenate([y for _, y, _ in source.chunks(rng_whole)])
+    whole = np.concatenate([y for _, y, _ in map(ordered, source.chunks(rng_whole))])
     reads = []
     read = type(source)._read
     monkeypatch.setattr(type(source), "_read", lambda self, index: reads.append(index) or read(self, index))
     parts = list(source.chunks(rng_skip, skip_rows=700))
-    np.testing.assert_array_equal(np.concatenate([y for _, y, _ in parts]), whole[700:])
+    np.testing.assert_array_equal(np.concatenate([y for _, y, _ in map(ordered, parts)]), whole[700:])
     np.testing.assert_array_equal(rng_skip.get_state()[1], rng_whole.get_state()[1])
     assert len(reads) == (4 if key is None else 8)
 
@@ -300,3 +301,30 @@ def test_the_epoch_losses_are_covered_by_the_checksums(folder, tmp_path):
     with pytest.raises(CheckpointError, match="epoch_losses.npz does not match its checksum"):
         space["make"]("fwbw", folder).fit(space["source"](folder), resume_from=ckpt)
 
+
+
+def test_a_shuffling_dataloader_is_refused_for_checkpoints_inside_an_epoch(folder, tmp_path):
+    """A DataLoader with shuffle=True orders its epochs from torch's random state, which no checkpoint holds: a
+    resume inside an epoch would skip other rows than those trained. Checkpoint(every_rows=...) on it is refused
+    before any work, and so is a resume inside an epoch; shuffle=False replays, and resumes as the whole run."""
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    frame = pd.read_parquet(folder / "data")
+    data = TensorDataset(torch.from_numpy(frame[FEATURES].to_numpy(np.float32, copy=True)),
+                         torch.from_numpy(frame["y"].to_numpy(np.float32, copy=True)))
+    shuffled = ortflow.sources.IterableSource(DataLoader(data, batch_size=200, shuffle=True))
+    in_order = ortflow.sources.IterableSource(DataLoader(data, batch_size=200, shuffle=False))
+    assert not shuffled.replays_order and in_order.replays_order
+    space = _setup_namespace()
+    with pytest.raises(ValueError, match=r"Checkpoint\(every_rows=...\) on .*shuffle=True"):
+        space["make"]("fwbw", folder, [Checkpoint(tmp_path / "refused", every_rows=300)]).fit(shuffled)
+    assert not (tmp_path / "refused").exists()
+
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(_Stop):
+        space["make"]("fwbw", folder, [Checkpoint(ckpt, every_rows=300), _StopAt(2, 3)]).fit(in_order)
+    with pytest.raises(ValueError, match="stopped inside epoch 2 .*resume from a checkpoint at an epoch's end"):
+        space["make"]("fwbw", folder).fit(shuffled, resume_from=ckpt)
+    whole = space["make"]("fwbw", folder).fit(in_order)
+    _same_run(space["make"]("fwbw", folder).fit(in_order, resume_from=ckpt), whole)

@@ -149,7 +149,7 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         return self._rt_rate.value_at(samples_seen)
 
     def _train_epoch(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
-        feeds, y, w, n_samples = data.feeds, data.y, data.weight, data.n_samples
+        feeds, y, w, n_samples = data.feeds, data.y, data.weight, self._unit_rows(data, order)
         rate = self._rt_rate
         run_loss, grads, batches = self._rt_loss_fn.run_with_iobinding, self._rt_grad_fetches, self._rt_batches
         step = rate.stepper(learning_rate)

@@ -203,9 +203,11 @@ class Standardized:
         return self._standardize(*self.source.head(rows))
 
     def chunks(self, rng: np.random.RandomState | None,
-               skip_rows: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray, Any]]:
-        for X, y, w in (self.source.chunks(rng, skip_rows=skip_rows) if skip_rows else self.source.chunks(rng)):
-            yield self._standardize(X, y, w)
+               skip_rows: int = 0) -> Iterator[tuple]:
+        """The source's chunks standardized, each with the order of its rows when the source gives one."""
+        for X, y, w, *order in (self.source.chunks(rng, skip_rows=skip_rows) if skip_rows
+                                else self.source.chunks(rng)):
+            yield (*self._standardize(X, y, w), *order)
 
 
 def scan_labels(source) -> np.ndarray:
