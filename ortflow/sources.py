@@ -351,9 +351,12 @@ class _Reused:
         self.keep, self.arrays = keep, []
 
     def take(self, shape: tuple[int, ...], dtype) -> np.ndarray:
-        for array in self.arrays:
-            # held by this list, the loop and getrefcount's argument only: no view, frame or chunk refers to it
-            if array.shape == shape and array.dtype == dtype and sys.getrefcount(array) == 3:
+        # the reference counts of the arrays kept here and of a new array nothing else refers to, taken the same
+        # way (whatever references the interpreter holds or borrows while counting): a kept array counted once more
+        # than the new one (this list's reference) is referred to by no view, frame or chunk
+        counts = [sys.getrefcount(array) for array in [np.empty(0), *self.arrays]]
+        for array, count in zip(self.arrays, counts[1:]):
+            if array.shape == shape and array.dtype == dtype and count == counts[0] + 1:
                 return array
         array = np.empty(shape, dtype=dtype)
         self.arrays = [*self.arrays[-(self.keep - 1):], array]

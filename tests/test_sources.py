@@ -55,6 +55,28 @@ def test_every_row_once_per_epoch_in_a_reproducible_order(folder):
     np.testing.assert_array_equal(_rows(source, None), frame["x0"].to_numpy())  # no rng: file order
 
 
+def test_a_buffers_matrix_is_reused_only_once_nothing_refers_to_it(folder):
+    """Each buffer's feature matrix is written into an earlier buffer's once every chunk, frame and view of it is
+    gone: chunks a consumer keeps (all of them here, or views of them) still hold their own rows at the epoch's end,
+    and a consumer that lets each chunk go gets the same rows in fewer matrices."""
+    root, frame = folder
+    features = [f"x{i}" for i in range(D)]
+    source = ParquetSource(root, target="y", columns=features, buffer_rows=250)  # a buffer per row group
+    kept = [ordered(chunk) for chunk in source.chunks(None)]
+    views = [X.to_numpy()[::2] for X, _, _ in source.chunks(None)]
+    expected = frame[features].to_numpy(np.float32)
+    np.testing.assert_array_equal(np.concatenate([X.to_numpy() for X, _, _ in kept]), expected)
+    parts = np.split(expected, np.cumsum([len(X) for X, _, _ in kept])[:-1])
+    np.testing.assert_array_equal(np.concatenate(views), np.concatenate([part[::2] for part in parts]))
+    arrays = [X.to_numpy() for X, _, _ in kept]
+    assert len(arrays) > 3 and not any(np.shares_memory(a, b) for i, a in enumerate(arrays) for b in arrays[i + 1:])
+    let_go = []
+    for X, _, _ in source.chunks(None):
+        let_go.append(X.to_numpy().sum(axis=0))
+        del X
+    np.testing.assert_allclose(np.sum(let_go, axis=0), expected.sum(axis=0), rtol=1e-5)
+
+
 def test_the_buffer_mixes_rows_of_several_row_groups(folder):
     root, frame = folder
     group_of = dict(zip(frame["x0"], frame["id"] // 250))
