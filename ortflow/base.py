@@ -155,10 +155,9 @@ class BaseTrainer(BaseEstimator):
         if y is not None or sample_weight is not None:
             raise ValueError("fit(source, ...): the source holds the target and the sample weights; pass y=None")
         replays = replays_order(source)
-        if not replays and any(getattr(cb, "every_rows", None) for cb in self._callbacks()):
-            raise ValueError(f"Checkpoint(every_rows=...) on {source!r}, whose epochs come in an order drawn from "
-                             "torch's random state (a DataLoader with shuffle=True): a resume inside an epoch could "
-                             "not replay it; checkpoint at epoch ends (every_rows=None) or use shuffle=False")
+        if not replays and any(getattr(cb, "every_rows", None) for cb in self.callbacks or []):
+            raise ValueError(f"Checkpoint(every_rows=...) on {source!r}, {_NOT_REPLAYED}: a resume inside an epoch "
+                             "could not replay it; checkpoint at epoch ends (every_rows=None) or use shuffle=False")
         # a few rows set the graph up: the source's head when it has one (one row group read), else its first chunk
         first = source.head(max(2, self.batch_size)) if hasattr(source, "head") else next(iter(source.chunks(None)),
                                                                                            None)
@@ -172,8 +171,7 @@ class BaseTrainer(BaseEstimator):
         resume, self._resumed_progress = self._resumed_progress, None
         if resume is not None and resume.rows and not replays:
             raise ValueError(f"resume_from={str(resume_from)!r} stopped inside epoch {resume.epoch + 1} of {source!r}, "
-                             "whose epochs come in an order drawn from torch's random state (a DataLoader with "
-                             "shuffle=True): the rows trained before it cannot be told apart; resume from a "
+                             f"{_NOT_REPLAYED}: the rows trained before it cannot be told apart; resume from a "
                              "checkpoint at an epoch's end")
         if resume is not None and resume.rows and resume.epoch >= max_iter:
             raise ValueError(f"resume_from={str(resume_from)!r} stopped inside epoch {resume.epoch + 1}, which "
@@ -409,14 +407,15 @@ class BaseTrainer(BaseEstimator):
         losses, sizes = ([np.empty(0)], [np.empty(0)]) if progress is None else (progress.losses, progress.sizes)
         for data, order in chunks:
             chunk = self._train_epoch(data, order, learning_rate)
-            full = self._batch_sizes(self._unit_rows(data, order))
+            rows = self._unit_rows(data, order)
+            full = self._batch_sizes(rows)
             losses.append(np.asarray(chunk, dtype=np.float64))
             sizes.append(full[: len(chunk)])
             if len(chunk) < len(full) or not np.isfinite(chunk).all():
                 return np.concatenate(losses), np.concatenate(sizes), False
             if progress is not None:
                 progress.chunks += 1
-                progress.rows += int(full.sum())
+                progress.rows += rows
                 self._at_chunk = progress
                 try:
                     for cb in callbacks:
@@ -898,6 +897,10 @@ class _StreamedValidation:
 
     def __init__(self, chunks):
         self.chunks = chunks
+
+
+#: what a source that does not replay its epochs (:func:`ortflow.sources.replays_order`) is, in the errors
+_NOT_REPLAYED = "whose epochs come in an order drawn from torch's random state (a DataLoader with shuffle=True)"
 
 
 def _rows(data: TrainData, order, start: int, stop: int) -> TrainData:
