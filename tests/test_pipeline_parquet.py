@@ -4,7 +4,9 @@ The folder (4 files x 3 row groups, written here) is never read whole by the sta
 check them: the test metrics equal those of the same rows scored in memory by the trained model, the three-band
 split is stable and disjoint, the lineage is logged from the files' metadata, a bad column is named before any
 run, and a streamed training stopped inside an epoch and resumed from its logged mid-epoch checkpoint ends
-with the uninterrupted weights.
+with the uninterrupted weights. The module's chain takes the numbers-only path (``preprocess=none``: standardized
+outside the graph, gaps refused); a table with text, booleans, dates and gaps streams through the default
+``preprocess=auto``, its preprocessing fitted on the training sample and served with the model.
 """
 
 import functools
@@ -62,7 +64,7 @@ def table(tmp_path_factory):
 def _overrides(folder, uri, root, *more):
     return ["data=parquet", f"data.path={folder}", "data.target=y", "data.key=id", f"mlflow.tracking_uri={uri}",
             f"mlflow.root={root}", "trainer.max_iter=4", "trainer.batch_size=16", "data.sample_rows=200",
-            "data.buffer_rows=250", *more]
+            "data.buffer_rows=250", "preprocess=none", *more]
 
 
 def _band(frame: pd.DataFrame, low: float, high: float) -> pd.DataFrame:
@@ -172,12 +174,22 @@ def test_a_bad_column_is_named(table, compose_pipeline, override, words):
         assert word in str(info.value)
 
 
-def test_a_text_column_is_refused_pointing_at_data_file(tmp_path, compose_pipeline):
-    frame = _table().head(50).assign(city="Lyon")
+def test_a_column_the_preprocessing_cannot_take_is_named(tmp_path, compose_pipeline):
+    """Without preprocessing a text column is refused, pointing at preprocess=auto; with it, text passes and a
+    column of lists (no kind of the preprocessing) is refused by name, pointing at how to leave it out."""
+    frame = _table().head(50).assign(city="Lyon", tags=[[1, 2]] * 50)
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp_path / "t.parquet")
+    cfg = compose_pipeline("data=parquet", f"data.path={tmp_path / 't.parquet'}", "data.target=y",
+                           "preprocess=none")
+    with pytest.raises(DataError, match=r"non-numeric columns \['city', 'tags'\]: preprocess=auto"):
+        open_stream(cfg.data, cfg.preprocess)
     cfg = compose_pipeline("data=parquet", f"data.path={tmp_path / 't.parquet'}", "data.target=y")
-    with pytest.raises(DataError, match=r"non-numeric columns \['city'\].*data=file"):
-        open_stream(cfg.data)
+    with pytest.raises(DataError, match=r"\['tags \(list<element: int64>\)'\]: leave them out"):
+        open_stream(cfg.data, cfg.preprocess)
+    cfg = compose_pipeline("data=parquet", f"data.path={tmp_path / 't.parquet'}", "data.target=y", "data.key=id",
+                           "+preprocess.columns.tags=drop")
+    stream, _ = open_stream(cfg.data, cfg.preprocess)
+    assert "city" in stream.columns and "tags" not in stream.columns
 
 
 @pytest.mark.parametrize("where,stage", [("sample", None), ("training", "train"), ("test", "convert")])
@@ -264,9 +276,11 @@ def test_a_streamed_training_stopped_inside_an_epoch_and_resumed_ends_with_the_u
 
 
 def test_a_streamed_classifier_scores_its_test_part_as_in_memory(tmp_path, new_sqlite_store, run_chain_clean):
-    """Text labels, split by file names (no key): the classes come from a scan of the training part's target, the
-    metrics of the whole test part (its files) equal those of the same rows in memory."""
+    """Text labels, split by file names (no key), the features through the default preprocessing (in the graph):
+    the classes come from a scan of the training part's target, the metrics of the whole test part (its files)
+    equal those of the same rows in memory."""
     from pipelines.modeling.metrics import classification_metrics
+    from pipelines.modeling.predictions import session_feeds
 
     folder = tmp_path / "labels"
     folder.mkdir()
@@ -288,11 +302,56 @@ def test_a_streamed_classifier_scores_its_test_part_as_in_memory(tmp_path, new_s
     path = mlflow.artifacts.download_artifacts(run_id=evaluate, artifact_path="graphs/deploy_model.onnx",
                                                tracking_uri=uri)
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    proba = session.run(["output_probability"],
-                        {session.get_inputs()[0].name: test[["a", "b", "c"]].to_numpy(np.float32)})[0]
+    assert [i.name for i in session.get_inputs()] == ["a", "b", "c"]  # the raw columns: the scaling is in the graph
+    proba = session.run(["output_probability"], session_feeds(session, test[["a", "b", "c"]]))[0]
     expected = classification_metrics(test["y"].to_numpy().astype(str), proba, split.classes, per_class=True)
     for key, value in expected.items():  # the same probabilities, scored once: equal but for summation order
         assert logged[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+
+
+def _shop(n: int = 1200, seed: int = 3) -> pd.DataFrame:
+    """Sales with a number (one gap), text with gaps, a boolean and a date: the target depends on each of them."""
+    rng = np.random.default_rng(seed)
+    city = rng.choice(np.array(["paris", "lyon", "nice", None], dtype=object), size=n)
+    day = pd.Timestamp("2025-01-01") + pd.to_timedelta(rng.integers(0, 365, n), unit="D")
+    frame = pd.DataFrame({"id": np.arange(n), "price": rng.normal(10.0, 3.0, n), "city": city,
+                          "member": rng.random(n) > 0.5, "day": day})
+    effect = pd.Series(city).map({"paris": 2.0, "lyon": -1.0, "nice": 0.0}).fillna(0.5).to_numpy()
+    frame["y"] = (0.5 * frame["price"] + effect + 1.5 * frame["member"] + 0.3 * frame["day"].dt.month
+                  + rng.normal(scale=0.05, size=n))
+    frame.loc[7, "price"] = np.nan  # a gap: the graph's imputer fills it
+    return frame
+
+
+def test_a_table_with_text_booleans_dates_and_gaps_streams_through_the_preprocessing(tmp_path, new_sqlite_store,
+                                                                                     run_chain_clean):
+    """``preprocess=auto`` (the default) on a streamed table: the preprocessing is fitted on the training sample
+    and frozen in the graph, every part streams as raw columns, and the registered model takes the raw rows. Its
+    predictions on the test rows read whole (one chunk in evaluate too: the same batch) give the logged metrics."""
+    from pipelines.modeling.metrics import regression_metrics
+
+    frame = _shop()
+    folder = tmp_path / "shop"
+    folder.mkdir()
+    for k, rows in enumerate(np.array_split(np.arange(len(frame)), 3)):
+        pq.write_table(pa.Table.from_pandas(frame.iloc[rows], preserve_index=False), folder / f"p{k}.parquet",
+                       row_group_size=100)
+    uri = new_sqlite_store(tmp_path / "mlflow.db")
+    result = run_chain_clean(["data=parquet", f"data.path={folder}", "data.target=y", "data.key=id",
+                              f"mlflow.tracking_uri={uri}", f"mlflow.root={tmp_path}", "trainer.max_iter=30",
+                              "data.sample_rows=300", "data.buffer_rows=100000"], tmp_path / "work")
+    split = Split.load(tmp_path / "work" / "convert" / "split.npz")
+    assert split.column_kinds() == {"price": "number", "city": "text", "member": "bool", "day": "date"}
+    logged = MlflowClient(uri).get_run(result.stage_run_ids["evaluate"]).data.metrics
+    test = _band(frame, 0.0, TEST)
+    assert logged["n_test"] == len(test)
+    assert logged["test_r2"] > 0.99  # the text, the boolean and the date's month carry the target too
+    mlflow.set_tracking_uri(uri)
+    served = mlflow.pyfunc.load_model("models:/ortflow-shop-linear/1")
+    predicted = np.asarray(served.predict(test[["price", "city", "member", "day"]])).reshape(-1)
+    for key, value in regression_metrics(test["y"].to_numpy(), predicted).items():
+        # the same rows in one batch through the same graph: equal predictions, metrics summed in another order
+        assert logged[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
 
 @pytest.mark.slow

@@ -263,6 +263,39 @@ def test_numpy_arrow_and_iterable_sources_train_the_same_rows(folder, start, tmp
             np.testing.assert_array_equal(state[name], value, err_msg=type(source).__name__)
 
 
+@pytest.mark.parametrize("kind", ["full", "fwbw"])
+def test_a_source_of_mixed_columns_feeds_them_as_an_in_memory_frame_does(tmp_path, kind):
+    """Numbers and text in one file: each chunk is a frame of the columns, mapped to the graph's inputs (one per
+    column, the one-hot encoding in the graph) as an in-memory DataFrame is: the same weights, unshuffled and
+    shuffled (against an in-memory fit on the rows ``ordered`` lists)."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    rng = np.random.default_rng(2)
+    frame = pd.DataFrame({"a": rng.normal(size=900).astype(np.float32), "b": rng.normal(size=900).astype(np.float32),
+                          "city": rng.choice(["paris", "lyon", "nice"], size=900)})
+    frame["y"] = (2 * frame["a"] - frame["b"] + frame["city"].map({"paris": 1.0, "lyon": -1.0, "nice": 0.0})
+                  ).astype(np.float32)
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp_path / "t.parquet", row_group_size=200)
+    X = frame[["a", "b", "city"]]
+    preprocessing = ColumnTransformer([("numbers", StandardScaler(), ["a", "b"]), ("text", OneHotEncoder(), ["city"])])
+    onx = ortflow.to_onnx(make_pipeline(preprocessing, LinearRegression()).fit(X[:60], np.zeros(60)), X[:1])
+    assert [i.name for i in onx.graph.input] == ["a", "b", "city"]
+    source = ParquetSource(tmp_path / "t.parquet", target="y", buffer_rows=300)
+    streamed = _trainer(kind, onx, shuffle=False).fit(source)
+    in_memory = _trainer(kind, onx, shuffle=False).fit(X, frame["y"])
+    chunks = [ordered(chunk) for chunk in source.chunks(np.random.RandomState(0))]
+    shuffled = _trainer(kind, onx, max_iter=1).fit(source)
+    in_order = _trainer(kind, onx, max_iter=1, shuffle=False).fit(
+        pd.concat([X for X, _, _ in chunks], ignore_index=True), np.concatenate([y for _, y, _ in chunks]))
+    assert list(streamed.feature_names_in_) == ["a", "b", "city"]
+    for name, value in in_memory.get_state().items():
+        np.testing.assert_array_equal(streamed.get_state()[name], value)
+        np.testing.assert_array_equal(shuffled.get_state()[name], in_order.get_state()[name])
+    assert streamed.train_losses_[-1] < 0.5 * streamed.train_losses_[0]
+
+
 def test_a_source_refuses_a_separate_y(folder, start):
     root, _ = folder
     with pytest.raises(ValueError, match="the source holds the target"):

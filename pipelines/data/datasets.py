@@ -55,12 +55,14 @@ class Split:
 
         return Stream.from_json(self.stream).parts()
 
-    def standardized(self, source, part: str = "training"):
-        """``source`` standardized as this split's training rows were (:class:`pipelines.data.streams.Standardized`)."""
-        from .streams import Standardized
+    def prepared(self, source, part: str = "training"):
+        """``source`` prepared as this split's training rows were (:class:`pipelines.data.streams.Prepared`):
+        standardized, or a table's raw columns in the kinds of its training sample."""
+        from .streams import Prepared
 
-        return Standardized(source, self.x_mean.astype(np.float64), self.x_scale.astype(np.float64), self.y_mean,
-                            self.y_scale, self.classes if self.task == "classification" else self.classes[:0], part)
+        return Prepared(source, self.x_mean.astype(np.float64), self.x_scale.astype(np.float64), self.y_mean,
+                        self.y_scale, self.classes if self.task == "classification" else self.classes[:0], part,
+                        self.column_kinds() if self.is_table else None)
 
     @property
     def is_table(self) -> bool:
@@ -234,7 +236,7 @@ def make_split(data: DictConfig, notes: dict | None = None, preprocess: DictConf
 
     notes = {} if notes is None else notes
     if data_loader(data) == "parquet":
-        return stream_split(data)
+        return stream_split(data, preprocess)
     X, y, names = load_dataset(data, notes, preprocess)
     table = not isinstance(X, np.ndarray)
     # images, token ids: the graph's own input, never standardized (no statistics: raw_X gives them back as they are)
@@ -295,17 +297,28 @@ def standardized_split(data: DictConfig, task: str, train: tuple, valid: tuple, 
     )
 
 
-def stream_split(data: DictConfig) -> Split:
+def stream_split(data: DictConfig, preprocess: DictConfig | None = None) -> Split:
     """``data=parquet``: the table split by a stable hash (:mod:`pipelines.data.streams`), never read whole; the
-    Split holds the first ``data.sample_rows`` rows of each part, standardized with the training sample's
-    statistics, and the description later stages stream the parts from."""
-    from .streams import labels_like, open_stream, sample, scan_labels
+    Split holds the first ``data.sample_rows`` rows of each part and the description later stages stream the parts
+    from. With ``preprocess=auto`` the samples are the raw columns (their kinds read from the training sample), the
+    preprocessing ``convert`` fits scales them inside the graph; without, they are standardized with the training
+    sample's statistics."""
+    from .streams import labels_like, open_stream, raw_rows, sample, scan_labels
+    from .tables import column_kind, column_treatments
 
-    stream, parts = open_stream(data)
+    stream, parts = open_stream(data, preprocess)
+    treatments = column_treatments(preprocess)
     rows = int(data.sample_rows)
-    X_train, y_train = sample(parts["train"], rows)
-    X_test, y_test = sample(parts["test"], rows)
-    X_valid, y_valid = sample(parts["validation"], rows) if "validation" in parts else (X_train[:0], y_train[:0])
+    kinds = None
+    if treatments is None:
+        X_train, y_train = sample(parts["train"], rows)
+    else:  # the kinds of the training sample's columns hold for every chunk of every part
+        raw, y_raw, _ = parts["train"].head(rows)
+        kinds = {c: column_kind(raw[c], treatments.get(c)) for c in stream.columns}
+        X_train, y_train = raw_rows(parts["train"], raw, y_raw, "sample", kinds)
+    X_test, y_test = sample(parts["test"], rows, kinds)
+    X_valid, y_valid = (sample(parts["validation"], rows, kinds) if "validation" in parts
+                        else (X_train[:0], y_train[:0]))
     task = str(data.task)
     where = f"data.target={stream.target!r} of {stream.path}"
     classes = np.array([], dtype=np.float64)
@@ -322,4 +335,5 @@ def stream_split(data: DictConfig) -> Split:
     if len(y_train) < 2:
         raise DataError(f"the training part of {stream.path} holds {len(y_train)} rows: too few to train on")
     return standardized_split(data, task, (X_train, y_train), (X_valid, y_valid), (X_test, y_test), stream.columns,
-                              classes, stream=stream.to_json())
+                              classes, plain=kinds is not None, kinds=list((kinds or {}).values()),
+                              stream=stream.to_json())

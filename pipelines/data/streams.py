@@ -5,10 +5,16 @@ hashes in ``[0, test_size)`` are the test part, in ``[test_size, test_size + val
 part, the rest the training part; without ``data.key`` whole files go to a part by the hash of their name. The
 same rows on every run and machine, whatever else changes.
 
+The columns follow ``preprocess`` as a table read whole (``data=file``) does. With ``preprocess=auto`` (the
+default) they stay raw: numbers, booleans, text, categories and dates, each chunk's columns put in the form of
+their kind (:func:`pipelines.data.tables.table_frame`, the kinds of the training part's first rows); ``convert``
+fits the preprocessing on the training sample and it becomes the front of the graph, so gaps are imputed there. With
+``preprocess=none`` the features must be numbers without gaps, standardized with the training sample's statistics.
+
 What is read whole: nothing. What is sampled: the first ``data.sample_rows`` rows of each part (``convert`` fits the
-scikit-learn start and reference and the standardization on the training sample; ``export`` takes its input example
-and checks the registered graph on the test sample). What streams: training epochs and validation
-(:class:`Standardized` over the parts), the test metrics (``evaluate``) and the scikit-learn baselines' test metrics
+scikit-learn start and reference and the preprocessing or standardization on the training sample; ``export`` takes
+its input example and checks the registered graph on the test sample). What streams: training epochs and validation
+(:class:`Prepared` over the parts), the test metrics (``evaluate``) and the scikit-learn baselines' test metrics
 (``convert``), chunk by chunk.
 
 The split's description (:class:`Stream`, JSON in ``split.npz``) is what later stages open the parts from, so a
@@ -63,10 +69,12 @@ class Stream:
         return dict(zip(("train", "test", "validation"), parts))
 
 
-def open_stream(data: DictConfig) -> tuple[Stream, dict[str, Any]]:
+def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple[Stream, dict[str, Any]]:
     """The configured table checked and split: ``(Stream, {part: ParquetSource})``. A :class:`DataError` names a
-    missing path, target, key or feature column, a non-numeric feature and an empty part."""
+    missing path, target, key or feature column, a column ``preprocess`` cannot take (without preprocessing, a
+    non-numeric one) and an empty part. ``preprocess.columns.<column>=drop`` leaves a column out."""
     from ..base.paths import user_path
+    from .tables import column_treatments
 
     path = user_path(str(data.path)).resolve()
     if not path.exists():
@@ -76,6 +84,11 @@ def open_stream(data: DictConfig) -> tuple[Stream, dict[str, Any]]:
     for role, name in (("data.target", target), ("data.key", key)):
         if name is not None and name not in schema.names:
             raise DataError(f"{role}={name!r} is not a column of {path}; its columns: {schema.names}")
+    treatments = column_treatments(preprocess)
+    unknown = sorted(set(treatments or ()) - set(schema.names))
+    if unknown:
+        raise DataError(f"preprocess.columns names columns {unknown} missing from {path}; its columns: "
+                        f"{schema.names}")
     if data.features:
         columns = [str(c) for c in data.features]
         missing = [c for c in columns if c not in schema.names]
@@ -86,13 +99,21 @@ def open_stream(data: DictConfig) -> tuple[Stream, dict[str, Any]]:
             raise DataError(f"data.features includes the target or the split key: {[target, key]}")
     else:
         columns = [n for n in schema.names if n not in (target, key)]
+    columns = [c for c in columns if (treatments or {}).get(c) != "drop"]
     if not columns:
         raise DataError(f"{path} has no feature column besides the target {target!r}")
-    other = [c for c in columns if not _numeric(schema.field(c).type)]
-    if other:
-        raise DataError(f"data=parquet trains on numeric columns only, and {path} has the non-numeric columns "
-                        f"{other}: list the numeric ones in data.features=[...], or read the table whole with "
-                        "data=file (its preprocessing encodes text, dates and gaps)")
+    if treatments is None:
+        other = [c for c in columns if not _numeric(schema.field(c).type)]
+        if other:
+            raise DataError(f"data=parquet with preprocess=none trains on numeric columns only, and {path} has the "
+                            f"non-numeric columns {other}: preprocess=auto (the default) encodes text, categories, "
+                            "dates and booleans inside the graph, or list the numeric ones in data.features=[...]")
+    else:
+        other = [f"{c} ({schema.field(c).type})" for c in columns if not _tabular(schema.field(c).type)]
+        if other:
+            raise DataError(f"data=parquet takes columns of numbers, booleans, text, categories and dates, and "
+                            f"{path} has the columns {other}: leave them out with data.features=[...] or "
+                            "preprocess.columns.<column>=drop")
     stream = Stream(str(path), target, tuple(columns), key, float(data.test_size),
                     float(data.validation_fraction), int(data.buffer_rows))
     try:
@@ -121,10 +142,36 @@ def _numeric(arrow_type) -> bool:
     return pt.is_integer(arrow_type) or pt.is_floating(arrow_type) or pt.is_boolean(arrow_type)
 
 
-def sample(source, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``rows`` rows of ``source`` as ``(X float64 matrix, y)``."""
+def _tabular(arrow_type) -> bool:
+    """A column ``preprocess=auto`` takes: a number, a boolean, text, a category (dictionary of text) or a date."""
+    import pyarrow.types as pt
+
+    if pt.is_dictionary(arrow_type):
+        return _tabular(arrow_type.value_type)
+    return (_numeric(arrow_type) or pt.is_string(arrow_type) or pt.is_large_string(arrow_type)
+            or pt.is_date(arrow_type) or pt.is_timestamp(arrow_type))
+
+
+def sample(source, rows: int, kinds: dict[str, str] | None = None) -> tuple[Any, np.ndarray]:
+    """The first ``rows`` rows of ``source`` as ``(X, y)`` (:func:`raw_rows`)."""
     X, y, _ = source.head(rows)
-    return finite(source, np.asarray(X, dtype=np.float64), np.asarray(y), "sample")
+    return raw_rows(source, X, y, "sample", kinds)
+
+
+def raw_rows(source, X, y, where: str, kinds: dict[str, str] | None = None) -> tuple[Any, np.ndarray]:
+    """``(X, y)`` of a chunk of ``source`` before any scaling: without ``kinds`` a float64 matrix whose values are
+    all finite (:func:`finite`); with ``kinds`` (``preprocess=auto``: each column's kind, from the training sample)
+    the DataFrame of the columns in the form of their kind (:func:`pipelines.data.tables.table_frame`: a gap stays a
+    gap, the preprocessing imputes it), the target checked."""
+    if kinds is None:
+        return finite(source, np.asarray(X, dtype=np.float64), np.asarray(y), where)
+    from .tables import table_frame
+
+    y = np.asarray(y)
+    if y.dtype.kind == "f" and not np.isfinite(y).all():
+        raise DataError(f"data.path={source.path!r}: the target {source.target!r} holds missing or non-finite values "
+                        f"(in the {where} rows): fill or drop those rows in the table")
+    return table_frame(X, file=f"{source.path} ({where} rows)", kinds=kinds), y
 
 
 def finite(source, X: np.ndarray, y: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -137,9 +184,9 @@ def finite(source, X: np.ndarray, y: np.ndarray, where: str) -> tuple[np.ndarray
         columns.append(f"{source.target} (the target)")
     if columns:
         raise DataError(f"data.path={source.path!r}: column(s) {columns} hold missing or non-finite values (in the "
-                        f"{where} rows): data=parquet feeds numeric columns as they are; fill or drop the gaps in "
-                        "the table, or read it whole with data=file, whose preprocessing imputes them "
-                        "(data.drop_invalid=true drops those rows)")
+                        f"{where} rows): data=parquet with preprocess=none feeds numeric columns as they are; fill or "
+                        "drop the gaps in the table, or use preprocess=auto (the default), whose preprocessing "
+                        "imputes them in the graph")
     return X, y
 
 
@@ -174,16 +221,17 @@ def labels_like(y, classes: np.ndarray) -> np.ndarray:
     return y.astype(np.int64) if classes.dtype.kind in "iu" else y.astype(str)
 
 
-class Standardized:
-    """A :class:`ortflow.sources.BatchSource` over ``source`` that standardizes as the in-memory split does:
-    features ``(X - x_mean) / x_scale`` in float32, a regression target ``(y - y_mean) / y_scale``, a classifier's
-    labels as the split's classes have them."""
+class Prepared:
+    """A :class:`ortflow.sources.BatchSource` over ``source`` whose chunks are what the split's training rows were:
+    the features standardized ``(X - x_mean) / x_scale`` in float32, or with ``kinds`` (``preprocess=auto``) the raw
+    columns in the form of their kind (the graph's preprocessing scales them); a regression target
+    ``(y - y_mean) / y_scale``, a classifier's labels as the split's classes have them."""
 
     def __init__(self, source, x_mean: np.ndarray, x_scale: np.ndarray, y_mean: float, y_scale: float,
-                 classes: np.ndarray, part: str = "training"):
+                 classes: np.ndarray, part: str = "training", kinds: dict[str, str] | None = None):
         self.source, self.x_mean, self.x_scale = source, x_mean, x_scale
         self.y_mean, self.y_scale, self.classes = y_mean, y_scale, classes
-        self.n_rows, self.part = source.n_rows, part
+        self.n_rows, self.part, self.kinds = source.n_rows, part, kinds
         self.skips_rows = getattr(source, "skips_rows", False)  # a resume inside an epoch skips without reading
 
     def identity(self) -> dict:
@@ -192,22 +240,23 @@ class Standardized:
 
         return source_identity(self.source)
 
-    def _standardize(self, X, y, w) -> tuple[np.ndarray, np.ndarray, Any]:
-        X, y = finite(self.source, np.asarray(X, dtype=np.float64), np.asarray(y), self.part)
-        X = ((X - self.x_mean) / self.x_scale).astype(np.float32)
+    def _prepare(self, X, y, w) -> tuple[Any, np.ndarray, Any]:
+        X, y = raw_rows(self.source, X, y, self.part, self.kinds)
+        if self.kinds is None:
+            X = ((X - self.x_mean) / self.x_scale).astype(np.float32)
         if len(self.classes):
             return X, labels_like(y, self.classes), w
         return X, ((y.astype(np.float64) - self.y_mean) / self.y_scale).astype(np.float32), w
 
     def head(self, rows: int):
-        return self._standardize(*self.source.head(rows))
+        return self._prepare(*self.source.head(rows))
 
     def chunks(self, rng: np.random.RandomState | None,
                skip_rows: int = 0) -> Iterator[tuple]:
-        """The source's chunks standardized, each with the order of its rows when the source gives one."""
+        """The source's chunks prepared, each with the order of its rows when the source gives one."""
         for X, y, w, *order in (self.source.chunks(rng, skip_rows=skip_rows) if skip_rows
                                 else self.source.chunks(rng)):
-            yield (*self._standardize(X, y, w), *order)
+            yield (*self._prepare(X, y, w), *order)
 
 
 def scan_labels(source) -> np.ndarray:

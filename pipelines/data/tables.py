@@ -88,11 +88,17 @@ def read_table(data: DictConfig, preprocess: DictConfig | None = None) -> Table:
     return _LAST[key]
 
 
-def _treatments(preprocess: DictConfig | None) -> tuple | None:
-    """None without preprocessing (numbers only), else the per-column treatments as a sorted tuple."""
+def column_treatments(preprocess: DictConfig | None) -> dict[str, str] | None:
+    """None without preprocessing (numbers only), else ``preprocess.columns``: ``{column: treatment}``."""
     if preprocess is None or str(preprocess.name) != "auto":
         return None
-    return tuple(sorted((str(k), str(v)) for k, v in (preprocess.get("columns") or {}).items()))
+    return {str(k): str(v) for k, v in (preprocess.get("columns") or {}).items()}
+
+
+def _treatments(preprocess: DictConfig | None) -> tuple | None:
+    """:func:`column_treatments` as a sorted tuple (a key of the table read last)."""
+    treatments = column_treatments(preprocess)
+    return None if treatments is None else tuple(sorted(treatments.items()))
 
 
 _LAST: dict[tuple, Table] = {}
@@ -174,18 +180,20 @@ def column_kind(column, treatment: str | None = None) -> str:
     return "text"
 
 
-def table_frame(frame, treatments: dict[str, str] | None = None, file: str = "the table"):
-    """The feature columns in the form the preprocessing and the graph take, by kind (:func:`column_kind`):
+def table_frame(frame, treatments: dict[str, str] | None = None, file: str = "the table",
+                kinds: dict[str, str] | None = None):
+    """The feature columns in the form the preprocessing and the graph take, by kind (:func:`column_kind`, or
+    ``kinds``, the kinds fixed earlier: a streamed table's chunks take those of its first rows):
     numbers float64 (gaps NaN), booleans 0/1 float64, text strings (gaps :data:`TEXT_MISSING`), dates
     ``datetime64[ns]`` (gaps NaT). A column the treatment makes a number or a date that does not parse is a
     DataError naming it."""
     import pandas as pd
 
-    treatments = treatments or {}
+    treatments, kinds = treatments or {}, kinds or {}
     out = {}
     for name in frame.columns:
         column = frame[name]
-        kind = column_kind(column, treatments.get(name))
+        kind = kinds.get(name) or column_kind(column, treatments.get(name))
         if kind == "number":
             values = pd.to_numeric(column, errors="coerce")
             bad = values.isna() & column.notna()

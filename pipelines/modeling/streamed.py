@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..data.datasets import Split
-from ..data.streams import finite, labels_like
+from ..data.streams import labels_like, raw_rows
 from .metrics import StreamedMetrics
 
 #: the test rows whose predictions are kept for the plots
@@ -32,15 +32,17 @@ class StreamedTest:
 def streamed_test(split: Split, predictors: Mapping[str, Callable[[np.ndarray], np.ndarray]],
                   per_class: tuple[str, ...] = (), keep_rows: int = PLOT_ROWS) -> StreamedTest:
     """Stream the test part of ``split`` once: ``predictors[label](X_raw)`` answers in the target's units (or class
-    probabilities) for the raw float64 features of a chunk; metrics named with ``PREFIX[label]``."""
+    probabilities) for the raw features of a chunk (float64, or a table's columns: :func:`raw_rows`); metrics named
+    with ``PREFIX[label]``."""
     classes = split.classes if split.task == "classification" else split.classes[:0]
     scores = {label: StreamedMetrics(split.task, split.classes, PREFIX[label], label in per_class)
               for label in predictors}
     kept_y, kept = [], {label: [] for label in predictors}
     n_rows = 0
     test = split.stream_parts()["test"]
+    kinds = split.column_kinds() if split.is_table else None
     for X, y, _ in test.chunks(None):
-        X, y = finite(test, np.asarray(X, dtype=np.float64), np.asarray(y), "test")
+        X, y = raw_rows(test, X, y, "test", kinds)
         y = labels_like(y, classes) if len(classes) else y.astype(np.float64)
         room = max(keep_rows - n_rows, 0)
         n_rows += len(y)

@@ -109,8 +109,9 @@ def convert(ctx: StageContext) -> dict:
         from ..modeling.streamed import streamed_test
 
         def predictor(model):
-            def predict(X: np.ndarray) -> np.ndarray:
-                return test_predictions(model, ((X - split.x_mean) / split.x_scale).astype(np.float32))
+            def predict(X: np.ndarray) -> np.ndarray:  # a table's columns as they are, else standardized
+                return test_predictions(model, X if split.is_table else
+                                        ((X - split.x_mean) / split.x_scale).astype(np.float32))
             return predict
 
         scored = streamed_test(split, {"sklearn": predictor(reference), "start": predictor(estimator)})

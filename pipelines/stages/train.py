@@ -64,10 +64,10 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
     if resume is not None and resume.run_id:
         trainer_callbacks.append(MarkResumed(ctx.tracking, resume.run_id, ctx.run_id))  # the killed run ends KILLED
     estimator = build_trainer(cfg, graph, trainer_callbacks)
-    if split.streamed:  # data=parquet: epochs and validation read the parts chunk by chunk, standardized
+    if split.streamed:  # data=parquet: epochs and validation read the parts chunk by chunk, prepared as the sample
         parts = split.stream_parts()
-        X, y = split.standardized(parts["train"]), None
-        validation = split.standardized(parts["validation"], "validation") if "validation" in parts else None
+        X, y = split.prepared(parts["train"]), None
+        validation = split.prepared(parts["validation"], "validation") if "validation" in parts else None
     else:
         X, y = split.X_train, split.y_train
         validation = (split.X_valid, split.y_valid) if split.has_validation else None
