@@ -79,21 +79,35 @@ def metric_suffix(label) -> str:
 
 class StreamedMetrics:
     """The metrics of :func:`regression_metrics` / :func:`classification_metrics` over predictions that arrive
-    chunk by chunk (``data=parquet``'s test part). Regression keeps sufficient statistics only (rows, sums of the
-    absolute and squared errors, the target's mean and sum of squared deviations, merged chunk by chunk as Chan et
-    al. do): R² without the predictions. Classification keeps the labels and the float32 probabilities (ROC AUC
-    ranks every row), then scores them once."""
+    chunk by chunk (``data=parquet``'s test part), in bounded memory. Regression keeps sufficient statistics only
+    (rows, sums of the absolute and squared errors, the target's mean and sum of squared deviations, merged chunk by
+    chunk as Chan et al. do): R² without the predictions. Classification keeps the labels and the float32
+    probabilities of the first ``exact_rows`` rows and scores them with :func:`classification_metrics`; past them it
+    folds every row into a :class:`ClassificationTally` (counts, summed log loss, histograms of the scores)."""
 
-    def __init__(self, task: str, classes: np.ndarray, prefix: str = "test_", per_class: bool = False):
+    def __init__(self, task: str, classes: np.ndarray, prefix: str = "test_", per_class: bool = False,
+                 exact_rows: int = 1 << 20):
         self.task, self.classes, self.prefix, self.per_class = task, np.asarray(classes), prefix, per_class
         self.n, self.sse, self.sae, self.mean, self.m2, self.finite = 0, 0.0, 0.0, 0.0, 0.0, True
+        self.exact_rows, self.held = int(exact_rows), 0
         self.labels: list[np.ndarray] = []
         self.probabilities: list[np.ndarray] = []
+        self.tally: ClassificationTally | None = None
 
     def update(self, y_true: np.ndarray, predicted: np.ndarray) -> None:
         if self.task == "classification":
-            self.labels.append(np.asarray(y_true))
-            self.probabilities.append(np.asarray(predicted, dtype=np.float32))
+            y, proba = np.asarray(y_true), np.asarray(predicted, dtype=np.float32)
+            if self.tally is None and self.held + len(y) <= self.exact_rows:
+                self.labels.append(y)
+                self.probabilities.append(proba)
+                self.held += len(y)
+                return
+            if self.tally is None:  # past exact_rows: the rows held go into the tally, and every row after them
+                self.tally = ClassificationTally(self.classes)
+                for held_y, held_proba in zip(self.labels, self.probabilities):
+                    self.tally.update(held_y, held_proba)
+                self.labels, self.probabilities = [], []
+            self.tally.update(y, proba)
             return
         y, p = np.asarray(y_true, dtype=np.float64), np.asarray(predicted, dtype=np.float64)
         if not len(y):
@@ -111,6 +125,8 @@ class StreamedMetrics:
 
     def result(self) -> dict[str, float]:
         if self.task == "classification":
+            if self.tally is not None:
+                return self.tally.result(self.prefix, self.per_class)
             return classification_metrics(np.concatenate(self.labels), np.concatenate(self.probabilities),
                                           self.classes, self.prefix, per_class=self.per_class)
         if not self.finite:
@@ -118,3 +134,94 @@ class StreamedMetrics:
         r2 = 1.0 - self.sse / self.m2 if self.m2 > 0 else (1.0 if self.sse == 0 else 0.0)
         return {f"{self.prefix}mse": self.sse / self.n, f"{self.prefix}mae": self.sae / self.n,
                 f"{self.prefix}r2": r2}
+
+
+#: the histograms' bins of all the ROC curves of a :class:`ClassificationTally` together (int64 counts: 16 MB)
+SCORE_BINS = 1 << 20
+_ONE_BITS = int(np.float32(1.0).view(np.uint32))  # the bit pattern of 1.0: [0, 1]'s float32 values lie below it
+
+
+class ClassificationTally:
+    """What :func:`classification_metrics` computes, in memory that does not grow with the rows: per class the
+    rows predicted, the rows labelled and the rows both (accuracy, macro F1, precision, recall), the summed log
+    loss, and for each ROC curve (class 1's for two classes, each class against the rest for more) histograms of
+    the float32 scores of its positive and negative rows. A histogram bin holds the scores sharing their float32
+    bit pattern but its last ``shift`` bits (:attr:`shift`: 10 for two classes, one more per doubling of the
+    curves): scores that close (relatively 2^-(23 - shift)) count as ties, half a pair each, as equal scores do in
+    scikit-learn's ``roc_auc_score``. The AUC is off by at most half the share of positive-negative pairs that
+    share a bin (:meth:`auc_bound`); the other metrics are exact but for the order of their sums."""
+
+    def __init__(self, classes: np.ndarray):
+        self.classes = np.asarray(classes)
+        k = len(self.classes)
+        self.curves = [1] if k == 2 else list(range(k))
+        self.shift = 10 + int(np.ceil(np.log2(len(self.curves))))
+        bins = (_ONE_BITS >> self.shift) + 1
+        self.positive = np.zeros((len(self.curves), bins), dtype=np.int64)
+        self.negative = np.zeros_like(self.positive)
+        self.predicted, self.labelled, self.correct = (np.zeros(k, dtype=np.int64) for _ in range(3))
+        self.n, self.log_loss, self.finite = 0, 0.0, True
+
+    def update(self, y_true: np.ndarray, proba: np.ndarray) -> None:
+        y_true, proba = np.asarray(y_true), np.asarray(proba, dtype=np.float32)
+        k = len(self.classes)
+        if proba.ndim != 2 or proba.shape != (len(y_true), k):
+            raise ValueError(f"probabilities of shape {proba.shape} for {len(y_true)} rows and {k} classes")
+        if not len(y_true):
+            return
+        if not np.isfinite(proba).all():
+            self.finite = False
+            return
+        order = np.argsort(self.classes)
+        found = np.searchsorted(self.classes, y_true, sorter=order)
+        truth = order[np.minimum(found, k - 1)]
+        unknown = self.classes[truth] != y_true
+        if unknown.any():
+            raise ValueError(f"label {y_true[unknown][0].item()!r} is not among the classes {self.classes.tolist()}")
+        guess = np.argmax(proba, axis=1)
+        self.n += len(y_true)
+        self.predicted += np.bincount(guess, minlength=k)
+        self.labelled += np.bincount(truth, minlength=k)
+        self.correct += np.bincount(truth[guess == truth], minlength=k)
+        eps = np.finfo(np.float64).eps
+        normalized = _rows_summing_to_one(proba.astype(np.float64))
+        self.log_loss -= float(np.log(np.clip(normalized[np.arange(len(truth)), truth], eps, 1 - eps)).sum())
+        bins = self.positive.shape[1]
+        for curve, c in enumerate(self.curves):
+            scores = (np.clip(proba[:, c], 0.0, 1.0) + np.float32(0.0)).view(np.uint32) >> self.shift  # no -0.0
+            positive = truth == c
+            self.positive[curve] += np.bincount(scores[positive], minlength=bins)
+            self.negative[curve] += np.bincount(scores[~positive], minlength=bins)
+
+    def _auc(self, curve: int) -> float:
+        positive, negative = self.positive[curve].astype(np.float64), self.negative[curve].astype(np.float64)
+        below = np.cumsum(negative) - negative  # the negative rows scored in lower bins
+        return float((positive * (below + 0.5 * negative)).sum() / (positive.sum() * negative.sum()))
+
+    def auc_bound(self) -> float:
+        """The largest error of the (macro) ROC AUC: half the share of positive-negative pairs in one bin."""
+        shares = [float((self.positive[c].astype(np.float64) * self.negative[c]).sum()
+                        / (self.positive[c].sum() * self.negative[c].sum())) for c in range(len(self.curves))]
+        return 0.5 * max(shares)
+
+    def result(self, prefix: str = "test_", per_class: bool = False) -> dict[str, float]:
+        names = ["accuracy", "f1_macro", "log_loss", "roc_auc"]
+        if per_class:
+            names += [f"{m}_{metric_suffix(c)}" for c in self.classes for m in ("precision", "recall", "f1")]
+        if not self.finite or not self.n:
+            return {f"{prefix}{n}": float("nan") for n in names}
+        precision = np.divide(self.correct, self.predicted, out=np.zeros(len(self.classes)),
+                              where=self.predicted > 0)
+        recall = np.divide(self.correct, self.labelled, out=np.zeros(len(self.classes)), where=self.labelled > 0)
+        f1 = np.divide(2 * self.correct, self.predicted + self.labelled, out=np.zeros(len(self.classes)),
+                       where=self.predicted + self.labelled > 0)
+        present = int((self.labelled > 0).sum())
+        auc = (float("nan") if present < 2 or (len(self.classes) > 2 and present < len(self.classes))
+               else float(np.mean([self._auc(c) for c in range(len(self.curves))])))
+        metrics = {"accuracy": self.correct.sum() / self.n, "f1_macro": f1.mean(), "log_loss": self.log_loss / self.n,
+                   "roc_auc": auc}
+        if per_class:
+            for c, p, r, f in zip(self.classes, precision, recall, f1):
+                suffix = metric_suffix(c)
+                metrics.update({f"precision_{suffix}": p, f"recall_{suffix}": r, f"f1_{suffix}": f})
+        return {f"{prefix}{k}": float(v) for k, v in metrics.items()}

@@ -7,7 +7,8 @@ under-trained scikit-learn fit training began from: ``start_test_*``) on the sam
 classification (any number of classes): accuracy, macro F1, log loss, ROC AUC (one-vs-rest macro for more than two
 classes) and, for the ONNX model, precision/recall/F1 of every class. Plots: predicted vs actual, or ROC curves
 (one-vs-rest per class for more than two classes) and the confusion matrix. With ``data=parquet`` the test part
-streams chunk by chunk (regression metrics from running sums, :class:`pipelines.modeling.metrics.StreamedMetrics`),
+streams chunk by chunk (regression metrics from running sums, classification from the rows or, past a million of
+them, counts and score histograms: :class:`pipelines.modeling.metrics.StreamedMetrics`),
 ``n_test`` counts its rows and the plots show its first :data:`pipelines.modeling.streamed.PLOT_ROWS` rows.
 
     python -m pipelines.evaluate source.run_id=<train run>
