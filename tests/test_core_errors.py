@@ -144,3 +144,17 @@ def test_file_names_cannot_escape_the_output_folder(tmp_path, name):
     with pytest.raises(UnsafePathError, match="escapes the output folder"):
         safe_join(tmp_path, name)
     assert safe_join(tmp_path, "sub/ok.onnx") == tmp_path.resolve() / "sub" / "ok.onnx"
+
+
+@pytest.mark.parametrize("where", [(0, 0), (13_107, 1), (29_999, 4)])  # the first value, a block's first, the last
+def test_a_non_finite_value_is_found_in_any_block_of_a_large_array(where):
+    """The finite check goes by blocks of 65,536 values (no mask as large as the data): a NaN or an infinity in any
+    block is found and named by its index."""
+    from ortflow.validation import check_array
+
+    X = np.ones((30_000, 5), dtype=np.float32)
+    X[where] = np.inf if where[0] else np.nan
+    with pytest.raises(ValueError, match=rf"X holds NaN or infinite values \(first at index \({where[0]}, {where[1]}\)\)"):
+        check_array("X", X, ndim=(2,))
+    X[where] = 1.0
+    assert check_array("X", X, ndim=(2,)) is X
