@@ -154,7 +154,8 @@ def test_a_non_finite_value_is_found_in_any_block_of_a_large_array(where):
 
     X = np.ones((30_000, 5), dtype=np.float32)
     X[where] = np.inf if where[0] else np.nan
-    with pytest.raises(ValueError, match=rf"X holds NaN or infinite values \(first at index \({where[0]}, {where[1]}\)\)"):
+    message = rf"X holds NaN or infinite values \(first at index \({where[0]}, {where[1]}\)\)"
+    with pytest.raises(ValueError, match=message):
         check_array("X", X, ndim=(2,))
     X[where] = 1.0
     assert check_array("X", X, ndim=(2,)) is X

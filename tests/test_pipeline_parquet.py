@@ -4,9 +4,9 @@ The folder (4 files x 3 row groups, written here) is never read whole by the sta
 check them: the test metrics equal those of the same rows scored in memory by the trained model, the three-band
 split is stable and disjoint, the lineage is logged from the files' metadata, a bad column is named before any
 run, and a streamed training stopped inside an epoch and resumed from its logged mid-epoch checkpoint ends
-with the uninterrupted weights. The module's chain takes the numbers-only path (``preprocess=none``: standardized
-outside the graph, gaps refused); a table with text, booleans, dates and gaps streams through the default
-``preprocess=auto``, its preprocessing fitted on the training sample and served with the model.
+with the uninterrupted weights. The module's chain takes the default path (``preprocess=auto``: the scaling fitted on
+the training sample, in the graph), as does a table with text, booleans, dates and gaps; gaps are refused on the
+numbers-only path (``preprocess=none``: standardized outside the graph).
 """
 
 import functools
@@ -32,6 +32,7 @@ from pipelines.data.streams import open_stream
 from pipelines.execution.bundle import Bundle
 from pipelines.execution.runner import execute_stage, prepare
 from pipelines.modeling.metrics import regression_metrics
+from pipelines.modeling.predictions import session_feeds
 from pipelines.stages.train import train
 from tolerances import U32, float32_sum_atol
 
@@ -64,7 +65,7 @@ def table(tmp_path_factory):
 def _overrides(folder, uri, root, *more):
     return ["data=parquet", f"data.path={folder}", "data.target=y", "data.key=id", f"mlflow.tracking_uri={uri}",
             f"mlflow.root={root}", "trainer.max_iter=4", "trainer.batch_size=16", "data.sample_rows=200",
-            "data.buffer_rows=250", "preprocess=none", *more]
+            "data.buffer_rows=250", *more]
 
 
 def _band(frame: pd.DataFrame, low: float, high: float) -> pd.DataFrame:
@@ -91,16 +92,18 @@ def test_streamed_test_metrics_equal_the_in_memory_ones(chain, table):
     path = mlflow.artifacts.download_artifacts(run_id=evaluate, artifact_path="graphs/deploy_model.onnx",
                                                tracking_uri=uri)
     session = onnxruntime.InferenceSession(path, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
+    assert [i.name for i in session.get_inputs()] == ["a", "b", "c"]  # the raw columns: the scaling is in the graph
 
     def predict(X):
-        return session.run(None, {name: np.asarray(X, dtype=np.float32)})[0].reshape(len(X), -1)[:, 0]
+        frame = pd.DataFrame(np.asarray(X, dtype=np.float64), columns=["a", "b", "c"])
+        return session.run(None, session_feeds(session, frame))[0].reshape(len(X), -1)[:, 0]
 
     X, y = test[["a", "b", "c"]].to_numpy(np.float64), test["y"].to_numpy()
     predicted = predict(X)
     expected = regression_metrics(y, predicted)
-    # the deploy graph is linear: its weights and intercept from unit rows; a prediction is a float32 sum of
-    # n_features + 1 terms, the same rows scored in batches of another size may differ by float32_sum_atol of them
+    # the deploy graph is affine (the scaling, then the linear model): its weights and intercept from unit rows; a
+    # prediction is a float32 sum of n_features + 1 terms, the same rows scored in batches of another size may
+    # differ by float32_sum_atol of them
     intercept = float(predict(np.zeros((1, 3)))[0])
     weights = predict(np.eye(3)) - intercept
     tolerance = float32_sum_atol(np.abs(X.astype(np.float32)) @ np.abs(weights) + abs(intercept), 4)
@@ -192,28 +195,34 @@ def test_a_column_the_preprocessing_cannot_take_is_named(tmp_path, compose_pipel
     assert "city" in stream.columns and "tags" not in stream.columns
 
 
-@pytest.mark.parametrize("where,stage", [("sample", None), ("training", "train"), ("test", "convert")])
-def test_a_gap_in_the_table_is_named_before_it_trains_or_scores(where, stage, tmp_path, new_sqlite_store,
-                                                                run_chain_clean):
-    """Seen: one NaN in a training row past the sample ended the chain with a traceback, ``X holds NaN or infinite
-    values (first at index (21552, 2))`` (a chunk's index, no column, no file); a gap in the test part would have
-    made the test metrics NaN. Each part's chunks are checked as they are read: a DataError names the column and
-    the part; a gap in the sample stops the chain's check before any run, a later one fails the stage's run."""
+@pytest.mark.parametrize("where,stage,column,preprocess", [
+    ("sample", None, "b", "none"), ("training", "train", "b", "none"), ("test", "convert", "b", "none"),
+    ("training", "train", "y", "auto"),  # the graph imputes a feature's gaps, not the target's
+])
+def test_a_gap_in_the_table_is_named_before_it_trains_or_scores(where, stage, column, preprocess, tmp_path,
+                                                                new_sqlite_store, run_chain_clean):
+    """Seen with numbers fed as they are (``preprocess=none``): one NaN in a training row past the sample ended the
+    chain with a traceback, ``X holds NaN or infinite values (first at index (21552, 2))`` (a chunk's index, no
+    column, no file); a gap in the test part would have made the test metrics NaN. Each part's chunks are checked
+    as they are read: a DataError names the column (or the target) and the part; a gap in the sample stops the
+    chain's check before any run, a later one fails the stage's run."""
     frame = _table()
     fraction = _stable_fraction(frame["id"].to_numpy())
     rows = {"sample": np.flatnonzero(fraction >= TEST + VALID)[0],  # the training part's first row: in the sample
             "training": np.flatnonzero(fraction >= TEST + VALID)[-1],  # its last: past the 200-row sample
             "test": np.flatnonzero(fraction < TEST)[-1]}
-    frame.loc[rows[where], "b"] = np.nan
+    frame.loc[rows[where], column] = np.nan
     folder = tmp_path / "gaps"
     folder.mkdir()
     for k, part in enumerate(np.array_split(np.arange(N), FILES)):
         pq.write_table(pa.Table.from_pandas(frame.iloc[part], preserve_index=False), folder / f"part-{k}.parquet",
                        row_group_size=GROUP_ROWS)
     uri = new_sqlite_store(tmp_path / "mlflow.db")
-    expected = rf"column\(s\) \['b'\] hold missing or non-finite values \(in the {where} rows\).*fill or drop the gaps"
+    expected = (rf"column\(s\) \['b'\] hold missing or non-finite values \(in the {where} rows\).*fill or drop the gaps"
+                if column == "b" else rf"the target 'y' holds missing or non-finite values \(in the {where} rows\)")
     with pytest.raises(DataError, match=expected):
-        run_chain_clean(_overrides(folder, uri, tmp_path, "trainer.max_iter=1"), tmp_path / "work")
+        run_chain_clean(_overrides(folder, uri, tmp_path, "trainer.max_iter=1", f"preprocess={preprocess}"),
+                        tmp_path / "work")
     experiment = MlflowClient(uri).get_experiment_by_name("ortflow")
     runs = MlflowClient(uri).search_runs([experiment.experiment_id]) if experiment else []
     stages = {r.data.tags["ortflow.stage"]: r.info.status for r in runs if "ortflow.stage" in r.data.tags}
@@ -280,7 +289,6 @@ def test_a_streamed_classifier_scores_its_test_part_as_in_memory(tmp_path, new_s
     the classes come from a scan of the training part's target, the metrics of the whole test part (its files)
     equal those of the same rows in memory."""
     from pipelines.modeling.metrics import classification_metrics
-    from pipelines.modeling.predictions import session_feeds
 
     folder = tmp_path / "labels"
     folder.mkdir()
