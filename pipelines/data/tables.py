@@ -195,16 +195,21 @@ def table_frame(frame, treatments: dict[str, str] | None = None, file: str = "th
         column = frame[name]
         kind = kinds.get(name) or column_kind(column, treatments.get(name))
         if kind == "number":
-            values = pd.to_numeric(column, errors="coerce")
-            bad = values.isna() & column.notna()
-            if bad.any():
-                raise DataError(f"column {name!r} of {file} holds {column[bad].iloc[0]!r}, not a number "
-                                f"(preprocess.columns.{name}=scale): pick onehot or ordinal for text")
-            large = np.flatnonzero(np.abs(values.to_numpy(np.float64, na_value=0.0)) > _FLOAT32_MAX)
+            if column.dtype.kind not in "fiu":  # text or objects: parsed, a cell that is no number named
+                parsed = pd.to_numeric(column, errors="coerce")
+                bad = parsed.isna() & column.notna()
+                if bad.any():
+                    raise DataError(f"column {name!r} of {file} holds {column[bad].iloc[0]!r}, not a number "
+                                    f"(preprocess.columns.{name}=scale): pick onehot or ordinal for text")
+                column = parsed
+            # gaps NaN (the graph's imputer fills them); pandas' own dtypes (Int64, Arrow) mark them otherwise
+            values = (column.to_numpy(np.float64) if isinstance(column.dtype, np.dtype)
+                      else column.to_numpy(np.float64, na_value=np.nan))
+            large = np.flatnonzero(np.abs(values) > _FLOAT32_MAX)
             if len(large):
-                raise DataError(f"column {name!r} of {file} holds {float(values.iloc[large[0]]):g} at data row "
+                raise DataError(f"column {name!r} of {file} holds {values[large[0]]:g} at data row "
                                 f"{large[0] + 1}: beyond float32's range (±3.4e38), which the model computes in")
-            out[name] = values.astype(np.float64)
+            out[name] = values
         elif kind == "bool":
             out[name] = column.map({True: 1.0, False: 0.0}).astype(np.float64)
         elif kind == "date":
@@ -218,7 +223,7 @@ def table_frame(frame, treatments: dict[str, str] | None = None, file: str = "th
         else:
             text = column.map(_text, na_action="ignore")
             out[name] = text.fillna(TEXT_MISSING).astype(object)
-    return pd.DataFrame(out, index=frame.index)
+    return pd.DataFrame(out, index=frame.index, copy=False)
 
 
 def _text(value) -> str:
