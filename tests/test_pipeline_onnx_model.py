@@ -86,6 +86,17 @@ def test_a_graph_that_does_not_fit_the_data_is_refused(compose_pipeline, overrid
     assert expected in str(err.value), err.value
 
 
+@pytest.mark.parametrize("data", ["data=file", "data=parquet"])
+def test_model_onnx_on_a_table_asks_for_the_numeric_path(compose_pipeline, data):
+    """A table's raw columns go through a preprocessing fitted with a scikit-learn model, which a graph of one's
+    own has not: the config check names preprocess=none (seen with data=parquet: a ConfigError about the graph's
+    FLOAT input and float64 data, after reading the table's samples)."""
+    overrides = ["model=onnx", f"model.path={LENET}", data, "data.path=t.parquet", "data.target=y"]
+    with pytest.raises(ConfigError, match=rf"model=onnx trains on numeric arrays: with {data} use preprocess=none"):
+        validate(compose_pipeline(*overrides))
+    validate(compose_pipeline(*overrides, "preprocess=none"))
+
+
 def test_model_onnx_needs_a_readable_path(compose_pipeline, tmp_path):
     with pytest.raises(ConfigError, match="model=onnx needs model.path"):
         validate(compose_pipeline("model=onnx", "data=digits_images"))
