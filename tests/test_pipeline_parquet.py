@@ -374,3 +374,21 @@ def test_the_command_names_a_bad_target_before_any_run(table, tmp_path, pipeline
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.startswith("ortflow: error: DataError: data.target='price' is not a column of")
     assert not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("kinds,expected", [
+    (None, r"column\(s\) \['label \(the target\)'\] hold missing"),
+    ({"a": "number"}, r"the target 'label' holds missing or non-finite values \(in the training rows\)"),
+])
+def test_a_missing_label_is_named_on_both_paths(kinds, expected):
+    """A text label read as None (a null in the file) would otherwise become the class 'None'."""
+    from types import SimpleNamespace
+
+    from pipelines.data.streams import raw_rows
+
+    source = SimpleNamespace(path="labels.parquet", target="label", columns=["a"])
+    X = pd.DataFrame({"a": [1.0, 2.0, 3.0]})
+    with pytest.raises(DataError, match=expected):
+        raw_rows(source, X, np.array(["yes", None, "no"], dtype=object), "training", kinds)
+    X_out, y_out = raw_rows(source, X, np.array(["yes", "no", "no"], dtype=object), "training", kinds)
+    assert list(y_out) == ["yes", "no", "no"] and len(X_out) == 3

@@ -168,10 +168,21 @@ def raw_rows(source, X, y, where: str, kinds: dict[str, str] | None = None) -> t
     from .tables import table_frame
 
     y = np.asarray(y)
-    if y.dtype.kind == "f" and not np.isfinite(y).all():
+    if _target_gaps(y):
         raise DataError(f"data.path={source.path!r}: the target {source.target!r} holds missing or non-finite values "
                         f"(in the {where} rows): fill or drop those rows in the table")
     return table_frame(X, file=f"{source.path} ({where} rows)", kinds=kinds), y
+
+
+def _target_gaps(y: np.ndarray) -> bool:
+    """Whether a chunk's target has a gap: a NaN or an infinity among numbers, a null among labels (read as None)."""
+    if y.dtype.kind == "f":
+        return not np.isfinite(y).all()
+    if y.dtype != object:
+        return False
+    import pandas as pd
+
+    return bool(pd.isna(y).any())
 
 
 def finite(source, X: np.ndarray, y: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -180,7 +191,7 @@ def finite(source, X: np.ndarray, y: np.ndarray, where: str) -> tuple[np.ndarray
     the test metrics NaN. A :class:`DataError` names the columns, the part of the table and the way out."""
     bad = ~np.isfinite(X).all(axis=0)
     columns = [str(c) for c, b in zip(source.columns, bad) if b]
-    if y.dtype.kind == "f" and not np.isfinite(y).all():
+    if _target_gaps(y):
         columns.append(f"{source.target} (the target)")
     if columns:
         raise DataError(f"data.path={source.path!r}: column(s) {columns} hold missing or non-finite values (in the "
