@@ -202,7 +202,8 @@ def check_inputs(cfg: DictConfig, stages: list[str]) -> None:
     if "convert" in stages and data_loader(cfg.data) == DataKind.parquet.value:
         from .data.streams import open_stream
 
-        open_stream(cfg.data, cfg.get("preprocess"))  # the path, the target, the key and the feature columns, from the files' metadata
+        # the path, the target, the key and the feature columns, from the files' metadata
+        open_stream(cfg.data, cfg.get("preprocess"))
     validate(cfg)
 
 

@@ -540,8 +540,8 @@ def check_task(cfg: DictConfig, loss_known: bool = True) -> None:
             problems.append(f"model.task={_value(cfg.model.task)} does not match data.task={data_task.value} "
                             "(model=onnx follows the data: leave model.task out)")
         loader = data_loader(cfg.data)
-        if loader in (DataKind.file.value, DataKind.parquet.value) and \
-                str(cfg.preprocess.name) != PreprocessKind.none.value:
+        if (loader in (DataKind.file.value, DataKind.parquet.value)
+                and str(cfg.preprocess.name) != PreprocessKind.none.value):
             problems.append(f"model=onnx trains on numeric arrays: with data={loader} use preprocess=none (the graph "
                             "takes the standardized numeric columns)")
         if OmegaConf.is_missing(cfg.model, "path") or not cfg.model.path:

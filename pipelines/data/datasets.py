@@ -62,7 +62,7 @@ class Split:
 
         return Prepared(source, self.x_mean.astype(np.float64), self.x_scale.astype(np.float64), self.y_mean,
                         self.y_scale, self.classes if self.task == "classification" else self.classes[:0], part,
-                        self.column_kinds() if self.is_table else None)
+                        self.column_kinds())
 
     @property
     def is_table(self) -> bool:
@@ -70,7 +70,8 @@ class Split:
         return not isinstance(self.X_train, np.ndarray)
 
     def column_kinds(self) -> dict[str, str]:
-        """A table's columns and their kinds (:data:`pipelines.data.tables.KINDS`), in the order of the columns."""
+        """A table's columns and their kinds (:data:`pipelines.data.tables.KINDS`), in the order of the columns
+        (empty for numeric arrays)."""
         return {str(c): str(k) for c, k in zip(self.feature_names, self.kinds)}
 
     @property

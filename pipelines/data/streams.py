@@ -159,11 +159,12 @@ def sample(source, rows: int, kinds: dict[str, str] | None = None) -> tuple[Any,
 
 
 def raw_rows(source, X, y, where: str, kinds: dict[str, str] | None = None) -> tuple[Any, np.ndarray]:
-    """``(X, y)`` of a chunk of ``source`` before any scaling: without ``kinds`` a float64 matrix whose values are
-    all finite (:func:`finite`); with ``kinds`` (``preprocess=auto``: each column's kind, from the training sample)
-    the DataFrame of the columns in the form of their kind (:func:`pipelines.data.tables.table_frame`: a gap stays a
-    gap, the preprocessing imputes it), the target checked."""
-    if kinds is None:
+    """``(X, y)`` of a chunk of ``source`` before any scaling: without ``kinds`` (None or empty) a float64 matrix
+    whose values are all finite (:func:`finite`); with ``kinds`` (``preprocess=auto``: each column's kind, from the
+    training sample) the DataFrame of the columns in the form of their kind
+    (:func:`pipelines.data.tables.table_frame`: a gap stays a gap, the preprocessing imputes it), the target
+    checked."""
+    if not kinds:
         return finite(source, np.asarray(X, dtype=np.float64), np.asarray(y), where)
     from .tables import table_frame
 
@@ -253,7 +254,7 @@ class Prepared:
 
     def _prepare(self, X, y, w) -> tuple[Any, np.ndarray, Any]:
         X, y = raw_rows(self.source, X, y, self.part, self.kinds)
-        if self.kinds is None:
+        if not self.kinds:
             X = ((X - self.x_mean) / self.x_scale).astype(np.float32)
         if len(self.classes):
             return X, labels_like(y, self.classes), w

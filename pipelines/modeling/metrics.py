@@ -136,8 +136,6 @@ class StreamedMetrics:
                 f"{self.prefix}r2": r2}
 
 
-#: the histograms' bins of all the ROC curves of a :class:`ClassificationTally` together (int64 counts: 16 MB)
-SCORE_BINS = 1 << 20
 _ONE_BITS = int(np.float32(1.0).view(np.uint32))  # the bit pattern of 1.0: [0, 1]'s float32 values lie below it
 
 
@@ -155,7 +153,8 @@ class ClassificationTally:
         self.classes = np.asarray(classes)
         k = len(self.classes)
         self.curves = [1] if k == 2 else list(range(k))
-        self.shift = 10 + int(np.ceil(np.log2(len(self.curves))))
+        self.shift = 10 + int(np.ceil(np.log2(len(self.curves))))  # about 2^20 bins for all the curves together
+        self._order = np.argsort(self.classes)  # a label's class index by binary search
         bins = (_ONE_BITS >> self.shift) + 1
         self.positive = np.zeros((len(self.curves), bins), dtype=np.int64)
         self.negative = np.zeros_like(self.positive)
@@ -172,9 +171,8 @@ class ClassificationTally:
         if not np.isfinite(proba).all():
             self.finite = False
             return
-        order = np.argsort(self.classes)
-        found = np.searchsorted(self.classes, y_true, sorter=order)
-        truth = order[np.minimum(found, k - 1)]
+        found = np.searchsorted(self.classes, y_true, sorter=self._order)
+        truth = self._order[np.minimum(found, k - 1)]
         unknown = self.classes[truth] != y_true
         if unknown.any():
             raise ValueError(f"label {y_true[unknown][0].item()!r} is not among the classes {self.classes.tolist()}")

@@ -40,7 +40,7 @@ def streamed_test(split: Split, predictors: Mapping[str, Callable[[np.ndarray], 
     kept_y, kept = [], {label: [] for label in predictors}
     n_rows = 0
     test = split.stream_parts()["test"]
-    kinds = split.column_kinds() if split.is_table else None
+    kinds = split.column_kinds()  # a table's (empty for numbers: standardized features)
     for X, y, _ in test.chunks(None):
         X, y = raw_rows(test, X, y, "test", kinds)
         y = labels_like(y, classes) if len(classes) else y.astype(np.float64)
