@@ -403,14 +403,30 @@ def _empty_columns(X) -> list[str]:
     return [str(c) for c in X.columns if X[c].isna().all()]
 
 
+def _warn_non_numbers(column, name: str) -> None:
+    """A warning when a text column is numbers but for a few cells: it is converted (and trained) as text."""
+    import warnings
+
+    from .tables import describe_cells, non_numbers
+
+    bad = non_numbers(column)
+    if bad is not None and bad.any():
+        warnings.warn(f"column {name!r} is text, yet numbers but for {int(bad.sum())} of {len(bad)} cells "
+                      f"({describe_cells(column, bad)}): it becomes a text input (one level per value); to use it "
+                      f"as a number, read those cells as gaps first, e.g. pandas.to_numeric(df[{name!r}], "
+                      "errors='coerce') or read_csv(..., na_values=['?'])", UserWarning, stacklevel=4)
+
+
 def table_input_types(frame) -> list[tuple]:
     """skl2onnx's initial types of a DataFrame: one ``(n, 1)`` input per column, named as the column: float for
     numbers, int64 for integers and booleans, int64 days since 1970-01-01 for dates (:mod:`ortflow.tables`), text
-    for strings and categories (:mod:`ortflow.inputs` feeds them)."""
+    for strings and categories (:mod:`ortflow.inputs` feeds them). A text column whose cells are numbers but for a
+    few (``?`` among numbers, :func:`ortflow.tables.non_numbers`) is taken as text, with a warning naming those
+    cells."""
     from skl2onnx.common.data_types import FloatTensorType, Int64TensorType, StringTensorType
 
     types = []
-    for name, dtype in zip(frame.columns, frame.dtypes):
+    for index, (name, dtype) in enumerate(zip(frame.columns, frame.dtypes)):
         kind = getattr(dtype, "kind", "O")
         if kind == "f":
             tensor = FloatTensorType([None, 1])
@@ -418,6 +434,7 @@ def table_input_types(frame) -> list[tuple]:
             tensor = Int64TensorType([None, 1])
         elif kind in "OSU" or str(dtype) in ("category", "string"):
             tensor = StringTensorType([None, 1])
+            _warn_non_numbers(frame.iloc[:, index], str(name))
         else:
             raise TypeError(f"column {name!r} has dtype {dtype}, which ortflow's graphs do not take; convert it "
                             "before converting the model")

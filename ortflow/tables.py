@@ -21,6 +21,36 @@ PARTS = ("year", "month", "day", "weekday", "dayofyear")
 MISSING_DAY = np.iinfo(np.int64).min
 
 
+#: a text column is numbers but for a few cells when at least this share of its present cells are numbers
+NUMERIC_SHARE = 0.9
+
+
+def non_numbers(column) -> np.ndarray | None:
+    """The mask of the cells of a text column (a pandas Series of objects or strings) that are not numbers, when the
+    column is numbers but for a few cells (at least :data:`NUMERIC_SHARE` of its present cells parse as numbers:
+    ``?``, ``n.a.``, ``12 kg`` among numbers, which pandas' readers leave as text); None when it is not: a column
+    of numbers already, of text, or without any present cell. A mask without any True: text holding numbers only."""
+    import pandas as pd
+
+    if getattr(column.dtype, "kind", "O") in "biufcmM" or isinstance(column.dtype, pd.CategoricalDtype):
+        return None
+    present = column.notna().to_numpy()
+    if not present.any() or column[present].map(type).eq(bool).all():
+        return None
+    bad = pd.to_numeric(column, errors="coerce").isna().to_numpy() & present
+    if bad.sum() > (1.0 - NUMERIC_SHARE) * present.sum():
+        return None
+    return bad
+
+
+def describe_cells(column, mask: np.ndarray, shown: int = 5) -> str:
+    """The first cells of ``column`` where ``mask`` holds, as ``'?' at row 5, 'x' at row 17, ...`` (rows
+    counted from 1, in the column's order)."""
+    rows = np.flatnonzero(mask)
+    cells = ", ".join(f"{column.iloc[r]!r} at row {r + 1}" for r in rows[:shown])
+    return cells + (f", ... ({len(rows)} in all)" if len(rows) > shown else "")
+
+
 def to_days(values) -> np.ndarray:
     """int64 days since 1970-01-01 of ``values`` (datetime64, dates as ISO strings or date objects, or integers
     already counting days); missing dates (NaT, None, NaN) become :data:`MISSING_DAY`."""

@@ -48,6 +48,13 @@ class _Choice(str, Enum):
     __format__ = str.__format__
 
 
+class JunkCells(_Choice):
+    """``data.junk_cells``: what becomes of the cells of a numeric column that are not numbers (``?``, ``n.a.``)."""
+
+    refuse = "refuse"  # a DataError naming the column, the count and the first cells
+    gap = "gap"  # gaps, which the preprocessing imputes, with a warning naming them
+
+
 class Task(_Choice):
     regression = "regression"
     classification = "classification"
@@ -184,6 +191,8 @@ class DataConfig:
     features: Optional[List[str]] = None
     # non-numeric columns and rows with missing/non-finite values: an error (false), or dropped with a warning
     drop_invalid: bool = False
+    # preprocess=auto: the cells of a numeric column that are not numbers ('?' among numbers): refused, or gaps
+    junk_cells: JunkCells = JunkCells.refuse
     # parquet: the column whose stable hash splits the rows (None: whole files by the hash of their names), the
     # rows of each part read to set things up (start model, standardization), the rows held at once when streaming
     key: Optional[str] = None

@@ -62,7 +62,14 @@ class Split:
 
         return Prepared(source, self.x_mean.astype(np.float64), self.x_scale.astype(np.float64), self.y_mean,
                         self.y_scale, self.classes if self.task == "classification" else self.classes[:0], part,
-                        self.column_kinds())
+                        self.column_kinds(), self.junk_cells)
+
+    @property
+    def junk_cells(self) -> str:
+        """A streamed table's ``data.junk_cells`` (what its chunks' non-number cells of number columns become)."""
+        from .streams import Stream
+
+        return Stream.from_json(self.stream).junk_cells if self.stream else "refuse"
 
     @property
     def is_table(self) -> bool:
@@ -305,7 +312,7 @@ def stream_split(data: DictConfig, preprocess: DictConfig | None = None) -> Spli
     preprocessing ``convert`` fits scales them inside the graph; without, they are standardized with the training
     sample's statistics."""
     from .streams import labels_like, open_stream, raw_rows, sample, scan_labels
-    from .tables import column_kind, column_treatments
+    from .tables import column_kind, column_treatments, warn_many_levels
 
     stream, parts = open_stream(data, preprocess)
     treatments = column_treatments(preprocess)
@@ -316,9 +323,10 @@ def stream_split(data: DictConfig, preprocess: DictConfig | None = None) -> Spli
     else:  # the kinds of the training sample's columns hold for every chunk of every part
         raw, y_raw, _ = parts["train"].head(rows)
         kinds = {c: column_kind(raw[c], treatments.get(c)) for c in stream.columns}
-        X_train, y_train = raw_rows(parts["train"], raw, y_raw, "sample", kinds)
-    X_test, y_test = sample(parts["test"], rows, kinds)
-    X_valid, y_valid = (sample(parts["validation"], rows, kinds) if "validation" in parts
+        warn_many_levels(raw, kinds, treatments, f"{stream.path} (its first {len(raw)} training rows)")
+        X_train, y_train = raw_rows(parts["train"], raw, y_raw, "sample", kinds, stream.junk_cells)
+    X_test, y_test = sample(parts["test"], rows, kinds, stream.junk_cells)
+    X_valid, y_valid = (sample(parts["validation"], rows, kinds, stream.junk_cells) if "validation" in parts
                         else (X_train[:0], y_train[:0]))
     task = str(data.task)
     where = f"data.target={stream.target!r} of {stream.path}"

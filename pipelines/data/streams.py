@@ -50,6 +50,7 @@ class Stream:
     test_size: float
     validation_fraction: float
     buffer_rows: int
+    junk_cells: str = "refuse"  # data.junk_cells: the cells of a number column that are not numbers
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "columns": list(self.columns)}, sort_keys=True)
@@ -115,7 +116,7 @@ def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple
                             f"{path} has the columns {other}: leave them out with data.features=[...] or "
                             "preprocess.columns.<column>=drop")
     stream = Stream(str(path), target, tuple(columns), key, float(data.test_size),
-                    float(data.validation_fraction), int(data.buffer_rows))
+                    float(data.validation_fraction), int(data.buffer_rows), str(data.get("junk_cells", "refuse")))
     try:
         return stream, stream.parts()
     except ValueError as exc:  # a part the files' names leave empty
@@ -152,18 +153,20 @@ def _tabular(arrow_type) -> bool:
             or pt.is_date(arrow_type) or pt.is_timestamp(arrow_type))
 
 
-def sample(source, rows: int, kinds: dict[str, str] | None = None) -> tuple[Any, np.ndarray]:
+def sample(source, rows: int, kinds: dict[str, str] | None = None, junk_cells: str = "refuse"
+           ) -> tuple[Any, np.ndarray]:
     """The first ``rows`` rows of ``source`` as ``(X, y)`` (:func:`raw_rows`)."""
     X, y, _ = source.head(rows)
-    return raw_rows(source, X, y, "sample", kinds)
+    return raw_rows(source, X, y, "sample", kinds, junk_cells)
 
 
-def raw_rows(source, X, y, where: str, kinds: dict[str, str] | None = None) -> tuple[Any, np.ndarray]:
+def raw_rows(source, X, y, where: str, kinds: dict[str, str] | None = None, junk_cells: str = "refuse"
+             ) -> tuple[Any, np.ndarray]:
     """``(X, y)`` of a chunk of ``source`` before any scaling: without ``kinds`` (None or empty) a float64 matrix
     whose values are all finite (:func:`finite`); with ``kinds`` (``preprocess=auto``: each column's kind, from the
     training sample) the DataFrame of the columns in the form of their kind
-    (:func:`pipelines.data.tables.table_frame`: a gap stays a gap, the preprocessing imputes it), the target
-    checked."""
+    (:func:`pipelines.data.tables.table_frame`: a gap stays a gap, the preprocessing imputes it; a cell of a number
+    column that is not a number is refused, or a gap with ``junk_cells="gap"``), the target checked."""
     if not kinds:
         return finite(source, np.asarray(X, dtype=np.float64), np.asarray(y), where)
     from .tables import table_frame
@@ -172,7 +175,7 @@ def raw_rows(source, X, y, where: str, kinds: dict[str, str] | None = None) -> t
     if _target_gaps(y):
         raise DataError(f"data.path={source.path!r}: the target {source.target!r} holds missing or non-finite values "
                         f"(in the {where} rows): fill or drop those rows in the table")
-    return table_frame(X, file=f"{source.path} ({where} rows)", kinds=kinds), y
+    return table_frame(X, file=f"{source.path} ({where} rows)", kinds=kinds, junk_cells=junk_cells), y
 
 
 def _target_gaps(y: np.ndarray) -> bool:
@@ -240,10 +243,11 @@ class Prepared:
     ``(y - y_mean) / y_scale``, a classifier's labels as the split's classes have them."""
 
     def __init__(self, source, x_mean: np.ndarray, x_scale: np.ndarray, y_mean: float, y_scale: float,
-                 classes: np.ndarray, part: str = "training", kinds: dict[str, str] | None = None):
+                 classes: np.ndarray, part: str = "training", kinds: dict[str, str] | None = None,
+                 junk_cells: str = "refuse"):
         self.source, self.x_mean, self.x_scale = source, x_mean, x_scale
         self.y_mean, self.y_scale, self.classes = y_mean, y_scale, classes
-        self.n_rows, self.part, self.kinds = source.n_rows, part, kinds
+        self.n_rows, self.part, self.kinds, self.junk_cells = source.n_rows, part, kinds, junk_cells
         self.skips_rows = getattr(source, "skips_rows", False)  # a resume inside an epoch skips without reading
 
     def identity(self) -> dict:
@@ -253,7 +257,7 @@ class Prepared:
         return source_identity(self.source)
 
     def _prepare(self, X, y, w) -> tuple[Any, np.ndarray, Any]:
-        X, y = raw_rows(self.source, X, y, self.part, self.kinds)
+        X, y = raw_rows(self.source, X, y, self.part, self.kinds, self.junk_cells)
         if not self.kinds:
             X = ((X - self.x_mean) / self.x_scale).astype(np.float32)
         if len(self.classes):

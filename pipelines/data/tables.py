@@ -81,7 +81,8 @@ def read_table(data: DictConfig, preprocess: DictConfig | None = None) -> Table:
     path = table_path(data)  # before importing pandas: a missing file is reported at once
     stat = path.stat()
     key = (str(path), stat.st_mtime_ns, stat.st_size, str(data.target), tuple(data.features or ()),
-           str(data.task), bool(data.get("drop_invalid", False)), _treatments(preprocess))
+           str(data.task), bool(data.get("drop_invalid", False)), str(data.get("junk_cells", "refuse")),
+           _treatments(preprocess))
     if key not in _LAST:
         _LAST.clear()
         _LAST[key] = _read(path, data) if key[-1] is None else _read_raw(path, data, dict(key[-1]))
@@ -144,7 +145,8 @@ def _read_raw(path: Path, data: DictConfig, treatments: dict[str, str]) -> Table
         _log.warning("%s: %d of %d rows dropped (no target)", path.name, n_bad, len(frame))
     raw = frame.loc[valid, features].reset_index(drop=True)
     kinds = {c: column_kind(raw[c], treatments.get(c)) for c in features}
-    X = table_frame(raw, treatments, path.name)
+    warn_many_levels(raw, kinds, treatments, path.name)
+    X = table_frame(raw, treatments, path.name, kinds, str(data.get("junk_cells", "refuse")))
     y = y[valid]
     if y.dtype == object:
         y = y.astype(str)
@@ -155,7 +157,8 @@ def _read_raw(path: Path, data: DictConfig, treatments: dict[str, str]) -> Table
 def column_kind(column, treatment: str | None = None) -> str:
     """The kind (:data:`KINDS`) of a raw column: ``treatment`` (``preprocess.columns``) first (onehot/ordinal make
     text, date a date, scale a number, passthrough a number or a boolean), else its dtype; a text column whose values are all ISO dates is
-    a date."""
+    a date. A text column whose cells are numbers but for a few (:func:`ortflow.tables.non_numbers`: ``?`` among
+    2,000 numbers) is a number: :func:`table_frame` names those cells, or makes them gaps."""
     import pandas as pd
 
     if treatment in ("onehot", "ordinal"):
@@ -173,6 +176,10 @@ def column_kind(column, treatment: str | None = None) -> str:
         return "bool"
     if kind in "iuf":
         return "number"
+    from ortflow.tables import non_numbers
+
+    if non_numbers(column) is not None:  # numbers but for a few cells: numbers, the others named (table_frame)
+        return "number"
     present = column.dropna().astype(str)
     if len(present) and present.str.match(r"^\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?$").all():
         if pd.to_datetime(present, errors="coerce", format="ISO8601").notna().all():
@@ -181,12 +188,14 @@ def column_kind(column, treatment: str | None = None) -> str:
 
 
 def table_frame(frame, treatments: dict[str, str] | None = None, file: str = "the table",
-                kinds: dict[str, str] | None = None):
+                kinds: dict[str, str] | None = None, junk_cells: str = "refuse"):
     """The feature columns in the form the preprocessing and the graph take, by kind (:func:`column_kind`, or
     ``kinds``, the kinds fixed earlier: a streamed table's chunks take those of its first rows):
     numbers float64 (gaps NaN), booleans 0/1 float64, text strings (gaps :data:`TEXT_MISSING`), dates
-    ``datetime64[ns]`` (gaps NaT). A column the treatment makes a number or a date that does not parse is a
-    DataError naming it."""
+    ``datetime64[ns]`` (gaps NaT). A date that does not parse is a DataError naming it; so are the cells of a
+    number column that are not numbers (``?``, ``n.a.``), with ``junk_cells="refuse"`` (the default,
+    ``data.junk_cells``): with ``"gap"`` they become gaps (the preprocessing imputes them), a warning naming the
+    column, their count and the first of them."""
     import pandas as pd
 
     treatments, kinds = treatments or {}, kinds or {}
@@ -197,10 +206,9 @@ def table_frame(frame, treatments: dict[str, str] | None = None, file: str = "th
         if kind == "number":
             if column.dtype.kind not in "fiu":  # text or objects: parsed, a cell that is no number named
                 parsed = pd.to_numeric(column, errors="coerce")
-                bad = parsed.isna() & column.notna()
+                bad = (parsed.isna() & column.notna()).to_numpy()
                 if bad.any():
-                    raise DataError(f"column {name!r} of {file} holds {column[bad].iloc[0]!r}, not a number "
-                                    f"(preprocess.columns.{name}=scale): pick onehot or ordinal for text")
+                    _junk(column, bad, name, file, junk_cells)
                 column = parsed
             # gaps NaN (the graph's imputer fills them); pandas' own dtypes (Int64, Arrow) mark them otherwise
             values = (column.to_numpy(np.float64) if isinstance(column.dtype, np.dtype)
@@ -224,6 +232,37 @@ def table_frame(frame, treatments: dict[str, str] | None = None, file: str = "th
             text = column.map(_text, na_action="ignore")
             out[name] = text.fillna(TEXT_MISSING).astype(object)
     return pd.DataFrame(out, index=frame.index, copy=False)
+
+
+def _junk(column, bad: np.ndarray, name: str, file: str, junk_cells: str) -> None:
+    """The cells of a number column that are not numbers: a DataError naming them (``junk_cells="refuse"``), or a
+    warning saying they are read as gaps (``"gap"``)."""
+    from ortflow.tables import describe_cells
+
+    what = (f"column {name!r} of {file} is numbers but for {int(bad.sum())} of {len(bad)} cells "
+            f"({describe_cells(column, bad)}; rows counted from the first data row)")
+    if junk_cells == "gap":
+        _log.warning("%s: read as gaps, which the preprocessing imputes (data.junk_cells=gap)", what)
+        return
+    raise DataError(f"{what}: fix those cells, data.junk_cells=gap reads them as gaps (imputed), or "
+                    f"preprocess.columns.{name}=onehot takes the column as text")
+
+
+#: a text column is named when it has at least this many levels and one for at least half its rows (an identifier?)
+MANY_LEVELS = 50
+
+
+def warn_many_levels(frame, kinds: dict[str, str], treatments: dict[str, str], file: str) -> None:
+    """A warning for each text column (its kind from its cells, no treatment chosen) with a level for at least half
+    its rows: one-hot encoding makes a weight per level, learned from one or two rows each."""
+    for name, kind in kinds.items():
+        if kind != "text" or name in treatments:
+            continue
+        levels, rows = frame[name].nunique(), int(frame[name].notna().sum())
+        if levels >= MANY_LEVELS and levels * 2 >= rows:
+            _log.warning("column %r of %s is text with %d levels in %d rows: one-hot encoding gives each level a "
+                         "weight learned from about %.1f rows (an identifier? preprocess.columns.%s=drop leaves it "
+                         "out; a number read as text? fix its cells)", name, file, levels, rows, rows / levels, name)
 
 
 def _text(value) -> str:

@@ -42,7 +42,7 @@ def streamed_test(split: Split, predictors: Mapping[str, Callable[[np.ndarray], 
     test = split.stream_parts()["test"]
     kinds = split.column_kinds()  # a table's (empty for numbers: standardized features)
     for X, y, _ in test.chunks(None):
-        X, y = raw_rows(test, X, y, "test", kinds)
+        X, y = raw_rows(test, X, y, "test", kinds, split.junk_cells)
         y = labels_like(y, classes) if len(classes) else y.astype(np.float64)
         room = max(keep_rows - n_rows, 0)
         n_rows += len(y)
