@@ -316,8 +316,10 @@ class ParquetSource:
         for columns in groups:
             mask = self._held.rows(columns)
             parts.append(columns if mask is None else {k: v[mask] for k, v in columns.items()})
-        dtypes = {parts[0][c].dtype for c in self.columns}
-        if len(dtypes) != 1 or next(iter(dtypes)).kind not in "fiu":
+        # every row group's dtypes: an integer column with a null in one row group is read as floats (NaN) there,
+        # and cast into the integers of another it would become -9223372036854775808, no longer a gap
+        dtypes = {p[c].dtype for p in parts for c in self.columns}
+        if len(dtypes) != 1 or next(iter(dtypes)).kind not in "fiu":  # concatenated: NaN stays NaN
             return {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k] for k in parts[0]}
         total = sum(len(p[self.target]) for p in parts)
         matrix = self._matrices.take((total, len(self.columns)), next(iter(dtypes)))

@@ -125,3 +125,70 @@ def test_a_text_column_with_a_level_per_row_is_named(compose_pipeline, tmp_path,
         read_table(cfg.data, cfg.preprocess)
     assert "column 'order' of orders.csv is text with 300 levels in 300 rows" in caplog.text
     assert "'city'" not in caplog.text  # three levels: no warning
+
+
+# -- item 4: a null in an integer column after the sample --------------------------------------------------------
+
+
+def _write_parts(frame: pd.DataFrame, folder, files: int = 4, group_rows: int = 100, schema=None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for k, rows in enumerate(np.array_split(np.arange(len(frame)), files)):
+        table = pa.Table.from_pandas(frame.iloc[rows], preserve_index=False, schema=schema)
+        pq.write_table(table, folder / f"part-{k}.parquet", row_group_size=group_rows)
+
+
+def _rooms(n: int = 1200, seed: int = 1) -> pd.DataFrame:
+    """Integer features only (one dtype: a buffer's row groups go into one matrix)."""
+    rng = np.random.default_rng(seed)
+    frame = pd.DataFrame({"id": np.arange(n), "a": rng.integers(-20, 20, n), "rooms": rng.integers(1, 6, n)})
+    frame["y"] = 0.5 * frame.a + 0.5 * frame.rooms + rng.normal(scale=0.05, size=n)
+    return frame
+
+
+def _last_row(frame: pd.DataFrame, low: float, high: float) -> int:
+    from ortflow.sources import _stable_fraction
+
+    fraction = _stable_fraction(frame["id"].to_numpy())
+    return int(np.flatnonzero((fraction >= low) & (fraction < high))[-1])
+
+
+def _parquet_overrides(folder, uri, root, *more):
+    return ["data=parquet", f"data.path={folder}", "data.target=y", "data.key=id", f"mlflow.tracking_uri={uri}",
+            f"mlflow.root={root}", "trainer.max_iter=4", "trainer.batch_size=16", "data.sample_rows=200",
+            "data.buffer_rows=100000", *more]
+
+
+def test_a_null_in_an_integer_column_read_past_the_sample_stays_a_gap(tmp_path):
+    """Seen: the row groups of a buffer were written into one matrix of the first one's dtype, so an integer
+    column read as floats with a NaN in a later row group became -9223372036854775808 there."""
+    from ortflow.sources import ParquetSource
+
+    frame = _rooms()
+    frame["rooms"] = frame.rooms.astype("Int64")
+    frame.loc[len(frame) - 1, "rooms"] = pd.NA  # the last row group only: the others are read as int64
+    _write_parts(frame, tmp_path / "t")
+    source = ParquetSource(tmp_path / "t", "y", ["a", "rooms"], buffer_rows=10 ** 6)
+    for rng in (None, np.random.RandomState(0), np.random.RandomState(1)):
+        X, _, _, *_ = next(iter(source.chunks(rng)))
+        rooms = X["rooms"].to_numpy()
+        assert np.nanmin(rooms) >= 1 and np.isnan(rooms.astype(np.float64)).sum() == 1
+
+
+@pytest.mark.parametrize("preprocess", ["auto", "none"])
+def test_a_null_in_an_integer_column_is_imputed_or_named(preprocess, tmp_path, new_sqlite_store, run_chain_clean):
+    """Seen: training diverged with a misleading ConvergenceError under both preprocess settings. Now
+    ``preprocess=auto`` imputes the gap (the chain trains to the noise), ``preprocess=none`` names the column."""
+    frame = _rooms()
+    frame["rooms"] = frame.rooms.astype("Int64")
+    for row in (_last_row(frame, 0.4, 1.0), _last_row(frame, 0.0, 0.2)):  # past the training sample; the test part
+        frame.loc[row, "rooms"] = pd.NA
+    _write_parts(frame, tmp_path / "rooms")
+    uri = new_sqlite_store(tmp_path / "mlflow.db")
+    overrides = _parquet_overrides(tmp_path / "rooms", uri, tmp_path, f"preprocess={preprocess}",
+                                   "trainer.max_iter=10")
+    if preprocess == "none":
+        with pytest.raises(DataError, match=r"column\(s\) \['rooms'\] hold missing or non-finite values"):
+            run_chain_clean(overrides, tmp_path / "work")
+        return
+    metrics = _metrics(uri, run_chain_clean(overrides, tmp_path / "work"))
+    assert metrics["test_r2"] > 0.99, metrics
