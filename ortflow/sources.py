@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -59,6 +60,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from .prefetch import Prefetcher
+
+_log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -102,6 +105,49 @@ class _Held:
     def _inside(self, fractions: np.ndarray) -> np.ndarray:
         low, high = self.band
         return (fractions >= low) & (fractions < high)
+
+
+def _family(arrow_type) -> str:
+    """What a column holds, whatever its width or encoding: ``int``, ``float``, ``bool``, ``text``, ``date`` (or
+    the type itself)."""
+    import pyarrow.types as pt
+
+    if pt.is_dictionary(arrow_type):
+        return _family(arrow_type.value_type)
+    for family, test in (("int", pt.is_integer), ("float", pt.is_floating), ("bool", pt.is_boolean),
+                         ("text", lambda t: pt.is_string(t) or pt.is_large_string(t)),
+                         ("date", lambda t: pt.is_date(t) or pt.is_timestamp(t))):
+        if test(arrow_type):
+            return family
+    return str(arrow_type)
+
+
+_SAID: set[tuple[str, str]] = set()  # the columns whose widening was said (once per folder and column)
+
+
+def _widened(path: str, reference, metadata: dict, columns: list[str]) -> set[str]:
+    """Each file's type of ``columns`` checked against ``reference`` (the first file's schema, which the sample is
+    read with): the same family (:func:`_family`) reads as it is; integers in some files and floats in others are
+    the columns returned, read as float64 in every file (a warning says so); any other difference is a TypeError
+    naming the file and the column (a float column that is text in one file would be read as text)."""
+    widened, first = set(), next(iter(metadata))
+    for file, meta in metadata.items():
+        schema = meta.schema.to_arrow_schema()
+        for column in columns:
+            expected, found = reference.field(column).type, schema.field(column).type
+            pair = {_family(expected), _family(found)}
+            if len(pair) == 1:
+                continue
+            if pair != {"int", "float"}:
+                raise TypeError(f"{file}: column {column!r} is {found}, where {os.path.basename(first)} (the first "
+                                f"file, which the sample is read from) has {expected}: every file of {path} must "
+                                "give a column one kind of values; rewrite that file, or leave the column out")
+            widened.add(column)
+            if (path, column) not in _SAID:
+                _SAID.add((path, column))
+                _log.warning("%s: column %r is %s in %s and %s in %s: read as float64 in every file", path, column,
+                             expected, os.path.basename(first), found, os.path.basename(file))
+    return widened
 
 
 def _bands(fraction) -> list[tuple[float, float]]:
@@ -151,12 +197,16 @@ class ParquetSource:
         self._matrices = _Reused()
         self._groups = []
         wanted = self._wanted()
-        for fi, file in enumerate(self._files):
-            meta = self._metadata(file)
+        metadata = {f.path: self._metadata(f.path) for f in self._dataset.get_fragments()}
+        for file, meta in metadata.items():
             missing = [c for c in wanted if c not in meta.schema.names]
             if missing:
                 raise ValueError(f"{file} has no column {missing} (its columns: {meta.schema.names}): every file of "
                                  f"{self.path} must hold the source's columns")
+        #: the columns read as float64 in every file: integers in some files, floats in others
+        self._widened = _widened(self.path, self._dataset.schema, metadata, wanted)
+        for fi, file in enumerate(self._files):
+            meta = metadata[file]
             self._groups.extend((fi, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
         self.n_rows = sum(n for _, _, n in self._groups) if self._held.key is None else None
 
@@ -221,7 +271,16 @@ class ParquetSource:
         if table.num_rows != rows:
             raise ValueError(f"{self._files[fi]} changed while training: row group {group} has {table.num_rows} rows, "
                              f"{rows} when the source was opened")
-        return {name: table.column(name).to_numpy(zero_copy_only=False) for name in wanted}
+        return {name: (table.column(name).to_numpy(zero_copy_only=False) if name not in self._widened
+                       else table.column(name).to_numpy(zero_copy_only=False).astype(np.float64))
+                for name in wanted}
+
+    @property
+    def types(self) -> dict[str, str]:
+        """The Arrow type of each column read (features, target, weight, split key): the first file's, ``double``
+        for a column widened (integers in some files, floats in others)."""
+        schema = self._dataset.schema
+        return {name: "double" if name in self._widened else str(schema.field(name).type) for name in self._wanted()}
 
     def _features(self, columns: dict[str, np.ndarray]):
         """The features as a DataFrame: one float block when every feature is a number of one dtype (what a

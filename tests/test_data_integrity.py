@@ -192,3 +192,53 @@ def test_a_null_in_an_integer_column_is_imputed_or_named(preprocess, tmp_path, n
         return
     metrics = _metrics(uri, run_chain_clean(overrides, tmp_path / "work"))
     assert metrics["test_r2"] > 0.99, metrics
+
+
+# -- item 3: Parquet files whose column types drift ----------------------------------------------------------------
+
+
+def _drifting(folder, later: pa.DataType, values) -> pd.DataFrame:
+    """Three files of a column ``k``: int64 in the first, ``later`` in the others (``values`` of their rows)."""
+    folder.mkdir()
+    frame = pd.DataFrame({"id": np.arange(300), "k": np.arange(300) % 7})
+    frame["y"] = frame.k * 1.0
+    for i, rows in enumerate(np.array_split(np.arange(300), 3)):
+        part = frame.iloc[rows].copy()
+        schema = None
+        if i:
+            part["k"] = values(part["k"])
+            schema = pa.schema([("id", pa.int64()), ("k", later), ("y", pa.float64())])
+        pq.write_table(pa.Table.from_pandas(part, preserve_index=False, schema=schema), folder / f"p{i}.parquet",
+                       row_group_size=50)
+    return frame
+
+
+def test_integers_in_one_file_and_floats_in_others_are_read_as_floats(tmp_path, caplog):
+    """Seen: int64 in the first file and ``k + 0.5`` in the later ones trained on truncated values (test_mse 0.106
+    where the noise is 1e-4). Now the column is read as float64 in every file, with a warning, and the lineage
+    says ``double``."""
+    from ortflow.sources import ParquetSource
+    from pipelines.data.streams import Stream, description
+
+    _drifting(tmp_path / "t", pa.float64(), lambda k: k + 0.5)
+    with caplog.at_level(logging.WARNING, logger="ortflow.sources"):
+        source = ParquetSource(tmp_path / "t", "y", ["k"], buffer_rows=120)
+    assert "column 'k' is int64 in p0.parquet and double in p1.parquet: read as float64 in every file" in caplog.text
+    for rng in (None, np.random.RandomState(0)):
+        k = np.concatenate([np.asarray(X["k"]) for X, *_ in source.chunks(rng)])
+        assert k.dtype == np.float64 and np.sort(k).tolist() == sorted([*np.arange(100) % 7,
+                                                                         *(np.arange(100, 300) % 7 + 0.5)])
+    stream = Stream(str(tmp_path / "t"), "y", ("k",), None, 0.2, 0.2, 120)
+    assert description(stream)["schema"]["k"] == "double"
+
+
+def test_a_float_column_that_is_text_in_one_file_is_refused_naming_it(tmp_path, compose_pipeline):
+    """Seen: a float column that is text in one file was one-hot encoded (R2 0.957 instead of 0.9999) while the
+    lineage said ``double``. Now the stream is refused when it opens, naming the file and the column."""
+    from pipelines.data.streams import open_stream
+
+    _drifting(tmp_path / "t", pa.string(), lambda k: k.astype(str))
+    cfg = compose_pipeline("data=parquet", f"data.path={tmp_path / 't'}", "data.target=y", "data.key=id")
+    with pytest.raises(DataError, match=r"p1.parquet: column 'k' is string, where p0.parquet \(the first file, which "
+                                        r"the sample is read from\) has int64"):
+        open_stream(cfg.data, cfg.preprocess)

@@ -123,7 +123,7 @@ def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple
         raise DataError(f"data.path={data.path!r}: {exc}: without data.key whole files go to the test, validation "
                         "and training parts by the hash of their names; set data.key=<a column> to split rows, or "
                         "use more files") from None
-    except (OSError, KeyError) as exc:
+    except (OSError, KeyError, TypeError) as exc:  # a file unreadable, without a column, or of other types
         raise DataError(f"data.path={data.path!r}: {exc}") from None
 
 
@@ -221,12 +221,13 @@ def description(stream: Stream) -> dict[str, Any]:
     import pyarrow.parquet as pq
     from ortflow.sources import ParquetSource
 
-    files = ParquetSource(stream.path, stream.target, list(stream.columns)).files
+    source = ParquetSource(stream.path, stream.target, list(stream.columns))
+    files = source.files
     metadata = [pq.read_metadata(f) for f in files]
     schema = metadata[0].schema.to_arrow_schema()
     return {"path": stream.path, "files": files, "digest": file_digest(files),
             "n_rows": sum(m.num_rows for m in metadata), "n_row_groups": sum(m.num_row_groups for m in metadata),
-            "schema": {name: str(schema.field(name).type) for name in schema.names}}
+            "schema": {**{name: str(schema.field(name).type) for name in schema.names}, **source.types}}
 
 
 def labels_like(y, classes: np.ndarray) -> np.ndarray:
