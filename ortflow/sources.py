@@ -74,10 +74,20 @@ class BatchSource(Protocol):
 
 
 def _stable_fraction(values: np.ndarray) -> np.ndarray:
-    """A number in [0, 1) per value, the same on every run and machine (pandas' SipHash with its fixed key)."""
+    """A number in [0, 1) per value, the same on every run and machine (pandas' SipHash with its fixed key), and the
+    same for a value however it was read: a whole float hashes as its integer (a key column with a null is read as
+    floats, and 5.0 must fall where 5 does); integers of any width hash alike."""
     import pandas as pd
 
-    hashed = pd.util.hash_array(np.asarray(values), categorize=False)
+    values = np.asarray(values)
+    if values.dtype.kind == "f":
+        whole = np.isfinite(values) & (np.round(values) == values) & (np.abs(values) < 2.0 ** 62)
+        if whole.any():
+            fractions = np.empty(len(values))
+            fractions[whole] = _stable_fraction(values[whole].astype(np.int64))
+            fractions[~whole] = _stable_fraction(values[~whole])  # none whole: hashed as floats
+            return fractions
+    hashed = pd.util.hash_array(values, categorize=False)
     return (hashed >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
@@ -192,7 +202,7 @@ class ParquetSource:
             raise KeyError(f"columns {unknown} are not in {self.path} (columns: {names})")
         self._files = [f.path for f in self._dataset.get_fragments() if self._held.keep_file(f.path)]
         if not self._files:
-            raise ValueError(f"{self.path} holds no Parquet data for this part of the split")
+            raise EmptyPartError(f"{self.path} holds no Parquet data for this part of the split")
         self._readers: dict[int, Any] = {}  # a few open files (a folder of thousands is never opened at once)
         self._matrices = _Reused()
         self._groups = []
@@ -207,6 +217,8 @@ class ParquetSource:
         self._widened = _widened(self.path, self._dataset.schema, metadata, wanted)
         for fi, file in enumerate(self._files):
             meta = metadata[file]
+            if self._held.key is not None:
+                self._check_key(file, meta)
             self._groups.extend((fi, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
         self.n_rows = sum(n for _, _, n in self._groups) if self._held.key is None else None
 
@@ -244,6 +256,15 @@ class ParquetSource:
         except Exception as exc:  # noqa: BLE001 - pyarrow's ArrowInvalid: not Parquet, or a truncated footer
             raise _unreadable(file, exc) from exc
 
+    def _check_key(self, file: str, meta) -> None:
+        """A split key with a null, as the file's statistics count them (where it has them; ``_read`` checks the
+        rest): a row without a key belongs to no part, and the key read as floats would move the other rows."""
+        index = meta.schema.names.index(self._held.key)
+        for group in range(meta.num_row_groups):
+            statistics = meta.row_group(group).column(index).statistics
+            if statistics is not None and statistics.has_null_count and statistics.null_count:
+                raise _null_key(file, group, self._held.key, statistics.null_count)
+
     def _wanted(self) -> list[str]:
         return list(dict.fromkeys([*self.columns, self.target, *([self.weight] if self.weight else []),
                                    *([self._held.key] if self._held.key else [])]))
@@ -271,6 +292,8 @@ class ParquetSource:
         if table.num_rows != rows:
             raise ValueError(f"{self._files[fi]} changed while training: row group {group} has {table.num_rows} rows, "
                              f"{rows} when the source was opened")
+        if self._held.key is not None and table.column(self._held.key).null_count:
+            raise _null_key(self._files[fi], group, self._held.key, table.column(self._held.key).null_count)
         return {name: (table.column(name).to_numpy(zero_copy_only=False) if name not in self._widened
                        else table.column(name).to_numpy(zero_copy_only=False).astype(np.float64))
                 for name in wanted}
@@ -538,6 +561,16 @@ def ordered(chunk) -> tuple[Any, Any, Any]:
 def _chunk(X, y, w, order):
     """A chunk as ``chunks`` yields it: ``(X, y, w)``, with its rows' ``order`` as a fourth item when shuffled."""
     return (X, y, w) if order is None else (X, y, w, order)
+
+
+class EmptyPartError(ValueError):
+    """A part of a split that holds no file (whole files go to a part by the hash of their names)."""
+
+
+def _null_key(file: str, group: int, key: str, count: int) -> ValueError:
+    """The error of a split key with nulls: such rows would belong to no part (and make the key floats)."""
+    return ValueError(f"{file} (row group {group}): the split key {key!r} is missing in {count} row(s): a row "
+                      "without a key belongs to no part of the split; fill the key or drop those rows")
 
 
 def _unreadable(file: str, exc: Exception, where: str = "") -> OSError:

@@ -242,3 +242,45 @@ def test_a_float_column_that_is_text_in_one_file_is_refused_naming_it(tmp_path, 
     with pytest.raises(DataError, match=r"p1.parquet: column 'k' is string, where p0.parquet \(the first file, which "
                                         r"the sample is read from\) has int64"):
         open_stream(cfg.data, cfg.preprocess)
+
+
+# -- item 5: the key split depends on the key's value only --------------------------------------------------------
+
+
+def test_the_key_split_depends_on_the_key_value_only(tmp_path):
+    """Seen: a key read with a null comes out as floats, and 5.0 hashed apart from 5: one appended null-key row
+    moved 1,655 of 2,045 test rows. Now a whole float hashes as its integer: the same ids written as int64, int32
+    and float64 make the same test part."""
+    from ortflow.sources import ParquetSource
+
+    frame = pd.DataFrame({"id": np.arange(600), "x": np.linspace(0, 1, 600)})
+    frame["y"] = 2 * frame.x
+    parts = []
+    for dtype in ("int64", "int32", "float64"):
+        folder = tmp_path / dtype
+        _write_parts(frame.astype({"id": dtype}), folder, files=2)
+        _, test = ParquetSource(folder, "y", ["x"]).split(0.3, key="id")
+        parts.append(sorted(np.concatenate([np.asarray(X["x"]) for X, *_ in test.chunks(None)]).tolist()))
+    assert parts[0] == parts[1] == parts[2] and 100 < len(parts[0]) < 260
+
+
+def test_a_null_split_key_is_refused_naming_the_file(tmp_path, compose_pipeline):
+    """Seen: null keys all landed in validation, silently. Now refused naming the file and the row group, when the
+    stream opens (the files' statistics) or, in a file without statistics, when the row group is read."""
+    from ortflow.sources import ParquetSource
+    from pipelines.data.streams import open_stream
+
+    frame = pd.DataFrame({"id": np.arange(600.0), "x": np.linspace(0, 1, 600)})
+    frame["y"] = 2 * frame.x
+    frame.loc[450, "id"] = np.nan
+    _write_parts(frame, tmp_path / "t", files=2)
+    cfg = compose_pipeline("data=parquet", f"data.path={tmp_path / 't'}", "data.target=y", "data.key=id")
+    with pytest.raises(DataError, match=r"part-1.parquet \(row group 1\): the split key 'id' is missing in 1 row"):
+        open_stream(cfg.data, cfg.preprocess)
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), folder / "p.parquet", row_group_size=100,
+                   write_statistics=False)
+    _, test = ParquetSource(folder, "y", ["x"]).split(0.3, key="id")
+    with pytest.raises(ValueError, match=r"p.parquet \(row group 4\): the split key 'id' is missing in 1 row"):
+        list(test.chunks(None))

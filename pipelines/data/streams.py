@@ -74,6 +74,8 @@ def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple
     """The configured table checked and split: ``(Stream, {part: ParquetSource})``. A :class:`DataError` names a
     missing path, target, key or feature column, a column ``preprocess`` cannot take (without preprocessing, a
     non-numeric one) and an empty part. ``preprocess.columns.<column>=drop`` leaves a column out."""
+    from ortflow.sources import EmptyPartError
+
     from ..base.paths import user_path
     from .tables import column_treatments
 
@@ -119,11 +121,11 @@ def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple
                     float(data.validation_fraction), int(data.buffer_rows), str(data.get("junk_cells", "refuse")))
     try:
         return stream, stream.parts()
-    except ValueError as exc:  # a part the files' names leave empty
+    except EmptyPartError as exc:  # a part the files' names leave empty
         raise DataError(f"data.path={data.path!r}: {exc}: without data.key whole files go to the test, validation "
                         "and training parts by the hash of their names; set data.key=<a column> to split rows, or "
                         "use more files") from None
-    except (OSError, KeyError, TypeError) as exc:  # a file unreadable, without a column, or of other types
+    except (OSError, KeyError, TypeError, ValueError) as exc:  # unreadable, other columns or types, null keys
         raise DataError(f"data.path={data.path!r}: {exc}") from None
 
 
