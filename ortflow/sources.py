@@ -276,7 +276,9 @@ class ParquetSource:
         if reader is None:
             if len(self._readers) >= 8:
                 self._readers.pop(next(iter(self._readers))).close()
-            reader = pq.ParquetFile(self._files[index])
+            # page checksums verified where the writer stored them (write_page_checksum=True): a flipped bit in a
+            # data page is an error naming the file, not other numbers
+            reader = pq.ParquetFile(self._files[index], page_checksum_verification=True)
         self._readers[index] = reader  # the most recent last
         return reader
 
@@ -576,8 +578,8 @@ def _null_key(file: str, group: int, key: str, count: int) -> ValueError:
 def _unreadable(file: str, exc: Exception, where: str = "") -> OSError:
     """The error of a Parquet file that cannot be read, naming it (and the row group)."""
     what = f" ({where})" if where else ""
-    return OSError(f"{file}{what} cannot be read as Parquet: {type(exc).__name__}: {exc} (removed, truncated or "
-                   "not a Parquet file?)")
+    return OSError(f"{file}{what} cannot be read as Parquet: {type(exc).__name__}: {exc} (removed, truncated, "
+                   "corrupted or not a Parquet file?)")
 
 
 def _numpy(value):

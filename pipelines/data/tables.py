@@ -109,7 +109,9 @@ def _load(path: Path, data: DictConfig):
     import pandas as pd
 
     try:
-        frame = pd.read_parquet(path) if SUFFIXES[path.suffix.lower()] == "parquet" else pd.read_csv(path)
+        # page checksums verified where the writer stored them: a flipped bit is refused, not read as other numbers
+        frame = (pd.read_parquet(path, page_checksum_verification=True) if SUFFIXES[path.suffix.lower()] == "parquet"
+                 else pd.read_csv(path))
     except Exception as exc:  # noqa: BLE001 - any reader failure is the file's problem
         raise DataError(f"data.path={data.path!r}: {path.name} cannot be read as "
                         f"{SUFFIXES[path.suffix.lower()]}: {type(exc).__name__}: {exc}") from exc
