@@ -390,10 +390,37 @@ def _skl2onnx(model: Any, X: np.ndarray | None, target_opset: int) -> onnx.Model
             raise ValueError(f"to_onnx: column(s) {empty} hold no value (every cell missing): drop them before "
                              "fitting, or impute with SimpleImputer(keep_empty_features=True)") from exc
         raise
+    if "initial_types" in sample:
+        _columns_as_inputs(onx, [name for name, _ in sample["initial_types"]])
     if onx.ir_version > 10:
         onx.ir_version = 10
     check_loadable(onx)
     return onx
+
+
+def _columns_as_inputs(onx: onnx.ModelProto, columns: list[str]) -> None:
+    """Name the graph's inputs as the frame's columns. skl2onnx cleans a column's name into its input's
+    (``area m2`` -> ``area_m2``, ``Unnamed: 0`` -> ``Unnamed__0``, ``a.b`` and ``a/b`` -> ``a_b`` and ``a_b1``)
+    while the data keeps it: one name for both, the column's, which any string may be in ONNX. skl2onnx declares
+    the inputs in the order of its initial types; a tensor of the graph already holding a column's name is renamed
+    first."""
+    weights = {i.name for i in onx.graph.initializer}
+    inputs = [i.name for i in onx.graph.input if i.name not in weights]
+    if len(inputs) != len(columns):  # pragma: no cover - skl2onnx keeps one input per initial type
+        raise UnsupportedModelError(f"skl2onnx made the inputs {inputs} of the columns {columns}")
+    mapping = {old: new for old, new in zip(inputs, columns) if old != new}
+    others = _tensor_names(onx.graph) - set(inputs)
+    taken = others | set(columns)
+
+    def fresh(name: str) -> str:
+        k = 1
+        while f"{name}_{k}" in taken:
+            k += 1
+        taken.add(f"{name}_{k}")
+        return f"{name}_{k}"
+
+    _rename(onx.graph, {name: fresh(name) for name in others & set(mapping.values())})
+    _rename(onx.graph, mapping)
 
 
 def _empty_columns(X) -> list[str]:
@@ -425,6 +452,11 @@ def table_input_types(frame) -> list[tuple]:
     cells."""
     from skl2onnx.common.data_types import FloatTensorType, Int64TensorType, StringTensorType
 
+    names = [str(c) for c in frame.columns]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise ValueError(f"the frame has several columns named {repeated}: each column becomes a graph input of its "
+                         "name, so names must be unique; rename or drop the repeated columns")
     types = []
     for index, (name, dtype) in enumerate(zip(frame.columns, frame.dtypes)):
         kind = getattr(dtype, "kind", "O")

@@ -284,3 +284,79 @@ def test_a_null_split_key_is_refused_naming_the_file(tmp_path, compose_pipeline)
     _, test = ParquetSource(folder, "y", ["x"]).split(0.3, key="id")
     with pytest.raises(ValueError, match=r"p.parquet \(row group 4\): the split key 'id' is missing in 1 row"):
         list(test.chunks(None))
+
+
+# -- item 2: column names a graph input cannot hold as they are ---------------------------------------------------
+
+ODD_NAMES = ["area m2", "a.b", "a:b", "a/b", "prix€", "🏠", "Unnamed: 0"]
+
+
+def _odd(n: int = 600, seed: int = 2) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    frame = pd.DataFrame({name: rng.normal(size=n) for name in ODD_NAMES})
+    frame["city"] = rng.choice(["paris", "lyon"], n)
+    frame["y"] = frame[ODD_NAMES].to_numpy() @ np.arange(1.0, 8.0) + 3 * (frame.city == "paris")
+    return frame
+
+
+def test_odd_column_names_train_in_the_library():
+    """Seen: ``to_onnx(pipeline, df)`` named the inputs as skl2onnx cleaned them (``area_m2``) while the frame kept
+    ``area m2``: ``fit(df, y)`` failed (``missing ['area_m2'], unexpected ['area m2']``). Now the inputs are named
+    as the columns, for both trainers; repeated names are refused naming them."""
+    from sklearn.compose import make_column_transformer
+    from sklearn.linear_model import LinearRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+
+    import ortflow
+
+    frame = _odd()
+    X, y = frame.drop(columns="y"), frame.y.to_numpy()
+    pipe = make_pipeline(make_column_transformer((StandardScaler(), ODD_NAMES), (OneHotEncoder(), ["city"])),
+                         LinearRegression()).fit(X, y)
+    onx = ortflow.to_onnx(pipe, X)
+    assert [i.name for i in onx.graph.input] == [*ODD_NAMES, "city"]
+    trainers = [ortflow.OrtGradientForwardBackwardOptimizer(onx, learning_loss="squared_error", max_iter=2,
+                                                             batch_size=50, learning_rate=1e-4),
+                ortflow.OrtGradientOptimizer(ortflow.add_loss_output(onx), max_iter=2, batch_size=50,
+                                             learning_rate=1e-4)]
+    for trainer in trainers:
+        trainer.fit(X, y)  # starts at scikit-learn's solution: a small rate keeps it there
+        assert np.abs(np.ravel(trainer.predict(X)) - pipe.predict(X)).max() < 0.01 * np.abs(y).max()
+    twice = pd.concat([X, X[["area m2"]]], axis=1)  # scikit-learn refuses to fit on it; a sample given to to_onnx
+    with pytest.raises(ValueError, match=r"several columns named \['area m2'\]"):
+        ortflow.to_onnx(pipe, twice)
+
+
+@pytest.mark.parametrize("data", ["file", "parquet"])
+def test_odd_column_names_train_in_the_pipelines(data, tmp_path, new_sqlite_store, run_chain_clean):
+    """Seen: ``train`` failed after two stages ran, in the pipelines on a file and on Parquet. Now the chain trains
+    and the registered model takes the columns by their names."""
+    import mlflow
+
+    frame = _odd()
+    frame.insert(0, "id", np.arange(len(frame)))
+    if data == "file":
+        path = tmp_path / "odd.csv"
+        frame.drop(columns="id").to_csv(path, index=False)
+        overrides = ["data=file", f"data.path={path}", "data.target=y"]
+    else:
+        path = tmp_path / "odd"
+        _write_parts(frame, path, files=2)
+        overrides = ["data=parquet", f"data.path={path}", "data.target=y", "data.key=id"]
+    uri = new_sqlite_store(tmp_path / "mlflow.db")
+    result = run_chain_clean([*overrides, "model=linear", "trainer.max_iter=30", f"mlflow.tracking_uri={uri}",
+                              f"mlflow.root={tmp_path}"], tmp_path / "work")
+    assert _metrics(uri, result)["test_r2"] > 0.99
+    mlflow.set_tracking_uri(uri)
+    served = mlflow.pyfunc.load_model(f"models:/ortflow-odd-linear/1")
+    predicted = np.asarray(served.predict(frame[[*ODD_NAMES, "city"]][::-1])).reshape(-1)  # any column order
+    assert np.corrcoef(predicted, frame.y[::-1])[0, 1] > 0.99
+
+
+def test_repeated_column_names_are_refused_naming_them(tmp_path, compose_pipeline):
+    """pandas renames a CSV's repeated header (``a``, ``a.1``): the table is refused naming it instead."""
+    (tmp_path / "twice.csv").write_text("a,b,a,y\n" + "".join(f"{i},{i},{i},{i}\n" for i in range(20)))
+    cfg = compose_pipeline("data=file", f"data.path={tmp_path / 'twice.csv'}", "data.target=y")
+    with pytest.raises(DataError, match=r"twice.csv has several columns named \['a'\]"):
+        read_table(cfg.data, cfg.preprocess)

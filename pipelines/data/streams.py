@@ -83,6 +83,10 @@ def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple
     if not path.exists():
         raise DataError(f"data.path={data.path!r}: {path} does not exist (a Parquet file or a folder of them)")
     schema = _schema(path, data)
+    repeated = sorted({n for n in schema.names if schema.names.count(n) > 1})
+    if repeated:
+        raise DataError(f"data.path={data.path!r}: {path} has several columns named {repeated}: rename them so that "
+                        "each name is one column's")
     target, key = str(data.target), (str(data.key) if data.get("key") else None)
     for role, name in (("data.target", target), ("data.key", key)):
         if name is not None and name not in schema.names:

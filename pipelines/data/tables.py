@@ -115,12 +115,25 @@ def _load(path: Path, data: DictConfig):
     except Exception as exc:  # noqa: BLE001 - any reader failure is the file's problem
         raise DataError(f"data.path={data.path!r}: {path.name} cannot be read as "
                         f"{SUFFIXES[path.suffix.lower()]}: {type(exc).__name__}: {exc}") from exc
+    header = _csv_header(path) if SUFFIXES[path.suffix.lower()] == "csv" else [str(c) for c in frame.columns]
+    repeated = sorted({c for c in header if header.count(c) > 1})
+    if repeated:  # pandas renames a CSV's repeated names (a, a.1): which one is meant is the user's to say
+        raise DataError(f"{path.name} has several columns named {repeated}: rename them so that each name is one "
+                        "column's")
     frame.columns = [str(c) for c in frame.columns]
     target = str(data.target)
     if target not in frame.columns:
         raise DataError(f"data.target={target!r} is not a column of {path.name}; its columns: "
                         f"{_names(frame.columns)}")
     return frame
+
+
+def _csv_header(path: Path) -> list[str]:
+    """The column names of a CSV file as written (pandas renames repeated ones)."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8", errors="replace") as handle:
+        return next(csv.reader(handle), [])
 
 
 def _read_raw(path: Path, data: DictConfig, treatments: dict[str, str]) -> Table:
