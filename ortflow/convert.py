@@ -122,14 +122,7 @@ def _chained(prep: onnx.ModelProto, head: onnx.ModelProto, opset: int) -> onnx.M
         raise ValueError(f"column names {clash} are names the estimator's graph needs (its weights and outputs): "
                          "rename those columns")
     head_names = _tensor_names(head.graph) | {n.name for n in head.graph.node}
-    taken = head_names | _tensor_names(prep.graph) | {n.name for n in prep.graph.node}
-
-    def fresh(name: str) -> str:
-        k = 0
-        while f"{name}_prep{k or ''}" in taken:
-            k += 1
-        taken.add(f"{name}_prep{k or ''}")
-        return f"{name}_prep{k or ''}"
+    fresh = _namer(head_names | _tensor_names(prep.graph) | {n.name for n in prep.graph.node}, "_prep")
 
     prep_graph = onnx.GraphProto()
     prep_graph.CopyFrom(prep.graph)
@@ -162,6 +155,19 @@ def _chained(prep: onnx.ModelProto, head: onnx.ModelProto, opset: int) -> onnx.M
     model.producer_name = "ortflow"
     check_loadable(model)
     return model
+
+
+def _namer(taken: set[str], suffix: str):
+    """A function giving a name not in ``taken`` (``name + suffix``, then with 1, 2... after it), added there."""
+
+    def fresh(name: str) -> str:
+        k = 0
+        while f"{name}{suffix}{k or ''}" in taken:
+            k += 1
+        taken.add(f"{name}{suffix}{k or ''}")
+        return f"{name}{suffix}{k or ''}"
+
+    return fresh
 
 
 def _tensor_names(graph: onnx.GraphProto) -> set[str]:
@@ -410,15 +416,7 @@ def _columns_as_inputs(onx: onnx.ModelProto, columns: list[str]) -> None:
         raise UnsupportedModelError(f"skl2onnx made the inputs {inputs} of the columns {columns}")
     mapping = {old: new for old, new in zip(inputs, columns) if old != new}
     others = _tensor_names(onx.graph) - set(inputs)
-    taken = others | set(columns)
-
-    def fresh(name: str) -> str:
-        k = 1
-        while f"{name}_{k}" in taken:
-            k += 1
-        taken.add(f"{name}_{k}")
-        return f"{name}_{k}"
-
+    fresh = _namer(others | set(columns), "_renamed")
     _rename(onx.graph, {name: fresh(name) for name in others & set(mapping.values())})
     _rename(onx.graph, mapping)
 
