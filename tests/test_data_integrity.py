@@ -10,6 +10,7 @@ file, the column and the rows.
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import pandas as pd
@@ -360,3 +361,28 @@ def test_repeated_column_names_are_refused_naming_them(tmp_path, compose_pipelin
     cfg = compose_pipeline("data=file", f"data.path={tmp_path / 'twice.csv'}", "data.target=y")
     with pytest.raises(DataError, match=r"twice.csv has several columns named \['a'\]"):
         read_table(cfg.data, cfg.preprocess)
+
+
+# -- item 9: a target beyond float32 ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [1e300, 1.38e306])
+@pytest.mark.parametrize("data,preprocess", [("file", "auto"), ("file", "none"), ("parquet", "auto"),
+                                             ("parquet", "none")])
+def test_a_target_beyond_float32_is_named(value, data, preprocess, tmp_path, compose_pipeline):
+    """Seen on Parquet: a target of 1e300 trained, then evaluate failed with a traceback; 1.38e306 gave
+    scikit-learn's "Input y contains NaN" in convert. Now named as a feature beyond float32 is, before training."""
+    from pipelines.data.datasets import make_split
+
+    frame = _rooms(400).astype({"a": np.float64, "rooms": np.float64})
+    frame.loc[5, "y"] = value
+    if data == "file":
+        frame.drop(columns="id").to_csv(tmp_path / "t.csv", index=False)
+        overrides = ["data=file", f"data.path={tmp_path / 't.csv'}"]
+    else:
+        _write_parts(frame, tmp_path / "t", files=1)
+        overrides = ["data=parquet", f"data.path={tmp_path / 't'}", "data.key=id", "data.sample_rows=1000"]
+    cfg = compose_pipeline(*overrides, "data.target=y", f"preprocess={preprocess}")
+    shown = re.escape(f"{value:g}")
+    with pytest.raises(DataError, match=rf"the target 'y' of .*t.*holds {shown} at data row \d+: beyond float32"):
+        make_split(cfg.data, preprocess=cfg.preprocess)

@@ -178,10 +178,26 @@ def raw_rows(source, X, y, where: str, kinds: dict[str, str] | None = None, junk
     from .tables import table_frame
 
     y = np.asarray(y)
+    check_target(source, y, where)
+    return table_frame(X, file=f"{source.path} ({where} rows)", kinds=kinds, junk_cells=junk_cells), y
+
+
+def check_target(source, y: np.ndarray, where: str) -> None:
+    """A chunk's target: a gap or a number beyond float32 (which the model computes in) is a DataError naming the
+    column, the part and the file."""
     if _target_gaps(y):
         raise DataError(f"data.path={source.path!r}: the target {source.target!r} holds missing or non-finite values "
                         f"(in the {where} rows): fill or drop those rows in the table")
-    return table_frame(X, file=f"{source.path} ({where} rows)", kinds=kinds, junk_cells=junk_cells), y
+    _target_range(source, y, where)
+
+
+def _target_range(source, y: np.ndarray, where: str) -> None:
+    """A numeric target beyond float32's range named (:func:`pipelines.data.tables.check_float32`)."""
+    from .tables import check_float32
+
+    if y.dtype.kind in "fiu":
+        check_float32(np.asarray(y, dtype=np.float64), f"the target {source.target!r}",
+                      f"{source.path} ({where} rows)")
 
 
 def _target_gaps(y: np.ndarray) -> bool:
@@ -208,6 +224,7 @@ def finite(source, X: np.ndarray, y: np.ndarray, where: str) -> tuple[np.ndarray
                         f"{where} rows): data=parquet with preprocess=none feeds numeric columns as they are; fill or "
                         "drop the gaps in the table, or use preprocess=auto (the default), whose preprocessing "
                         "imputes them in the graph")
+    _target_range(source, y, where)
     return X, y
 
 

@@ -228,10 +228,7 @@ def table_frame(frame, treatments: dict[str, str] | None = None, file: str = "th
             # gaps NaN (the graph's imputer fills them); pandas' own dtypes (Int64, Arrow) mark them otherwise
             values = (column.to_numpy(np.float64) if isinstance(column.dtype, np.dtype)
                       else column.to_numpy(np.float64, na_value=np.nan))
-            large = np.flatnonzero(np.abs(values) > _FLOAT32_MAX)
-            if len(large):
-                raise DataError(f"column {name!r} of {file} holds {values[large[0]]:g} at data row "
-                                f"{large[0] + 1}: beyond float32's range (±3.4e38), which the model computes in")
+            check_float32(values, f"column {name!r}", file)
             out[name] = values
         elif kind == "bool":
             out[name] = column.map({True: 1.0, False: 0.0}).astype(np.float64)
@@ -361,7 +358,18 @@ def _target(column, task: str, target: str, file: str) -> np.ndarray:
             raise DataError(f"data.target={target!r} of {file} holds text ({text.iloc[0]!r} ...): a regression "
                             "target must be numbers; for labels set data.task=classification (and a classifier)")
         column = values
-    return column.astype(np.float64).to_numpy()
+    values = column.astype(np.float64).to_numpy()
+    check_float32(values, f"the target {target!r}", file)
+    return values
+
+
+def check_float32(values: np.ndarray, what: str, file: str) -> None:
+    """A DataError naming the first value of ``what`` (a feature column, the target) beyond float32's range, which
+    the model computes in: it would train to infinities or fail after training."""
+    large = np.flatnonzero(np.abs(values) > _FLOAT32_MAX)
+    if len(large):
+        raise DataError(f"{what} of {file} holds {values[large[0]]:g} at data row {large[0] + 1}: beyond float32's "
+                        "range (±3.4e38), which the model computes in")
 
 
 def _target_present(y: np.ndarray) -> np.ndarray:
