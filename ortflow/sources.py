@@ -179,10 +179,13 @@ class ParquetSource:
 
     ``target`` names the label column, ``weight`` an optional sample-weight column, ``columns`` the features (default:
     every other column, the split key excluded). ``buffer_rows`` bounds the rows held at once (and the shuffle's reach).
+    ``files``: the Parquet files of the folder to read (default: those it holds now), so that a run reads the files
+    it recorded, not one added to the folder since.
     """
 
     def __init__(self, path: str | os.PathLike, target: str, columns: list[str] | None = None,
-                 weight: str | None = None, buffer_rows: int = 65536, _held: _Held | None = None):
+                 weight: str | None = None, buffer_rows: int = 65536, _held: _Held | None = None,
+                 files: list[str] | None = None):
         import pyarrow.dataset as ds
 
         self.path, self.target, self.weight = str(path), target, weight
@@ -190,7 +193,8 @@ class ParquetSource:
         if self.buffer_rows < 1:
             raise ValueError(f"buffer_rows={buffer_rows!r} must be a positive integer")
         self._held = _held or _Held()
-        self._dataset = ds.dataset(self.path, format="parquet")
+        self._listed = None if files is None else [str(f) for f in files]
+        self._dataset = ds.dataset(self._listed or self.path, format="parquet")
         names = self._dataset.schema.names
         for role, name in (("target", target), ("weight", weight)):
             if name is not None and name not in names:
@@ -230,7 +234,7 @@ class ParquetSource:
         part from one hash: part 1 keeps its rows whatever ``f2`` is."""
         columns = [c for c in self.columns if c != key]  # the key says where a row goes, it is no feature
         return tuple(ParquetSource(self.path, self.target, columns, self.weight, self.buffer_rows,
-                                   _Held(low, high, key)) for low, high in _bands(fraction))
+                                   _Held(low, high, key), self._listed) for low, high in _bands(fraction))
 
     @property
     def files(self) -> list[str]:

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ from omegaconf import DictConfig
 
 from ..base.errors import DataError
 
+_log = logging.getLogger("pipelines.data.streams")
 #: the parts of a split, in the order of :meth:`Stream.parts`
 PARTS = ("train", "validation", "test")
 
@@ -51,20 +53,36 @@ class Stream:
     validation_fraction: float
     buffer_rows: int
     junk_cells: str = "refuse"  # data.junk_cells: the cells of a number column that are not numbers
+    files: tuple[str, ...] = ()  # the Parquet files the split was made of (empty: those the path holds now)
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "columns": list(self.columns)}, sort_keys=True)
+        return json.dumps({**asdict(self), "columns": list(self.columns), "files": list(self.files)}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Stream:
         values = json.loads(text)
-        return cls(**{**values, "columns": tuple(values["columns"])})
+        return cls(**{**values, "columns": tuple(values["columns"]), "files": tuple(values.get("files", ()))})
 
-    def parts(self) -> dict[str, Any]:
-        """``{part: ParquetSource}`` (no ``validation`` when ``validation_fraction`` is 0)."""
+    def source(self):
+        """The whole table as a ParquetSource over the files the split recorded; a warning names the files the
+        folder holds now beyond them (added since: not read, so that every stage reads the rows the split had)."""
         from ortflow.sources import ParquetSource
 
-        source = ParquetSource(self.path, self.target, list(self.columns) or None, buffer_rows=self.buffer_rows)
+        source = ParquetSource(self.path, self.target, list(self.columns) or None, buffer_rows=self.buffer_rows,
+                               files=list(self.files) or None)
+        if self.files and os.path.isdir(self.path):
+            import pyarrow.dataset as ds
+
+            added = sorted(set(ds.dataset(self.path, format="parquet").files) - set(self.files))
+            if added:
+                _log.warning("%s holds %d Parquet file(s) added since the split was made, not read: %s", self.path,
+                             len(added), [os.path.basename(f) for f in added[:10]])
+        return source
+
+    def parts(self) -> dict[str, Any]:
+        """``{part: ParquetSource}`` (no ``validation`` when ``validation_fraction`` is 0), over the recorded files
+        (:meth:`source`)."""
+        source = self.source()
         fractions = [self.test_size] + ([self.validation_fraction] if self.validation_fraction > 0 else [])
         parts = source.split(fractions, key=self.key)
         return dict(zip(("train", "test", "validation"), parts))
@@ -124,6 +142,7 @@ def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple
     stream = Stream(str(path), target, tuple(columns), key, float(data.test_size),
                     float(data.validation_fraction), int(data.buffer_rows), str(data.get("junk_cells", "refuse")))
     try:
+        stream = replace(stream, files=tuple(stream.source().files))  # the files the run reads, whatever comes later
         return stream, stream.parts()
     except EmptyPartError as exc:  # a part the files' names leave empty
         raise DataError(f"data.path={data.path!r}: {exc}: without data.key whole files go to the test, validation "
@@ -242,9 +261,8 @@ def description(stream: Stream) -> dict[str, Any]:
     """What lineage records of the table, from the files' metadata only: the files, their digest, the schema,
     the row count and the row groups."""
     import pyarrow.parquet as pq
-    from ortflow.sources import ParquetSource
 
-    source = ParquetSource(stream.path, stream.target, list(stream.columns))
+    source = stream.source()
     files = source.files
     metadata = [pq.read_metadata(f) for f in files]
     schema = metadata[0].schema.to_arrow_schema()
@@ -304,7 +322,7 @@ def scan_labels(source) -> np.ndarray:
     from ortflow.sources import ParquetSource
 
     labels_only = ParquetSource(source.path, source.target, [], buffer_rows=source.buffer_rows,
-                                _held=source._held)
+                                _held=source._held, files=source._listed)
     seen: set = set()
     for _, y, _ in labels_only.chunks(None):
         seen.update(np.unique(np.asarray(y)).tolist())
