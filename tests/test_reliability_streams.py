@@ -144,3 +144,28 @@ def test_a_flipped_bit_in_a_checksummed_page_is_refused_naming_the_file(tmp_path
     cfg = compose_pipeline("data=file", f"data.path={tmp_path / 'part1.parquet'}", "data.target=y")
     with pytest.raises(DataError, match=r"part1\.parquet cannot be read as parquet: OSError: .*CRC checksum"):
         read_table(cfg.data, cfg.preprocess)
+
+
+def test_a_row_group_larger_than_the_buffer_is_read_in_slices(tmp_path):
+    """Seen: ``buffer_rows=1000`` on one row group of 2M x 20 peaked at 2.5 GB: a row group was read whole whatever
+    the buffer. Now a row group larger than the buffer is read in slices of ``buffer_rows`` rows (``iter_batches``),
+    each a chunk of its own: every chunk holds at most ``buffer_rows`` rows, the epoch every row once, shuffled or
+    not, and a resume inside the epoch skips the rows trained."""
+    frame = _frame(1000).assign(i=np.arange(1000.0))
+    pq.write_table(pa.Table.from_pandas(frame), tmp_path / "big.parquet", row_group_size=1000)
+    pq.write_table(pa.Table.from_pandas(_frame(120).assign(i=1000.0 + np.arange(120))), tmp_path / "small.parquet",
+                   row_group_size=60)
+    source = ParquetSource(tmp_path, target="y", buffer_rows=300)
+    for rng in (None, np.random.RandomState(0), np.random.RandomState(1)):
+        chunks = [ortflow.sources.ordered(chunk) for chunk in source.chunks(rng)]
+        assert max(len(y) for _, y, _ in chunks) <= 300
+        rows = np.concatenate([X["i"].to_numpy() for X, _, _ in chunks])
+        assert sorted(rows.tolist()) == list(range(1120))
+    for seed in (0, 1):  # resumed after 450 rows: the same order from there, the first 450 rows skipped
+        whole = np.concatenate([ortflow.sources.ordered(c)[0]["i"].to_numpy()
+                                for c in source.chunks(np.random.RandomState(seed))])
+        rest = np.concatenate([ortflow.sources.ordered(c)[0]["i"].to_numpy()
+                               for c in source.chunks(np.random.RandomState(seed), skip_rows=450)])
+        np.testing.assert_array_equal(rest, whole[450:])
+    X, y, _ = source.head(50)  # the first rows of the first file (big.parquet), from its first slice
+    assert X["i"].tolist() == list(range(50))
