@@ -20,7 +20,10 @@
 
 The sources here:
 
-- :class:`ParquetSource`: a Parquet file or folder, read row group by row group through ``pyarrow.dataset``;
+- :class:`ParquetSource`: a Parquet file or folder (or the files of it given), read row group by row group, a row
+  group larger than ``buffer_rows`` in slices of ``buffer_rows`` rows, page checksums verified where the files have
+  them; each file's column types are checked against the first file's when it opens (integers and floats mixed
+  read as floats, another difference refused naming the file and the column);
 - :class:`ArrowSource`: an Arrow table or ``RecordBatchReader`` factory;
 - :class:`NumpySource`: ``.npy`` files memory-mapped (``np.load(mmap_mode='r')``);
 - :class:`IterableSource`: anything iterable again each epoch over ``(X, y)`` batches, a torch ``DataLoader`` too.
@@ -44,7 +47,8 @@ holds): ``Checkpoint(every_rows=...)`` and a resume inside an epoch are refused 
 ``source.split(fraction, key=column)``: a row belongs to the validation part when a stable hash of its ``key`` value
 falls under ``fraction`` (the same rows on every run and machine); without a key, whole files are held out by the
 hash of their name. ``source.split([test, validation], key=column)`` cuts three parts from the same hash (the bands
-``[0, test)``, ``[test, test + validation)`` and the rest).
+``[0, test)``, ``[test, test + validation)`` and the rest). The hash is of the key's value, whatever its type (a
+whole float as its integer); a null key is refused naming the file and the row group.
 """
 
 from __future__ import annotations
