@@ -435,7 +435,7 @@ def _warn_non_numbers(column, name: str) -> None:
     from .tables import describe_cells, non_numbers
 
     bad = non_numbers(column)
-    if bad is not None and bad.any():
+    if bad is not None:
         warnings.warn(f"column {name!r} is text, yet numbers but for {int(bad.sum())} of {len(bad)} cells "
                       f"({describe_cells(column, bad)}): it becomes a text input (one level per value); to use it "
                       f"as a number, read those cells as gaps first, e.g. pandas.to_numeric(df[{name!r}], "

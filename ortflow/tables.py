@@ -27,9 +27,10 @@ NUMERIC_SHARE = 0.9
 
 def non_numbers(column) -> np.ndarray | None:
     """The mask of the cells of a text column (a pandas Series of objects or strings) that are not numbers, when the
-    column is numbers but for a few cells (at least :data:`NUMERIC_SHARE` of its present cells parse as numbers:
-    ``?``, ``n.a.``, ``12 kg`` among numbers, which pandas' readers leave as text); None when it is not: a column
-    of numbers already, of text, or without any present cell. A mask without any True: text holding numbers only."""
+    column is numbers but for a few cells (at least :data:`NUMERIC_SHARE` of its present cells parse as numbers, and
+    some do not: ``?``, ``n.a.``, ``12 kg`` among numbers, which pandas' readers leave as text); None when it is not:
+    a column of numbers already, of text, of text holding numbers only (codes a file typed as text), or without any
+    present cell."""
     import pandas as pd
 
     if getattr(column.dtype, "kind", "O") in "biufcmM" or isinstance(column.dtype, pd.CategoricalDtype):
@@ -38,7 +39,7 @@ def non_numbers(column) -> np.ndarray | None:
     if not present.any() or column[present].map(type).eq(bool).all():
         return None
     bad = pd.to_numeric(column, errors="coerce").isna().to_numpy() & present
-    if bad.sum() > (1.0 - NUMERIC_SHARE) * present.sum():
+    if not bad.any() or bad.sum() > (1.0 - NUMERIC_SHARE) * present.sum():
         return None
     return bad
 
