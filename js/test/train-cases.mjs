@@ -1,8 +1,9 @@
 // Trains training packages in Node for the Python tests (tests/test_js_training.py): one process per runtime.
-// Usage: node train-cases.mjs <node|web> <jobs.json>; jobs.json holds [{package, X, y, fit: {epochs, shuffle, seed,
-// sampleWeight}, state, model, predictX?, prediction?}]: each job trains its package from its initial state and writes
-// the state file (exportState) to `state`, the trained graph (exportModel) to `model`, predict(predictX) as JSON to
-// `prediction`. Errors are written as {"error": message, "name": ...} to `state` + ".error.json".
+// Usage: node train-cases.mjs <node|web> <jobs.json>; jobs.json holds [{package, X, y, fits: [{epochs, shuffle,
+// seed, sampleWeight}, ...], state, model?, predictX?, prediction?}]: each job loads its package, calls fit once per
+// entry of `fits`, and writes the state file (exportState) to `state`, the trained graph (exportModel) to `model`,
+// {values: predict(predictX), epochs: the onEpoch records} as JSON to `prediction`. A job that throws writes
+// {name, message} to `state` + ".error.json" instead.
 import {readFile, writeFile} from 'node:fs/promises';
 import {createRequire} from 'node:module';
 import {Trainer} from '../index.js';
@@ -26,7 +27,9 @@ for (const job of jobs) {
   try {
     const trainer = await Trainer.load(job.package, {ort});
     const epochs = [];
-    await trainer.fit(job.X, job.y, {...job.fit, onEpoch: (r) => { epochs.push(r); }});
+    for (const options of job.fits || [{}]) {
+      await trainer.fit(job.X, job.y, {...options, onEpoch: (r) => { epochs.push(r); }});
+    }
     await writeFile(job.state, trainer.exportState());
     if (job.model) await writeFile(job.model, trainer.exportModel());
     if (job.prediction) await writeFile(job.prediction, JSON.stringify({values: await trainer.predict(job.predictX),
