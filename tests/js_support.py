@@ -118,3 +118,28 @@ def make_package(case: str, opt: str, folder: Path):
 def write_jobs(path: Path, jobs: list[dict]) -> Path:
     path.write_text(json.dumps(jobs, default=lambda a: a.tolist()))
     return path
+
+
+def output_atol(reference, X) -> float:
+    """How far a prediction of the graph trained in another runtime may lie from the Python-trained graph's: an output
+    moves with the weights by at most the weights' tolerance times the size of what they multiply,
+    ``sum_t tol_t * (1 + max_row sum|x|) * prod_t max(1, |W_t|)`` with ``|W_t|`` the largest absolute row or column
+    sum of each trained matrix (kernel) and ``max|W_t|`` of each vector (activations 1-Lipschitz)."""
+    tol = sum(weights_atol(reference.steps, w) for w in reference.weights.values())
+    gain = 1.0
+    for w in reference.weights.values():
+        a = np.abs(w.astype(np.float64))
+        if a.ndim >= 2:
+            gain *= max(1.0, a.reshape(a.shape[0], -1).sum(axis=1).max(), a.reshape(-1, a.shape[-1]).sum(axis=0).max())
+        else:
+            gain *= max(1.0, float(a.max(initial=0.0)))
+    return tol * (1.0 + float(np.abs(X).reshape(len(X), -1).sum(axis=1).max())) * gain
+
+
+def run_graph(model_bytes, X) -> dict:
+    """Every output of a graph (Python's onnxruntime) for its one input X."""
+    from ortflow._ort import InferenceSession
+
+    session = InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, {name: X})))

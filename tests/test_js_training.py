@@ -5,9 +5,7 @@ each with SGD (invscaling schedule) and Adam, end at the weights Python's refere
 exports predicts what the Python-trained graph predicts. One node process per runtime trains every package.
 
 Tolerances: weights, the rule of tests/js_support.py (``2 * steps * TERM_ROUNDINGS * u32 * max|w|`` per tensor).
-Predictions: an output moves with the weights by at most the weights' tolerance times the size of what they
-multiply: ``atol = sum_t tol_t * (1 + sum|x|) * prod_t max(1, |W_t|)``, ``|W_t|`` the largest absolute row or column
-sum of each trained matrix (kernel) and ``max|W_t|`` of each vector, the activations being 1-Lipschitz.
+Predictions: ``output_atol`` of tests/js_support.py.
 """
 
 from __future__ import annotations
@@ -18,13 +16,12 @@ import os
 import numpy as np
 import pytest
 
-from ortflow._ort import InferenceSession
 from ortflow.package import TrainingPackage, load_training_state, train_package
 from ortflow.schedules import learning_rate_at
 from ortflow.shuffle import draws, epoch_order, seed_state
 
-from js_support import CASES, JS_GROUP, OPTIMIZERS, RUNTIMES, make_package, node, require_node, weights_atol, \
-    write_jobs
+from js_support import CASES, JS_GROUP, OPTIMIZERS, RUNTIMES, make_package, node, output_atol, require_node, run_graph, \
+    weights_atol, write_jobs
 
 pytestmark = JS_GROUP
 FIT = {"epochs": 3, "shuffle": True, "seed": 2026}
@@ -84,24 +81,6 @@ def test_weights_match_python_reference(trained, case, opt, runtime):
     assert moved > 10 * max(weights_atol(reference.steps, w) for w in reference.tensors.values())
 
 
-def _output_atol(reference, X) -> float:
-    tol = sum(weights_atol(reference.steps, w) for w in reference.weights.values())
-    gain = 1.0
-    for w in reference.weights.values():
-        a = np.abs(w.astype(np.float64))
-        if a.ndim >= 2:
-            gain *= max(1.0, a.reshape(a.shape[0], -1).sum(axis=1).max(), a.reshape(-1, a.shape[-1]).sum(axis=0).max())
-        else:
-            gain *= max(1.0, float(a.max(initial=0.0)))
-    return tol * (1.0 + float(np.abs(X).reshape(len(X), -1).sum(axis=1).max())) * gain
-
-
-def _run(model_bytes, X):
-    session = InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, {name: X})))
-
-
 @pytest.mark.parametrize("runtime", RUNTIMES)
 @pytest.mark.parametrize("opt", OPTIMIZERS)
 @pytest.mark.parametrize("case", CASES)
@@ -112,8 +91,8 @@ def test_exported_model_predicts_like_python(trained, case, opt, runtime):
     exported = (out.parent / f"{out.name}.onnx").read_bytes()
     assert exported == state.trained_onnx_bytes()
     X, reference = entry["X"], entry["reference"]
-    ours, theirs = _run(exported, X), _run(reference.trained_onnx_bytes(), X)
-    atol = _output_atol(reference, X)
+    ours, theirs = run_graph(exported, X), run_graph(reference.trained_onnx_bytes(), X)
+    atol = output_atol(reference, X)
     scores = [n for n, v in theirs.items() if v.dtype.kind == "f"]
     assert scores
     for name in scores:
