@@ -516,9 +516,11 @@ export class Trainer {
 
 function batchRows(b, order, start, rows) {
   const {data, width} = b.c;
-  if (!order) {
-    return b.gather ? data.subarray(start * width, (start + rows) * width) :
-      data.slice(start * width, (start + rows) * width);
+  if (!order) {  // copied: onnxruntime-node takes a view into a large array more slowly than a small array
+    if (!b.gather) return data.slice(start * width, (start + rows) * width);
+    const out = b.gather.subarray(0, rows * width);
+    out.set(data.subarray(start * width, (start + rows) * width));
+    return out;
   }
   const out = b.gather ? b.gather.subarray(0, rows * width) : new Array(rows * width);
   for (let r = 0; r < rows; r++) {

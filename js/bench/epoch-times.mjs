@@ -1,0 +1,31 @@
+// Epoch times of a package trained in Node, for `python -m bench.portable`.
+// Usage: node epoch-times.mjs <node|web> <package folder> <X.f32> <y.f32> <rows> <epochs>
+// X.f32 / y.f32: float32 little-endian rows (what the package's data input and target take, target encoding
+// "value"); they go in as runtime tensors. Prints {"times": [seconds per epoch], "losses": [...], "threads": 1}.
+import {readFile} from 'node:fs/promises';
+import {createRequire} from 'node:module';
+import {Trainer} from '../index.js';
+
+const [kind, folder, xFile, yFile, rowsText, epochsText] = process.argv.slice(2);
+const require = createRequire(import.meta.url);
+const ort = require(kind === 'web' ? 'onnxruntime-web' : 'onnxruntime-node');
+if (kind === 'web') ort.env.wasm.numThreads = 1;
+const rows = Number(rowsText);
+const floats = async (file) => {
+  const bytes = await readFile(file);
+  return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+};
+const x = await floats(xFile);
+const y = await floats(yFile);
+const trainer = await Trainer.load(folder, {ort});
+const X = new ort.Tensor('float32', x, [rows, x.length / rows]);
+const Y = new ort.Tensor('float32', y, [rows, y.length / rows]);
+const times = [];
+let last = performance.now();
+await trainer.fit(X, Y, {epochs: Number(epochsText), shuffle: false, onEpoch: () => {
+  const now = performance.now();
+  times.push((now - last) / 1000);
+  last = now;
+}});
+console.log(JSON.stringify({times, losses: trainer.history.map((r) => r.loss), threads: 1,
+  versions: ort.env.versions}));
