@@ -12,7 +12,6 @@ covers a reordered sum at every rounding.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import warnings
@@ -21,13 +20,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.portable import chromium_path
 from tolerances import TERM_ROUNDINGS, U32
 
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "js"
 NODE = shutil.which("node")
 NPM = shutil.which("npm")
-CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and os.path.exists(p)), None)
+CHROMIUM = chromium_path()
 #: every JS test runs in one xdist worker: `npm ci` (when node_modules is missing) runs once
 JS_GROUP = pytest.mark.xdist_group("js")
 RUNTIMES = ("node", "web")

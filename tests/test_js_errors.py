@@ -30,7 +30,8 @@ const labels = Array.from({length: 60}, (_, i) => (i %% 3 ? 'yes' : 'no'));
 const Xb = rows(60, 6, (i, j) => ((i + j) %% 5) / 5);
 const out = {};
 async function expectError(name, f) {
-  try { await f(); out[name] = {thrown: false}; } catch (e) { out[name] = {thrown: true, name: e.name, message: e.message}; }
+  try { await f(); out[name] = {thrown: false}; }
+  catch (e) { out[name] = {thrown: true, name: e.name, message: e.message}; }
 }
 await expectError('version', () => Trainer.load(versioned, {ort}));
 await expectError('checksum', () => Trainer.load(tampered, {ort}));

@@ -20,8 +20,8 @@ from ortflow.package import TrainingPackage, load_training_state, train_package
 from ortflow.schedules import learning_rate_at
 from ortflow.shuffle import draws, epoch_order, seed_state
 
-from js_support import CASES, JS_GROUP, OPTIMIZERS, RUNTIMES, make_package, node, output_atol, require_node, run_graph, \
-    weights_atol, write_jobs
+from js_support import (CASES, JS_GROUP, OPTIMIZERS, RUNTIMES, make_package, node, output_atol, require_node,
+                        run_graph, weights_atol, write_jobs)
 
 pytestmark = JS_GROUP
 FIT = {"epochs": 3, "shuffle": True, "seed": 2026}

@@ -1,7 +1,8 @@
 // Epoch times of a package trained in Node, for `python -m bench.portable`.
 // Usage: node epoch-times.mjs <node|web> <package folder> <X.f32> <y.f32> <rows> <epochs>
 // X.f32 / y.f32: float32 little-endian rows (what the package's data input and target take, target encoding
-// "value"); they go in as runtime tensors. Prints {"times": [seconds per epoch], "losses": [...], "threads": 1}.
+// "value"); they go in as runtime tensors. Prints {"times": [wall seconds per epoch], "cpu": [the process's CPU
+// seconds per epoch, all threads], "losses": [...], "threads": 1}.
 import {readFile} from 'node:fs/promises';
 import {createRequire} from 'node:module';
 import {Trainer} from '../index.js';
@@ -21,11 +22,16 @@ const trainer = await Trainer.load(folder, {ort});
 const X = new ort.Tensor('float32', x, [rows, x.length / rows]);
 const Y = new ort.Tensor('float32', y, [rows, y.length / rows]);
 const times = [];
+const cpu = [];
 let last = performance.now();
+let lastCpu = process.cpuUsage();
 await trainer.fit(X, Y, {epochs: Number(epochsText), shuffle: false, onEpoch: () => {
   const now = performance.now();
+  const used = process.cpuUsage(lastCpu);
   times.push((now - last) / 1000);
+  cpu.push((used.user + used.system) / 1e6);
   last = now;
+  lastCpu = process.cpuUsage();
 }});
-console.log(JSON.stringify({times, losses: trainer.history.map((r) => r.loss), threads: 1,
+console.log(JSON.stringify({times, cpu, losses: trainer.history.map((r) => r.loss), threads: 1,
   versions: ort.env.versions}));
