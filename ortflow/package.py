@@ -85,19 +85,29 @@ class _Trainer:
     feature_names: list[str] | None = None
 
 
-def export_training_package(estimator, folder: str | os.PathLike, overwrite: bool = False) -> Path:
+def export_training_package(estimator, folder: str | os.PathLike, overwrite: bool = False,
+                            feature_names: Sequence[str] | None = None, metadata: Mapping[str, Any] | None = None
+                            ) -> Path:
     """Write the training package of ``estimator`` (an :class:`ortflow.OrtGradientOptimizer` or
     :class:`ortflow.OrtGradientForwardBackwardOptimizer`, fitted or not) into ``folder``: its graph, loss, current
     weights and optimizer state, optimizer, schedule and batch size (see the module's docstring).
 
-    The folder is written next to its place and moved there once complete; an existing non-empty ``folder`` is
-    refused unless ``overwrite``. Returns the folder's path."""
+    ``feature_names`` names the columns of the data input (default: those the estimator was fitted on, when it
+    saw named columns); ``metadata`` (JSON values) is stored as the manifest's ``metadata``, for the package's
+    users (how the data is prepared, where the model comes from). The folder is written next to its place and moved
+    there once complete; an existing non-empty ``folder`` is refused unless ``overwrite``. Returns its path."""
     parts = _read_trainer(estimator)
+    if feature_names is not None:
+        parts.feature_names = [str(n) for n in feature_names]
     folder = Path(folder)
     if folder.exists() and any(folder.iterdir()) and not overwrite:
         raise TrainingPackageError(f"{str(folder)!r} exists and is not empty; pass overwrite=True to replace it")
     folder.parent.mkdir(parents=True, exist_ok=True)
     files, manifest = _package_files(parts)
+    try:
+        manifest["metadata"] = json.loads(json.dumps(dict(metadata or {}), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise TrainingPackageError(f"metadata must hold finite JSON values: {exc}") from exc
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         for name, data in files.items():
@@ -374,9 +384,9 @@ class TrainingPackage:
             manifest = json.loads(path.read_text())
         except (ValueError, UnicodeDecodeError) as exc:
             raise TrainingPackageError(f"{str(path)!r} is not readable JSON: {exc}") from exc
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise TrainingPackageError(f"{str(path)!r} has format {manifest.get('format') if isinstance(manifest, dict) else None!r}, "
-                                       f"not {FORMAT!r}")
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        if found != FORMAT:
+            raise TrainingPackageError(f"{str(path)!r} has format {found!r}, not {FORMAT!r}")
         if manifest.get("format_version") != FORMAT_VERSION:
             raise TrainingPackageError(f"{str(path)!r} has format_version {manifest.get('format_version')!r}; this "
                                        f"ortflow reads version {FORMAT_VERSION}")
@@ -535,8 +545,9 @@ def load_training_state(folder: str | os.PathLike | TrainingPackage, state: byte
     except (ValueError, UnicodeDecodeError) as exc:
         raise TrainingPackageError(f"{what} has an unreadable header: {exc}") from exc
     if header.get("format") != STATE_FORMAT or header.get("format_version") != FORMAT_VERSION:
-        raise TrainingPackageError(f"{what} has format {header.get('format')!r} version {header.get('format_version')!r}"
-                                   f"; this ortflow reads {STATE_FORMAT!r} version {FORMAT_VERSION}")
+        raise TrainingPackageError(f"{what} has format {header.get('format')!r} version "
+                                   f"{header.get('format_version')!r}; this ortflow reads {STATE_FORMAT!r} version "
+                                   f"{FORMAT_VERSION}")
     if header.get("package_id") != package.id:
         raise TrainingPackageError(f"{what} was trained from another package (package_id {header.get('package_id')!r}, "
                                    f"this package's is {package.id!r})")
@@ -576,13 +587,17 @@ def train_package(folder: str | os.PathLike | TrainingPackage, X, y, epochs: int
                   on_epoch: Callable[[int, float], None] | None = None) -> TrainingState:
     """Train the package's step graph with onnxruntime over (X, y), as every other runtime does: ``epochs``
     epochs from ``state`` (default the package's own); each epoch's learning rate from the schedule at the rows
-    seen before it, its row order :func:`ortflow.shuffle.epoch_order` ``(n, seed, epochs completed)`` (or the rows
-    as given without ``shuffle``), batches of ``batch_size`` rows (the last one shorter), ``step`` counting the
-    updates from the state's. ``X``: an array (one data input) or a dict input name -> array; ``y``: targets, or
-    class labels of a classifier. ``on_epoch(epoch, mean loss)`` is called after each epoch. Returns the new state."""
+    seen before it, its row order :func:`ortflow.shuffle.epoch_order` ``(n, seed mod 2**32, epochs completed)``
+    (or the rows as given without ``shuffle``), batches of ``batch_size`` rows (the last one shorter), ``step``
+    counting the updates from the state's. ``X``: an array (one data input) or a dict input name -> array; ``y``:
+    targets, or class labels of a classifier. ``on_epoch(epoch, mean loss)`` is called after each epoch. Returns
+    the new state."""
     package = folder if isinstance(folder, TrainingPackage) else TrainingPackage(folder)
     m = package.manifest
     current = state or package.initial_state()
+    if current.package.id != package.id:
+        raise TrainingPackageError(f"the state was trained from another package (package_id {current.package.id}, "
+                                   f"this package's is {package.id})")
     feeds = _data_feeds(m, X)
     n = len(next(iter(feeds.values())))
     feeds[m["target"]["name"]] = _targets(m, y, n)
