@@ -155,6 +155,23 @@ def test_shuffled_batches_follow_the_shared_generator(tmp_path):
     assert not np.allclose(unshuffled.weights["coef_0"], state.weights["coef_0"])
 
 
+@pytest.mark.parametrize("model", ["mlp", "ten_classes"])
+def test_the_flat_step_graph_takes_the_same_steps(tmp_path, model):
+    """``step_flat.onnx`` (the whole state as one vector, split inside) holds the same nodes: the same weights, bit
+    for bit, shuffled batches and a short last batch included."""
+    onx, X, y = _case(model)
+    est = OrtGradientOptimizer(onx, batch_size=16, learning_rate=LearningRateAdam(eta0=0.01))
+    folder = ortflow.export_training_package(est, tmp_path / "pkg")
+    flat = TrainingPackage(folder).manifest["step_flat"]
+    total = sum(int(np.prod(t["shape"])) for t in TrainingPackage(folder).tensors)
+    assert [o["name"] for o in flat["outputs"]] == ["loss", "state_updated"]
+    assert next(i for i in flat["inputs"] if i["name"] == "state")["shape"] == [total]
+    by_tensor = train_package(folder, X, y, epochs=2, seed=4)
+    by_vector = train_package(folder, X, y, epochs=2, seed=4, flat=True)
+    for name, value in by_tensor.tensors.items():
+        np.testing.assert_array_equal(by_vector.tensors[name], value, err_msg=name)
+
+
 @pytest.mark.parametrize("kind", ["full", "fwbw"])
 def test_a_fitted_trainer_exports_its_weights_moments_and_progress(tmp_path, kind):
     """A package of a fitted trainer continues its training: one more epoch of the package equals one more
