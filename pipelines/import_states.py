@@ -75,6 +75,9 @@ def import_states(cfg: DictConfig, model: str, version: str, states: list[str | 
         from ortflow.package import TrainingPackage, average_states, load_training_state
 
         split = Split.load(ctx.bundle.path("split", ctx.name))
+        if split.task != ctx.task:
+            raise StateImportError(f"version {version} of {model!r} is a {split.task} model but the config says "
+                                   f"data.task={ctx.task}: pass the overrides its chain ran with (experiment=, data=)")
         try:
             folder = tr.download_artifacts(run_id=source_run, artifact_path=PACKAGE_ARTIFACT,
                                            dst_path=ctx.work_dir / "source")

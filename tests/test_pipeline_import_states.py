@@ -13,7 +13,7 @@ import ortflow
 from ortflow.package import TrainingPackage, train_package
 from pipelines.data.datasets import Split
 from pipelines.execution.bundle import Bundle
-from pipelines.import_states import import_states, main
+from pipelines.import_states import StateImportError, import_states, main
 from pipelines.orchestration.chain import run_chain
 
 MODEL = "ortflow-smoke-regression-mlp_regressor"
@@ -120,8 +120,16 @@ def test_a_classifiers_package_trains_on_its_labels_and_comes_back(compose_pipel
     split = Split.load(Bundle.from_run(export_run).path("split", "test"))
     state = train_package(package, split.X_train, split.y_train, epochs=3, seed=5)
     (tmp_path / "iris.state").write_bytes(state.to_bytes())
+    # the config of another task (the default data=regression) is refused inside the run, naming both
+    with pytest.raises(StateImportError, match="is a classification model but the config says data.task=regression"):
+        import_states(compose_pipeline(*overrides[1:]), name, "1", [tmp_path / "iris.state"],
+                      work_dir=tmp_path / "refused")
     metrics = import_states(compose_pipeline(*overrides), name, "1", [tmp_path / "iris.state"],
                             work_dir=tmp_path / "import")
     assert metrics["registered_version"] == "2" and 0.5 < metrics["test_accuracy"] <= 1.0
     version = client.get_model_version(name, "2")
     assert json.loads(version.tags["ortflow.lineage.states"])[0]["rows"] == len(split.X_train)
+    experiments = [e.experiment_id for e in client.search_experiments()]  # the refused run: the default one's
+    statuses = [r.info.status for r in client.search_runs(experiments, "tags.`ortflow.stage` = 'import_states'",
+                                                          order_by=["attributes.start_time ASC"])]
+    assert statuses == ["FAILED", "FINISHED"]
