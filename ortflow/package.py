@@ -7,6 +7,8 @@ A package is a folder:
   weight when the graph has one), the trained weights, the optimizer's slots ``<weight>_<slot>``, ``learning_rate``
   and, for the rules that read it, ``step`` (float32 scalars); outputs: the loss, then ``<name>_updated`` for every
   state tensor in input order.
+- ``step_flat.onnx``: the same step with the whole state as one float32 vector ``state`` in and ``state_updated``
+  out (``state.bin``'s layout): two state tensors cross the runtime's API per step instead of twice their number.
 - ``predict.onnx``: the prediction graph, trained weights as float32 initializers in ``raw_data``; the manifest
   gives the byte range of each weight's values in the file, so another runtime writes trained weights into a copy
   of these bytes (same length) and has the trained graph, with no protobuf library.
@@ -59,6 +61,9 @@ STATE_FORMAT = "ortflow-training-state"
 STATE_MAGIC = b"OFTS"
 MANIFEST = "manifest.json"
 STEP_FILE, PREDICT_FILE, LOSS_FILE, STATE_FILE = "step.onnx", "predict.onnx", "loss.onnx", "state.bin"
+FLAT_STEP_FILE = "step_flat.onnx"
+#: the flat step graph's whole state, in and out (the state tensors one after the other, ``state.bin``'s layout)
+FLAT_STATE, FLAT_UPDATED = "state", "state_updated"
 #: the IR version of the package's graphs: onnxruntime 1.19 (the training build) to 1.32 read it
 IR_VERSION = MAX_IR_VERSION
 _PROBABILITIES = ("output_probability", "output_label", "probabilities", "label")
@@ -85,19 +90,29 @@ class _Trainer:
     feature_names: list[str] | None = None
 
 
-def export_training_package(estimator, folder: str | os.PathLike, overwrite: bool = False) -> Path:
+def export_training_package(estimator, folder: str | os.PathLike, overwrite: bool = False,
+                            feature_names: Sequence[str] | None = None, metadata: Mapping[str, Any] | None = None
+                            ) -> Path:
     """Write the training package of ``estimator`` (an :class:`ortflow.OrtGradientOptimizer` or
     :class:`ortflow.OrtGradientForwardBackwardOptimizer`, fitted or not) into ``folder``: its graph, loss, current
     weights and optimizer state, optimizer, schedule and batch size (see the module's docstring).
 
-    The folder is written next to its place and moved there once complete; an existing non-empty ``folder`` is
-    refused unless ``overwrite``. Returns the folder's path."""
+    ``feature_names`` names the columns of the data input (default: those the estimator was fitted on, when it
+    saw named columns); ``metadata`` (JSON values) is stored as the manifest's ``metadata``, for the package's
+    users (how the data is prepared, where the model comes from). The folder is written next to its place and moved
+    there once complete; an existing non-empty ``folder`` is refused unless ``overwrite``. Returns its path."""
     parts = _read_trainer(estimator)
+    if feature_names is not None:
+        parts.feature_names = [str(n) for n in feature_names]
     folder = Path(folder)
     if folder.exists() and any(folder.iterdir()) and not overwrite:
         raise TrainingPackageError(f"{str(folder)!r} exists and is not empty; pass overwrite=True to replace it")
     folder.parent.mkdir(parents=True, exist_ok=True)
     files, manifest = _package_files(parts)
+    try:
+        manifest["metadata"] = json.loads(json.dumps(dict(metadata or {}), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise TrainingPackageError(f"metadata must hold finite JSON values: {exc}") from exc
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     try:
         for name, data in files.items():
@@ -274,6 +289,7 @@ def _package_files(parts: _Trainer) -> tuple[dict[str, bytes], dict]:
     predict_bytes, patches = _patchable(prediction, {w: parts.state[w] for w in parts.weights})
     loss_bytes = _with_ir(g.replace_initializers(parts.loss_model, {w: parts.state[w] for w in parts.weights}))
     step_bytes = step.SerializeToString()
+    flat = _flat_step(step, table)
     rate = parts.rate
     width = target["shape"][1] if target["shape"] and len(target["shape"]) == 2 else None
     classes = None if parts.classes is None else parts.classes.tolist()
@@ -288,6 +304,9 @@ def _package_files(parts: _Trainer) -> tuple[dict[str, bytes], dict]:
         "batch_size": parts.batch_size,
         "step": {"file": STEP_FILE, "batch_axis": "batch", "inputs": step_inputs,
                  "outputs": [_describe(v) for v in step.graph.output], "loss_output": step.graph.output[0].name},
+        "step_flat": {"file": FLAT_STEP_FILE, "batch_axis": "batch", "state_input": FLAT_STATE,
+                      "state_output": FLAT_UPDATED, "inputs": [_describe(v) for v in flat.graph.input],
+                      "outputs": [_describe(v) for v in flat.graph.output]},
         "data_inputs": data_inputs,
         "feature_names": parts.feature_names,
         "target": {**target, "classes": classes, "encoding": encoding},
@@ -308,9 +327,55 @@ def _package_files(parts: _Trainer) -> tuple[dict[str, bytes], dict]:
         "shuffle": {"generator": GENERATOR, "seed": "uint32", "epoch": "epochs completed before, from 0",
                     "module": "ortflow.shuffle"},
     }
-    files = {STEP_FILE: step_bytes, PREDICT_FILE: predict_bytes, LOSS_FILE: loss_bytes.SerializeToString(),
+    files = {STEP_FILE: step_bytes, FLAT_STEP_FILE: flat.SerializeToString(), PREDICT_FILE: predict_bytes, LOSS_FILE: loss_bytes.SerializeToString(),
              STATE_FILE: state_bytes}
     return files, manifest
+
+
+def _flat_step(step: onnx.ModelProto, table: list[dict]) -> onnx.ModelProto:
+    """``step`` taking the whole state as one float32 vector :data:`FLAT_STATE` (the tensors of ``table`` one after
+    the other) and giving it back as :data:`FLAT_UPDATED`, the loss first: the same nodes between a ``Split`` and
+    ``Reshape`` of the vector and a ``Concat`` of the updated tensors. A runtime that copies every input and output
+    at each run (onnxruntime-node, onnxruntime-web) crosses 2 state tensors per step instead of twice their number,
+    and feeds each step's output vector to the next step as it is."""
+    names = [t["name"] for t in table]
+    taken = g.all_names(step)
+    clash = sorted({FLAT_STATE, FLAT_UPDATED} & taken)
+    if clash:
+        raise TrainingPackageError(f"the step graph already uses the names {clash}")
+    opset = next((o.version for o in step.opset_import if o.domain in ("", "ai.onnx")), 13)
+    sizes = [int(np.prod(t["shape"], dtype=np.int64)) for t in table]
+    total = int(sum(sizes))
+    nodes, inits = [], []
+    pieces = [f"{FLAT_STATE}/{n}" for n in names]
+    split_sizes = helper.make_tensor(f"{FLAT_STATE}/sizes", TensorProto.INT64, [len(sizes)], sizes)
+    if opset >= 13:
+        inits.append(split_sizes)
+        nodes.append(helper.make_node("Split", [FLAT_STATE, split_sizes.name], pieces, axis=0))
+    else:
+        nodes.append(helper.make_node("Split", [FLAT_STATE], pieces, axis=0, split=sizes))
+    for t, piece in zip(table, pieces):
+        shape = helper.make_tensor(f"{piece}/shape", TensorProto.INT64, [len(t["shape"])], list(t["shape"]))
+        inits.append(shape)
+        nodes.append(helper.make_node("Reshape", [piece, shape.name], [t["name"]]))
+    flat_shape = helper.make_tensor(f"{FLAT_UPDATED}/flat", TensorProto.INT64, [1], [-1])
+    inits.append(flat_shape)
+    tail = []
+    for name in names:
+        tail.append(helper.make_node("Reshape", [name + UPDATED, flat_shape.name], [f"{FLAT_UPDATED}/{name}"]))
+    tail.append(helper.make_node("Concat", [f"{FLAT_UPDATED}/{n}" for n in names], [FLAT_UPDATED], axis=0))
+    graph = step.graph
+    state = set(names)
+    vector = helper.make_tensor_value_info(FLAT_STATE, TensorProto.FLOAT, [total])
+    inputs = [v for v in graph.input if v.name not in state]
+    first_scalar = next((i for i, v in enumerate(inputs) if v.name in (LEARNING_RATE, STEP)), len(inputs))
+    inputs.insert(first_scalar, vector)
+    outputs = [graph.output[0], helper.make_tensor_value_info(FLAT_UPDATED, TensorProto.FLOAT, [total])]
+    flat = helper.make_graph([*nodes, *graph.node, *tail], f"{graph.name}_flat", inputs, outputs,
+                             [*graph.initializer, *inits], value_info=list(graph.value_info))
+    model = helper.make_model(flat, opset_imports=list(step.opset_import), ir_version=step.ir_version,
+                              producer_name=step.producer_name)
+    return model
 
 
 def _jsonable(params: Mapping[str, Any]) -> dict:
@@ -374,9 +439,9 @@ class TrainingPackage:
             manifest = json.loads(path.read_text())
         except (ValueError, UnicodeDecodeError) as exc:
             raise TrainingPackageError(f"{str(path)!r} is not readable JSON: {exc}") from exc
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise TrainingPackageError(f"{str(path)!r} has format {manifest.get('format') if isinstance(manifest, dict) else None!r}, "
-                                       f"not {FORMAT!r}")
+        found = manifest.get("format") if isinstance(manifest, dict) else None
+        if found != FORMAT:
+            raise TrainingPackageError(f"{str(path)!r} has format {found!r}, not {FORMAT!r}")
         if manifest.get("format_version") != FORMAT_VERSION:
             raise TrainingPackageError(f"{str(path)!r} has format_version {manifest.get('format_version')!r}; this "
                                        f"ortflow reads version {FORMAT_VERSION}")
@@ -393,7 +458,7 @@ class TrainingPackage:
                                            f"checksum (sha256 {digest}, the manifest says {entry.get('sha256')}): "
                                            "the file was changed or damaged")
             self._files[name] = data
-        for name in (STEP_FILE, PREDICT_FILE, LOSS_FILE, STATE_FILE):
+        for name in (STEP_FILE, FLAT_STEP_FILE, PREDICT_FILE, LOSS_FILE, STATE_FILE):
             if name not in self._files:
                 raise TrainingPackageError(f"the manifest of {str(self.folder)!r} lists no {name!r}")
 
@@ -535,8 +600,9 @@ def load_training_state(folder: str | os.PathLike | TrainingPackage, state: byte
     except (ValueError, UnicodeDecodeError) as exc:
         raise TrainingPackageError(f"{what} has an unreadable header: {exc}") from exc
     if header.get("format") != STATE_FORMAT or header.get("format_version") != FORMAT_VERSION:
-        raise TrainingPackageError(f"{what} has format {header.get('format')!r} version {header.get('format_version')!r}"
-                                   f"; this ortflow reads {STATE_FORMAT!r} version {FORMAT_VERSION}")
+        raise TrainingPackageError(f"{what} has format {header.get('format')!r} version "
+                                   f"{header.get('format_version')!r}; this ortflow reads {STATE_FORMAT!r} version "
+                                   f"{FORMAT_VERSION}")
     if header.get("package_id") != package.id:
         raise TrainingPackageError(f"{what} was trained from another package (package_id {header.get('package_id')!r}, "
                                    f"this package's is {package.id!r})")
@@ -573,16 +639,21 @@ def average_states(states: Sequence[TrainingState]) -> TrainingState:
 # --- the reference loop ---------------------------------------------------------------------------------------
 def train_package(folder: str | os.PathLike | TrainingPackage, X, y, epochs: int = 1, seed: int = 0,
                   shuffle: bool = True, sample_weight=None, state: TrainingState | None = None,
-                  on_epoch: Callable[[int, float], None] | None = None) -> TrainingState:
+                  on_epoch: Callable[[int, float], None] | None = None, flat: bool = False) -> TrainingState:
     """Train the package's step graph with onnxruntime over (X, y), as every other runtime does: ``epochs``
     epochs from ``state`` (default the package's own); each epoch's learning rate from the schedule at the rows
-    seen before it, its row order :func:`ortflow.shuffle.epoch_order` ``(n, seed, epochs completed)`` (or the rows
-    as given without ``shuffle``), batches of ``batch_size`` rows (the last one shorter), ``step`` counting the
-    updates from the state's. ``X``: an array (one data input) or a dict input name -> array; ``y``: targets, or
-    class labels of a classifier. ``on_epoch(epoch, mean loss)`` is called after each epoch. Returns the new state."""
+    seen before it, its row order :func:`ortflow.shuffle.epoch_order` ``(n, seed mod 2**32, epochs completed)``
+    (or the rows as given without ``shuffle``), batches of ``batch_size`` rows (the last one shorter), ``step``
+    counting the updates from the state's. ``X``: an array (one data input) or a dict input name -> array; ``y``:
+    targets, or class labels of a classifier. ``on_epoch(epoch, mean loss)`` is called after each epoch. ``flat``
+    runs ``step_flat.onnx`` (the state as one vector) instead of ``step.onnx``: the same nodes, the same result.
+    Returns the new state."""
     package = folder if isinstance(folder, TrainingPackage) else TrainingPackage(folder)
     m = package.manifest
     current = state or package.initial_state()
+    if current.package.id != package.id:
+        raise TrainingPackageError(f"the state was trained from another package (package_id {current.package.id}, "
+                                   f"this package's is {package.id})")
     feeds = _data_feeds(m, X)
     n = len(next(iter(feeds.values())))
     feeds[m["target"]["name"]] = _targets(m, y, n)
@@ -592,9 +663,12 @@ def train_package(folder: str | os.PathLike | TrainingPackage, X, y, epochs: int
         feeds[m["sample_weight"]] = w
     elif sample_weight is not None:
         raise TrainingPackageError("sample_weight was given but the package's graph has no weight input")
-    session = InferenceSession(package.read(STEP_FILE), make_session_options(1), providers=["CPUExecutionProvider"])
+    session = InferenceSession(package.read(FLAT_STEP_FILE if flat else STEP_FILE), make_session_options(1),
+                               providers=["CPUExecutionProvider"])
     names = [t["name"] for t in package.tensors]
     values = dict(current.tensors)
+    if flat:  # the whole state in one vector, each step's output fed back as it is
+        values = {FLAT_STATE: np.concatenate([values[n].ravel() for n in names]).astype(np.float32)}
     epochs_done, steps, rows_seen = current.epochs, current.steps, current.rows_seen
     batch = int(m["batch_size"])
     reads_step = m["optimizer"]["reads_step"]
@@ -614,13 +688,15 @@ def train_package(folder: str | os.PathLike | TrainingPackage, X, y, epochs: int
             if not np.isfinite(loss):
                 raise ConvergenceError(f"the training loss is {loss} at epoch {epochs_done + 1}, step {steps + 1}",
                                        epoch=epochs_done + 1, batch=start // batch + 1)
-            values = dict(zip(names, out[1:]))
+            values = {FLAT_STATE: out[1]} if flat else dict(zip(names, out[1:]))
             steps += 1
             total += loss * len(rows)
         rows_seen += n
         epochs_done += 1
         if on_epoch is not None:
             on_epoch(epochs_done, total / n)
+    if flat:
+        values = _unpack(package, values[FLAT_STATE].astype("<f4").tobytes(), package.tensors, "the flat state")
     return TrainingState(package, values, epochs_done, steps, rows_seen, n)
 
 

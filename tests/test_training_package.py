@@ -155,12 +155,36 @@ def test_shuffled_batches_follow_the_shared_generator(tmp_path):
     assert not np.allclose(unshuffled.weights["coef_0"], state.weights["coef_0"])
 
 
-def test_a_fitted_trainer_exports_its_weights_moments_and_progress(tmp_path):
+@pytest.mark.parametrize("model", ["mlp", "ten_classes"])
+def test_the_flat_step_graph_takes_the_same_steps(tmp_path, model):
+    """``step_flat.onnx`` (the whole state as one vector, split inside) holds the same nodes: the same weights, bit
+    for bit, shuffled batches and a short last batch included."""
+    onx, X, y = _case(model)
+    est = OrtGradientOptimizer(onx, batch_size=16, learning_rate=LearningRateAdam(eta0=0.01))
+    folder = ortflow.export_training_package(est, tmp_path / "pkg")
+    flat = TrainingPackage(folder).manifest["step_flat"]
+    total = sum(int(np.prod(t["shape"])) for t in TrainingPackage(folder).tensors)
+    assert [o["name"] for o in flat["outputs"]] == ["loss", "state_updated"]
+    assert next(i for i in flat["inputs"] if i["name"] == "state")["shape"] == [total]
+    by_tensor = train_package(folder, X, y, epochs=2, seed=4)
+    by_vector = train_package(folder, X, y, epochs=2, seed=4, flat=True)
+    for name, value in by_tensor.tensors.items():
+        np.testing.assert_array_equal(by_vector.tensors[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["full", "fwbw"])
+def test_a_fitted_trainer_exports_its_weights_moments_and_progress(tmp_path, kind):
     """A package of a fitted trainer continues its training: one more epoch of the package equals one more
-    warm-started epoch of the trainer (Adam's moments and step count, the schedule's rows seen carried over)."""
+    warm-started epoch of the trainer (Adam's moments and step count, the schedule's rows seen carried over; for
+    forward-backward training, from ``get_optimizer_state``)."""
     onx, X, y = _case("mlp")
-    est = OrtGradientOptimizer(onx, max_iter=2, batch_size=16, shuffle=False, warm_start=True,
-                               learning_rate=LearningRateAdam(eta0=0.01)).fit(X, y)
+    settings = dict(max_iter=2, batch_size=16, shuffle=False, warm_start=True,
+                    learning_rate=LearningRateAdam(eta0=0.01))
+    if kind == "full":
+        est = OrtGradientOptimizer(onx, **settings).fit(X, y)
+    else:
+        outputs = [o.name for o in onx.graph.output if o.name != "loss"]
+        est = OrtGradientForwardBackwardOptimizer(ortflow.graph.keep_outputs(onx, outputs), **settings).fit(X, y)
     folder = ortflow.export_training_package(est, tmp_path / "pkg")
     start = TrainingPackage(folder).initial_state()
     assert (start.epochs, start.steps, start.rows_seen) == (2, 8, 120)
@@ -313,3 +337,30 @@ def test_an_existing_package_is_not_overwritten(linear_package, tmp_path):
     ortflow.export_training_package(OrtGradientOptimizer(onx), folder, overwrite=True)
     assert TrainingPackage(folder).weights == ["coef_0", "intercept_0", "coef_1", "intercept_1"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]  # no temporary folder left
+
+
+def test_what_a_package_cannot_hold_is_refused(tmp_path):
+    X, y = _regression()
+    onx = to_onnx(LinearRegression().fit(X, y))
+    with pytest.raises(TrainingPackageError, match="learning_penalty='elastic'.* train without one"):
+        ortflow.export_training_package(OrtGradientForwardBackwardOptimizer(onx, learning_penalty="elastic"),
+                                        tmp_path / "pkg")
+    with pytest.raises(TrainingPackageError, match="takes an OrtGradientOptimizer .*, not LinearRegression"):
+        ortflow.export_training_package(LinearRegression(), tmp_path / "pkg")
+    assert not (tmp_path / "pkg").exists()
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_lenet_exported_from_pytorch_trains_in_its_package(tmp_path, optimizer):
+    """The CNN exported from PyTorch (tests/data/reference): Conv, BatchNorm (its statistics not trained), pools."""
+    import reference_data
+
+    ref = reference_data.load("lenet")
+    X, Y = ref.inputs[:96], ref.one_hot[:96]
+    est = OrtGradientOptimizer(add_loss_output(ref.model, "log"), max_iter=2, batch_size=ref.batch_size,
+                               shuffle=False, learning_rate=OPTIMIZERS[optimizer]())
+    folder = ortflow.export_training_package(est, tmp_path / "pkg")
+    est.fit(X, Y)
+    assert TrainingPackage(folder).weights == est.weights_to_train_ == ref.parameters
+    state = train_package(folder, X, Y, epochs=2, shuffle=False)
+    _assert_same_weights(state, est.get_state(), state.steps)
