@@ -8,7 +8,9 @@ Every engine trains the same package (``ortflow.export_training_package`` of the
 plain SGD at the case's constant rate, its batch size, the rows in order) from the same start on the same rows, on
 one thread: ``n_threads=1`` in Python, ``intraOpNumThreads: 1`` in onnxruntime-node, ``ort.env.wasm.numThreads =
 1`` for WebAssembly (Node and Chromium). Python is the trainer itself (``bench.engines.train_ortflow_full``); the
-others run js/ (``Trainer.fit``, X and y passed as runtime tensors in Node, as rows of a JSON file in the page). The
+others run js/ (``Trainer.fit``, X and y passed as runtime tensors in Node, as rows of a JSON file in the page) on
+the package's ``step_flat.onnx`` (the state as one vector), ``node-tensors`` on ``step.onnx`` (one tensor per state
+tensor). The
 engines take turns within each repeat (the order rotating); a run's number is its median epoch, the first left out
 (``bench.run.per_repeat``), an engine's number the median over repeats, its ratio to Python the median of each
 repeat's ratio to Python's run of that repeat (paired: the load of a shared machine changes between repeats). The
@@ -42,9 +44,9 @@ from .run import log, machine_info, per_repeat
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "js"
 RESULTS = ROOT / "bench" / "results"
-ENGINES = ("python", "node", "wasm", "chromium")
+ENGINES = ("python", "node", "node-tensors", "wasm", "chromium")
 TITLES = {"python": "Python (ortflow full training)", "node": "onnxruntime-node", "wasm": "WebAssembly in Node",
-          "chromium": "WebAssembly in Chromium"}
+          "chromium": "WebAssembly in Chromium", "node-tensors": "onnxruntime-node, one tensor per state tensor"}
 
 
 def cases(rows_wide: int = 20_000, epochs_a: int = 10, epochs_wide: int = 3) -> list[Case]:
@@ -125,9 +127,10 @@ def _package(case: Case, data, folder: Path) -> Path:
     return ortflow.export_training_package(est, folder / "package")
 
 
-def _node(runtime: str, folder: Path, rows: int, epochs: int) -> tuple[list[float], list[float] | None, list[float]]:
+def _node(runtime: str, folder: Path, rows: int, epochs: int, layout: str) -> tuple[list, list, list]:
     done = subprocess.run(["node", "bench/epoch-times.mjs", runtime, str(folder / "package"), str(folder / "X.f32"),
-                           str(folder / "y.f32"), str(rows), str(epochs)], cwd=JS, capture_output=True, text=True)
+                           str(folder / "y.f32"), str(rows), str(epochs), layout], cwd=JS, capture_output=True,
+                          text=True)
     if done.returncode != 0:
         raise RuntimeError(f"node ({runtime}) failed:\n{done.stderr[-4000:]}")
     out = json.loads(done.stdout)
@@ -148,7 +151,8 @@ def run_engine(name: str, case: Case, data, folder: Path, server: PageServer | N
         return list(run.epoch_times), list(clock.epoch_cpu_times), list(run.losses)
     if name == "chromium":
         return _chromium(server, case.epochs)
-    return _node(name.replace("wasm", "web"), folder, len(data.X), case.epochs)
+    runtime = "web" if name == "wasm" else "node"
+    return _node(runtime, folder, len(data.X), case.epochs, "tensors" if name == "node-tensors" else "flat")
 
 
 def run_case(case: Case, engines: list[str], repeats: int) -> dict:
@@ -251,8 +255,8 @@ def main(argv=None) -> int:
     info["versions"].update(node_versions())
     results = [run_case(case, engines, args.repeats) for case in cases(args.rows_wide, args.epochs_a,
                                                                        args.epochs_wide)]
-    threads = {"python": "n_threads=1", "node": "intraOpNumThreads=1", "wasm": "ort.env.wasm.numThreads=1",
-               "chromium": "ort.env.wasm.numThreads=1"}
+    threads = {"python": "n_threads=1", "node": "intraOpNumThreads=1", "node-tensors": "intraOpNumThreads=1",
+               "wasm": "ort.env.wasm.numThreads=1", "chromium": "ort.env.wasm.numThreads=1"}
     report = {"machine": info, "threads": threads, "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))

@@ -80,6 +80,9 @@ export interface LoadOptions {
   ort: OrtRuntime;
   /** passed to `ort.InferenceSession.create` (default: one thread, 'cpu' on Node's runtime, 'wasm' on the web's) */
   sessionOptions?: object;
+  /** run step_flat.onnx (the whole state as one vector in and out) rather than step.onnx; 'auto' (default): when
+   * the package has it */
+  flat?: boolean | 'auto';
 }
 
 export interface Manifest {
@@ -101,6 +104,8 @@ export class Trainer {
   /** the trained weights by name */
   readonly weights: Record<string, Float32Array>;
   readonly packageId: string;
+  /** whether steps run step_flat.onnx */
+  readonly flat: boolean;
   /** progress of the state, continued across fit() calls */
   readonly epochs: number;
   readonly steps: number;

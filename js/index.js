@@ -253,12 +253,14 @@ function tensorFor(ort, dtype, data, dims) {
 
 /** A training package loaded on a runtime: train it (`fit`), predict, export the state or the trained graph. */
 export class Trainer {
-  constructor(ort, manifest, files, stepSession, sessionOptions) {
+  constructor(ort, manifest, files, stepSession, sessionOptions, flat) {
     this.ort = ort;
     this.manifest = manifest;
     this._files = files;
     this._step = stepSession;
     this._sessionOptions = sessionOptions;
+    /** whether steps run step_flat.onnx (the whole state as one vector) rather than step.onnx */
+    this.flat = flat;
     this._predict = null;
     const m = manifest;
     const stateBytes = files[m.state.file];
@@ -281,7 +283,7 @@ export class Trainer {
    * onnxruntime-web). Checks the format version and the SHA-256 of every file against the manifest.
    * `sessionOptions` go to `ort.InferenceSession.create` (default: one thread, the runtime's CPU engine).
    */
-  static async load(source, {ort, sessionOptions} = {}) {
+  static async load(source, {ort, sessionOptions, flat = 'auto'} = {}) {
     if (!ort || !ort.InferenceSession || !ort.Tensor) {
       throw new TrainingPackageError('Trainer.load needs {ort}: the onnxruntime-node or onnxruntime-web module');
     }
@@ -314,8 +316,17 @@ export class Trainer {
     const onNode = !!(ort.env && ort.env.versions && ort.env.versions.node);
     const options = {executionProviders: [onNode ? 'cpu' : 'wasm'], intraOpNumThreads: 1, interOpNumThreads: 1,
       ...(sessionOptions || {})};
-    const step = await ort.InferenceSession.create(files[manifest.step.file], options);
-    return new Trainer(ort, manifest, files, step, options);
+    if (flat === true && !manifest.step_flat) {
+      throw new TrainingPackageError(`the package ${reader.where} has no step_flat graph (flat: true was asked)`);
+    }
+    const useFlat = flat === 'auto' ? !!manifest.step_flat : flat === true;
+    if (useFlat && !names.includes(manifest.step_flat.file)) {
+      throw new TrainingPackageError(`the manifest of ${reader.where} lists no checksum for ` +
+        manifest.step_flat.file);
+    }
+    const step = await ort.InferenceSession.create(files[useFlat ? manifest.step_flat.file : manifest.step.file],
+      options);
+    return new Trainer(ort, manifest, files, step, options, useFlat);
   }
 
   /** The package's id (the SHA-256 of its step graph): a state names the package it was trained from with it. */
@@ -397,7 +408,10 @@ export class Trainer {
       dims: (rows) => [rows, ...(c.spec.shape.length > 1 ? c.spec.shape.slice(1) : [])],
       gather: c.data.constructor === Array ? null : new c.data.constructor(batchSize * c.width),
     }));
-    let state = Object.fromEntries(names.map((k) => [k, tensorFor(ort, 'float32', this.tensors[k], shapes[k])]));
+    // the state fed to the step: one vector (step_flat.onnx, state.bin's layout) or one tensor per state tensor
+    const flat = this.flat ? m.step_flat : null;
+    let state = flat ? {[flat.state_input]: tensorFor(ort, 'float32', this._stateVector(), [this._stateLength()])} :
+      Object.fromEntries(names.map((k) => [k, tensorFor(ort, 'float32', this.tensors[k], shapes[k])]));
     try {
       for (let e = 0; e < epochs; e++) {
         const rate = learningRateAt(m.schedule, this.rowsSeen);
@@ -419,9 +433,13 @@ export class Trainer {
               `${this.steps + 1} (batch ${start / batchSize + 1}): training stopped, the state is the one before ` +
               'this step');
           }
-          const next = {};
-          for (const k of names) next[k] = out[`${k}_updated`];
-          state = next;
+          if (flat) {
+            state = {[flat.state_input]: out[flat.state_output]};
+          } else {
+            const next = {};
+            for (const k of names) next[k] = out[`${k}_updated`];
+            state = next;
+          }
           this.steps += 1;
           total += loss * rows;
         }
@@ -440,7 +458,28 @@ export class Trainer {
     return this;
   }
 
+  _stateLength() {
+    return this.manifest.state.tensors.reduce((total, t) => total + t.length, 0);
+  }
+
+  /** The state tensors one after the other (state.bin's layout), as step_flat.onnx takes them. */
+  _stateVector() {
+    const vector = new Float32Array(this._stateLength());
+    for (const t of this.manifest.state.tensors) vector.set(this.tensors[t.name], t.offset / 4);
+    return vector;
+  }
+
   _keep(state) {
+    if (this.flat) {
+      const vector = state[this.manifest.step_flat.state_input].data;
+      if (this._vector === vector) return;
+      this._vector = vector;
+      this._predict = null;
+      for (const t of this.manifest.state.tensors) {
+        this.tensors[t.name] = vector.subarray(t.offset / 4, t.offset / 4 + t.length);
+      }
+      return;
+    }
     for (const [k, t] of Object.entries(state)) {
       if (this.tensors[k] !== t.data) {
         this.tensors[k] = t.data instanceof Float32Array ? t.data : Float32Array.from(t.data);

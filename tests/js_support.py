@@ -30,7 +30,9 @@ NPM = shutil.which("npm")
 CHROMIUM = chromium_path()
 #: every JS test runs in one xdist worker: `npm ci` (when node_modules is missing) runs once
 JS_GROUP = pytest.mark.xdist_group("js")
-RUNTIMES = ("node", "web")
+#: how the tests run the JavaScript trainer: runtime, and Trainer.load's options (by default a package's step_flat.onnx
+#: runs; "node-tensors" runs step.onnx, one tensor per state tensor)
+RUNTIMES = {"node": ("node", {}), "web": ("web", {}), "node-tensors": ("node", {"flat": False})}
 
 
 def require_node() -> None:

@@ -2,7 +2,8 @@
 packages of issue 38's models (linear regressor, MLP regressor, binary and 10-class classifiers, the exported LeNet),
 each with SGD (invscaling schedule) and Adam, end at the weights Python's reference loop
 (:func:`ortflow.package.train_package`) reaches on the same shuffled batches, and the trained graph JavaScript
-exports predicts what the Python-trained graph predicts. One node process per runtime trains every package.
+exports predicts what the Python-trained graph predicts. One node process per runtime trains every package; by default
+the package's ``step_flat.onnx`` runs (the state as one vector), ``node-tensors`` runs ``step.onnx``.
 
 Tolerances: weights, the rule of tests/js_support.py (``2 * steps * TERM_ROUNDINGS * u32 * max|w|`` per tensor).
 Predictions: ``output_atol`` of tests/js_support.py.
@@ -41,13 +42,13 @@ def trained(tmp_path_factory):
             # Adam's linear case trains in two calls (2 + 1 epochs): the step count, the epochs (the shuffle's) and
             # the rows seen (the schedule's) continue across fit() calls
             fits = [{**FIT, "epochs": 2}, {**FIT, "epochs": 1}] if (case, opt) == ("linear", "adam") else [FIT]
-            for runtime in RUNTIMES:
+            for runtime, (_, load) in RUNTIMES.items():
                 out = root / f"{case}-{opt}-{runtime}"
-                jobs[runtime].append({"package": str(folder), "X": X, "y": y, "fits": fits,
+                jobs[runtime].append({"package": str(folder), "load": load, "X": X, "y": y, "fits": fits,
                                       "state": f"{out}.state", "model": f"{out}.onnx", "predictX": X,
                                       "prediction": f"{out}.json"})
-    for runtime in RUNTIMES:
-        node("test/train-cases.mjs", runtime, write_jobs(root / f"jobs-{runtime}.json", jobs[runtime]))
+    for runtime, (kind, _) in RUNTIMES.items():
+        node("test/train-cases.mjs", kind, write_jobs(root / f"jobs-{runtime}.json", jobs[runtime]))
     for runtime in RUNTIMES:
         for job in jobs[runtime]:
             error = f"{job['state']}.error.json"
@@ -111,6 +112,7 @@ def test_exported_model_predicts_like_python(trained, case, opt, runtime):
                                    rtol=0, atol=atol)
     else:
         np.testing.assert_array_equal(np.asarray(predicted["values"], dtype=first.dtype), first)
+    assert predicted["flat"] is (runtime != "node-tensors")
     losses = [r["loss"] for r in predicted["epochs"]]
     assert [r["epoch"] for r in predicted["epochs"]] == [1, 2, 3] and losses[-1] < losses[0]
 
