@@ -287,7 +287,7 @@ def _package_files(parts: _Trainer) -> tuple[dict[str, bytes], dict]:
                                                  {w: parts.state[w] for w in parts.weights
                                                   if w in {i.name for i in parts.prediction.graph.initializer}}))
     predict_bytes, patches = _patchable(prediction, {w: parts.state[w] for w in parts.weights})
-    loss_bytes = _with_ir(g.replace_initializers(parts.loss_model, {w: parts.state[w] for w in parts.weights}))
+    loss_model = _with_ir(g.replace_initializers(parts.loss_model, {w: parts.state[w] for w in parts.weights}))
     step_bytes = step.SerializeToString()
     flat = _flat_step(step, table)
     rate = parts.rate
@@ -327,8 +327,8 @@ def _package_files(parts: _Trainer) -> tuple[dict[str, bytes], dict]:
         "shuffle": {"generator": GENERATOR, "seed": "uint32", "epoch": "epochs completed before, from 0",
                     "module": "ortflow.shuffle"},
     }
-    files = {STEP_FILE: step_bytes, FLAT_STEP_FILE: flat.SerializeToString(), PREDICT_FILE: predict_bytes, LOSS_FILE: loss_bytes.SerializeToString(),
-             STATE_FILE: state_bytes}
+    files = {STEP_FILE: step_bytes, FLAT_STEP_FILE: flat.SerializeToString(), PREDICT_FILE: predict_bytes,
+             LOSS_FILE: loss_model.SerializeToString(), STATE_FILE: state_bytes}
     return files, manifest
 
 
