@@ -29,7 +29,8 @@ _EXPORTS = {
     **dict.fromkeys(["get_initializers", "load_model", "replace_initializers", "trainable_initializers"], "graph"),
     **dict.fromkeys(["add_loss_output"], "add_loss"),
     **dict.fromkeys(["make_trainable"], "ml_op_rewrites"),
-    **dict.fromkeys(["export_training_package", "load_training_state"], "package"),
+    **dict.fromkeys(["export_training_package"], "package_export"),
+    **dict.fromkeys(["load_training_state"], "package"),
 }
 
 if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads each name
@@ -50,7 +51,8 @@ if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads ea
                        OrtGradientForwardBackward, OrtGradientForwardBackwardOptimizer, SquareLearningLoss)
     from .graph import get_initializers, load_model, replace_initializers, trainable_initializers
     from .ml_op_rewrites import make_trainable
-    from .package import export_training_package, load_training_state
+    from .package import load_training_state
+    from .package_export import export_training_package
 
 
 def __getattr__(name: str):

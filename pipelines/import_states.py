@@ -66,7 +66,10 @@ def import_states(cfg: DictConfig, model: str, version: str, states: list[str | 
     from .tracking.lineage import LINEAGE_TAG, tag_version, version_run
 
     tracking = prepare(cfg)
-    source_run, params = version_run(tracking, model, str(version))
+    try:
+        source_run, params = version_run(tracking, model, str(version))
+    except LookupError as exc:
+        raise StateImportError(str(exc)) from exc
     paths = [Path(s) for s in states]
 
     def run(ctx) -> dict:

@@ -30,8 +30,7 @@ import pandas as pd
 import ortflow
 
 from .. import tracking as tr
-from ..base.config import trainer_arguments
-from ..base.config import RegisterPolicy
+from ..base.config import RegisterPolicy, trainer_arguments
 from ..data.datasets import Split
 from ..tracking import promotion
 from ..tracking.lineage import logged_model_name
@@ -109,7 +108,7 @@ def export(ctx: StageContext) -> dict:
     evaluation = ctx.bundle.read_json("evaluation", ctx.name)["metrics"]
     try:
         log_training_package(ctx, split, package_trainer(ctx), {"run_id": ctx.run_id})
-    except ortflow.OrtflowError as exc:  # a graph ortflow's own step cannot train: the model is registered all the same
+    except ortflow.OrtflowError as exc:  # a graph ortflow's own step cannot train: registered all the same
         ctx.set_tags({"ortflow.training_package": f"not written: {type(exc).__name__}: {str(exc)[:1000]}"})
     return register_model(ctx, split, model, evaluation, str(cfg.mlflow.registered_model_name))
 
