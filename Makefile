@@ -7,11 +7,12 @@ TRAINING_BUILD := $(filter 9 10 11 12,$(PY_MINOR))
 VENV ?= $(if $(TRAINING_BUILD),.venv,.venv3$(PY_MINOR))
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.install-stamp
+JS_STAMP := js/node_modules/.stamp
 TRAINING_EXTRAS := cpu,pipelines,test,postgres,torch,ray
 PLAIN_EXTRAS := ort,pipelines,test,postgres
 EXTRAS ?= $(if $(TRAINING_BUILD),$(TRAINING_EXTRAS),$(PLAIN_EXTRAS))
 
-.PHONY: install run test test-ort bench ui clean server postgres
+.PHONY: install run test test-ort bench ui clean server postgres chromium
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,7 +30,7 @@ run: $(STAMP)
 ## tests/conftest.py). TEST_WORKERS=0 runs it in this process.
 TEST_WORKERS ?= 2
 XDIST := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadgroup)
-test: $(STAMP) postgres
+test: $(STAMP) postgres $(JS_STAMP) chromium
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 ## The core tests and one pipeline chain on the plain onnxruntime (newest release) under Python 3.13, in .venv313.
@@ -37,7 +38,7 @@ PYTHON313 ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.1
 VENV_ORT := .venv313
 PY_ORT := $(VENV_ORT)/bin/python
 STAMP_ORT := $(VENV_ORT)/.install-stamp
-NON_CORE := $(wildcard tests/test_pipeline_*.py tests/test_scale_*.py) tests/test_torch_layer.py \
+NON_CORE := $(wildcard tests/test_pipeline_*.py tests/test_scale_*.py tests/test_js_*.py) tests/test_torch_layer.py \
 	tests/test_bench_smoke.py $(foreach t,faults files promotion resume tracking trust,tests/test_reliability_$(t).py)
 CORE_TESTS := tests $(foreach f,$(NON_CORE),--ignore=$(f))
 ORT_CHAIN := "tests/test_pipeline_chain.py::test_default_chain_on_sqlite[full]"
@@ -64,6 +65,18 @@ PORT ?= 5000
 SERVER_DIR ?= .ortflow/server
 server: $(STAMP) postgres
 	$(PY) -m pipelines.server --folder $(SERVER_DIR) --port $(PORT)
+
+## The JavaScript trainer's packages (js/): onnxruntime-node, onnxruntime-web and puppeteer-core at the lockfile's
+## versions. --ignore-scripts: onnxruntime-node's install script downloads CUDA binaries (its CPU binding ships in the
+## package). Without npm (no Node) nothing is installed and the JavaScript tests skip.
+$(JS_STAMP): js/package.json js/package-lock.json
+	@if command -v npm >/dev/null; then cd js && npm ci --ignore-scripts --no-audit --no-fund && touch node_modules/.stamp; \
+	else echo "npm not found: the JavaScript trainer's tests (tests/test_js_*.py) will be skipped"; fi
+
+## Debian's chromium for the browser test (tests/test_js_browser.py), where it is missing.
+chromium:
+	@command -v chromium >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 ## PostgreSQL's programs, from the Debian package where they are missing.
 postgres:

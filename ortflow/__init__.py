@@ -17,7 +17,7 @@ _EXPORTS = {
     **dict.fromkeys(["Callback", "Checkpoint", "EarlyStopping", "ProgressBar"], "callbacks"),
     **dict.fromkeys(["to_onnx"], "convert"),
     **dict.fromkeys(["CheckpointError", "ConvergenceError", "DeviceError", "NotDifferentiableError",
-                     "OrtflowError", "UnsafePathError", "UnsupportedModelError"], "exceptions"),
+                     "OrtflowError", "TrainingPackageError", "UnsafePathError", "UnsupportedModelError"], "exceptions"),
     **dict.fromkeys(["OrtGradientOptimizer"], "full"),
     **dict.fromkeys(["TorchTrainer"], "torch_trainer"),
     **dict.fromkeys(["LearningRateRMSProp"], "learning_rates"),
@@ -29,6 +29,8 @@ _EXPORTS = {
     **dict.fromkeys(["get_initializers", "load_model", "replace_initializers", "trainable_initializers"], "graph"),
     **dict.fromkeys(["add_loss_output"], "add_loss"),
     **dict.fromkeys(["make_trainable"], "ml_op_rewrites"),
+    **dict.fromkeys(["export_training_package"], "package_export"),
+    **dict.fromkeys(["load_training_state"], "package"),
 }
 
 if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads each name
@@ -39,7 +41,7 @@ if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads ea
     from .callbacks import Callback, Checkpoint, EarlyStopping, ProgressBar
     from .convert import to_onnx
     from .exceptions import (CheckpointError, ConvergenceError, DeviceError, NotDifferentiableError, OrtflowError,
-                             UnsafePathError, UnsupportedModelError)
+                             TrainingPackageError, UnsafePathError, UnsupportedModelError)
     from .full import OrtGradientOptimizer
     from .torch_trainer import TorchTrainer
     from .learning_rates import LearningRateRMSProp
@@ -49,6 +51,8 @@ if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads ea
                        OrtGradientForwardBackward, OrtGradientForwardBackwardOptimizer, SquareLearningLoss)
     from .graph import get_initializers, load_model, replace_initializers, trainable_initializers
     from .ml_op_rewrites import make_trainable
+    from .package import load_training_state
+    from .package_export import export_training_package
 
 
 def __getattr__(name: str):
@@ -102,12 +106,15 @@ __all__ = [
     "ProgressBar",
     "SquareLearningLoss",
     "TorchTrainer",
+    "TrainingPackageError",
     "UnsafePathError",
     "UnsupportedModelError",
     "add_loss_output",
     "backend",
+    "export_training_package",
     "get_initializers",
     "load_model",
+    "load_training_state",
     "onnx_derivative",
     "make_trainable",
     "replace_initializers",

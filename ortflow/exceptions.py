@@ -38,6 +38,12 @@ class UnsafePathError(OrtflowError, ValueError):
     """A path built from user input or read from a file escapes its folder."""
 
 
+class TrainingPackageError(OrtflowError, ValueError):
+    """A training package, a state trained from one, or the data given to train one, that cannot be used: another
+    format version, a file that does not match its checksum, a state of other tensors, non-finite values, unknown
+    labels."""
+
+
 def with_training_build_hint(exc: NotDifferentiableError) -> NotDifferentiableError:
     """``exc`` (from ortflow's own gradient rules) saying that onnxruntime-training differentiates more ops."""
     return NotDifferentiableError(

@@ -27,8 +27,8 @@ PACKAGES = ("ortflow", "pipelines")
 #: directly in dir, else one file; the most specific pattern claims a file), what it is
 LAYERS: list[tuple[str, tuple[str, ...], str]] = [
     ("entry points", ("pipelines/*.py",),
-     "`python -m pipelines.<stage>` (and `.main`, `.mlproject`, `.resend`, `.server`), the Hydra app (`cli`), "
-     "the override guard"),
+     "`python -m pipelines.<stage>` (and `.main`, `.mlproject`, `.resend`, `.server`, `.import_states`), the Hydra "
+     "app (`cli`), the override guard"),
     ("chain and sweeps", ("pipelines/orchestration/",),
      "the chain and its precheck, the Hydra sweep callback, the shared Optuna study"),
     ("stages", ("pipelines/stages/*.py",), "one module per stage of the table"),

@@ -117,6 +117,11 @@ def _check_chain(client, result, trainer):
     mv = client.get_model_version(MODEL, version)
     assert mv.run_id == export_run.info.run_id
     assert mv.tags["ortflow.promotion.metric"] == "test_mse"
+    # and its weights as a training package (docs/TRAINING_OUTSIDE_PYTHON.md), whatever the trainer
+    assert export_run.data.tags["ortflow.training_package"] == "training_package"
+    package = ortflow.package.TrainingPackage(mlflow.artifacts.download_artifacts(
+        run_id=export_run.info.run_id, artifact_path="training_package"))
+    assert package.manifest["metadata"]["run_id"] == export_run.info.run_id
     return parent, children
 
 

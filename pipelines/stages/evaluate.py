@@ -95,13 +95,7 @@ def evaluate(ctx: StageContext) -> dict:
         check_finite_predictions(predictions["onnx"], split)
         predictions.update(sklearn_reference(ctx, split))
         y_true = split.raw_y(split.y_test) if split.task == "regression" else split.y_test
-        metrics = {}
-        for label, predicted in predictions.items():
-            if split.task == "regression":
-                metrics.update(regression_metrics(y_true, predicted, PREFIX[label]))
-            else:
-                metrics.update(classification_metrics(y_true, predicted, split.classes, PREFIX[label],
-                                                      per_class=label == "onnx"))
+        metrics = test_metrics(split, predictions)
     folder = ctx.work_dir / "plots"
     finite = {k: v for k, v in predictions.items() if np.isfinite(v).all()}
     if split.task == "regression":
@@ -117,6 +111,35 @@ def evaluate(ctx: StageContext) -> dict:
     (ctx.work_dir / "evaluation.json").write_text(json.dumps({"task": split.task, "metrics": metrics}, indent=1))
     ctx.log_file(ctx.work_dir / "evaluation.json", None, entry="evaluation")
     return ctx.metrics
+
+
+def test_metrics(split: Split, predictions: dict[str, np.ndarray]) -> dict[str, float]:
+    """The test metrics of each model's predictions of the test part (``predictions``: label -> predictions, the
+    labels of :data:`~pipelines.modeling.streamed.PREFIX`), per class for the ONNX model."""
+    y_true = split.raw_y(split.y_test) if split.task == "regression" else split.y_test
+    metrics = {}
+    for label, predicted in predictions.items():
+        if split.task == "regression":
+            metrics.update(regression_metrics(y_true, predicted, PREFIX[label]))
+        else:
+            metrics.update(classification_metrics(y_true, predicted, split.classes, PREFIX[label],
+                                                  per_class=label == "onnx"))
+    return metrics
+
+
+def onnx_test_metrics(split: Split, deploy: onnx.ModelProto) -> dict[str, float]:
+    """The test metrics of the deploy graph ``deploy`` alone (in memory, or streamed for ``data=parquet``), its
+    predictions checked finite."""
+    session = onnxruntime.InferenceSession(deploy.SerializeToString(), providers=["CPUExecutionProvider"])
+
+    def predict(X: np.ndarray) -> np.ndarray:
+        predicted = onnx_predict(session, X, split.task)
+        check_finite_predictions(predicted, split)
+        return predicted
+
+    if split.streamed:
+        return streamed_test(split, {"onnx": predict}, per_class=("onnx",)).metrics
+    return test_metrics(split, {"onnx": predict(split.raw_X(split.X_test))})
 
 
 def _streamed_metrics(ctx: StageContext, split: Split, session) -> tuple[dict, np.ndarray, dict]:

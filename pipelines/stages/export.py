@@ -11,6 +11,12 @@ test split: non-finite predictions fail the run and nothing is registered. ``pro
 models become versions (by default only one that takes ``promotion.alias``, i.e. whose ``promotion.metric``
 beats the current holder's); see :mod:`pipelines.tracking.promotion`.
 
+The run also logs ``training_package/``: the trained weights as a training package (docs/TRAINING_OUTSIDE_PYTHON.md,
+:func:`ortflow.export_training_package` of ``model_with_loss.onnx`` holding the trained weights, with the configured
+optimizer, schedule and batch size), which a browser, Node or a device trains on (standardized features in and,
+for a regressor, the standardized target: the manifest's ``metadata.standardization``); ``python -m
+pipelines.import_states`` brings the states trained there back as a new version.
+
     python -m pipelines.export source.run_id=<evaluate run> promotion.metric=test_r2
 """
 
@@ -21,8 +27,10 @@ import onnx
 import onnxruntime
 import pandas as pd
 
+import ortflow
+
 from .. import tracking as tr
-from ..base.config import RegisterPolicy
+from ..base.config import RegisterPolicy, trainer_arguments
 from ..data.datasets import Split
 from ..tracking import promotion
 from ..tracking.lineage import logged_model_name
@@ -56,11 +64,59 @@ def input_example(split: Split, rows: int = 5) -> pd.DataFrame:
                         columns=[str(f) for f in split.feature_names])
 
 
+#: the run artifact (a folder) holding the registered weights as a training package
+PACKAGE_ARTIFACT = "training_package"
+#: the trainer settings a package takes from the config (the rest of training happens where the package goes)
+PACKAGE_SETTINGS = ("learning_rate", "batch_size", "weights_to_train", "device")
+
+
+def package_trainer(ctx: StageContext) -> ortflow.OrtGradientOptimizer:
+    """An unfitted full trainer of ``model_with_loss.onnx`` holding the trained weights (those of
+    ``trained_model.onnx``), with the configured optimizer, schedule and batch size: what the package is made of."""
+    loss_graph = ctx.bundle.load_onnx("model_with_loss", ctx.name)
+    trained = ortflow.get_initializers(ctx.bundle.load_onnx("trained_model", ctx.name))
+    start = ortflow.get_initializers(loss_graph)
+    weights = {name: value for name, value in trained.items()
+               if name in start and value.dtype == np.float32 and value.shape == start[name].shape}
+    settings = {k: v for k, v in trainer_arguments(ctx.cfg).items() if k in PACKAGE_SETTINGS}
+    return ortflow.OrtGradientOptimizer(ortflow.replace_initializers(loss_graph, weights), loss_output_name="loss",
+                                        label_name="label", **settings)
+
+
+def log_training_package(ctx: StageContext, split: Split, estimator, source: dict) -> str:
+    """Write ``estimator``'s training package, with the split's standardization and ``source`` (where the weights
+    come from) as its metadata, and log it as :data:`PACKAGE_ARTIFACT`; returns the artifact path."""
+    def values(array) -> list | None:
+        return None if array is None else np.asarray(array, dtype=np.float64).ravel().tolist()
+
+    metadata = {"task": split.task, "features": [str(f) for f in split.feature_names],
+                "standardization": {"x_mean": values(split.x_mean), "x_scale": values(split.x_scale),
+                                    "y_mean": values(split.y_mean), "y_scale": values(split.y_scale)},
+                "model": str(ctx.cfg.model.name), **source}
+    names = [str(f) for f in split.feature_names] if not split.is_table else None
+    folder = ortflow.export_training_package(estimator, ctx.work_dir / PACKAGE_ARTIFACT, overwrite=True,
+                                             feature_names=names, metadata=metadata)
+    logged = tr.log_folder(ctx.tracking, ctx.run_id, folder, PACKAGE_ARTIFACT)
+    ctx.set_tags({"ortflow.training_package": logged})
+    return logged
+
+
 def export(ctx: StageContext) -> dict:
     cfg = ctx.cfg
     split = Split.load(ctx.bundle.path("split", ctx.name))
     model = ctx.bundle.load_onnx("deploy_model", ctx.name)
     evaluation = ctx.bundle.read_json("evaluation", ctx.name)["metrics"]
+    try:
+        log_training_package(ctx, split, package_trainer(ctx), {"run_id": ctx.run_id})
+    except ortflow.OrtflowError as exc:  # a graph ortflow's own step cannot train: registered all the same
+        ctx.set_tags({"ortflow.training_package": f"not written: {type(exc).__name__}: {str(exc)[:1000]}"})
+    return register_model(ctx, split, model, evaluation, str(cfg.mlflow.registered_model_name))
+
+
+def register_model(ctx: StageContext, split: Split, model: onnx.ModelProto, evaluation: dict, name: str) -> dict:
+    """Log ``model`` (the deploy graph) with the test metrics ``evaluation``, register it as a version of ``name``
+    as ``promotion`` says and pass it through the gate; the run's metrics (``registered_version``...)."""
+    cfg = ctx.cfg
     ctx.log_metrics(evaluation)  # the version's run carries the metrics the next promotion compares with
 
     metric = cfg.promotion.metric or promotion.default_metric(ctx.task)
@@ -81,7 +137,7 @@ def export(ctx: StageContext) -> dict:
     ctx.set_tags({"ortflow.model_uri": info.model_uri, "ortflow.promotion.metric": metric})
 
     candidate = promotion.Candidate(
-        str(cfg.mlflow.registered_model_name), info.model_uri, ctx.run_id, metric, direction, value,
+        name, info.model_uri, ctx.run_id, metric, direction, value,
         str(cfg.promotion.alias), split.fingerprint(), bool(cfg.promotion.require_same_data),
         bool(cfg.promotion.enabled), str(cfg.promotion.get("register") or RegisterPolicy.if_promoted))
     ctx.set_tags({promotion.FINGERPRINT_TAG: candidate.fingerprint, **candidate.tags()})

@@ -15,7 +15,7 @@ Every store call retries transient errors (:mod:`.retries`); a store that stays 
 | ``runs`` | run lifecycles: process tags and heartbeat, failure reasons, stage and parent runs |
 | ``records`` | config as params and YAML, metrics, tags, artifacts; artifacts read back |
 | ``epoch_metrics`` | the buffered epoch-metrics callback and :func:`resend` of what it spooled |
-| ``lineage`` | the data a stage read as dataset inputs, the source tags, the logged model's name |
+| ``lineage`` | the data a stage read as dataset inputs, the source tags, the logged model's name, a registered version's run and lineage tags |
 | ``checkpoints`` | the train stage's checkpoints logged, and resumed from |
 | ``promotion`` | registering a version and the alias-based promotion gate |
 | ``sweep`` | a ``-m`` sweep's run, a failed job's run, its best trial registered (the callback is in ``orchestration``) |
@@ -37,6 +37,7 @@ from .records import (
     is_finite,
     log_artifact,
     log_config,
+    log_folder,
     log_metrics,
     log_param,
     set_tags,
@@ -74,7 +75,7 @@ from .store import (
 __all__ = [
     "TrackingUnavailableError", "MlflowMetricsCallback", "resend", "file_lock", "lock_path", "sqlite_path",
     "MAX_PARAM_LENGTH", "download_artifacts", "flatten", "hydra_overrides", "is_finite", "log_artifact",
-    "log_config", "log_metrics", "log_param", "set_tags", "RetryingClient", "call", "is_transient",
+    "log_config", "log_folder", "log_metrics", "log_param", "set_tags", "RetryingClient", "call", "is_transient",
     "FAILURE_TAG", "HEARTBEAT_SECONDS", "HEARTBEAT_TAG", "HOST_TAG", "PARENT_TAG", "PID_START_TAG", "PID_TAG",
     "REFUSED_RUN_NAME", "failure_reason", "heartbeat", "is_alive", "link_mlflow_run", "mark_refused_mlflow_run",
     "parent_run", "process_tags", "stage_run",

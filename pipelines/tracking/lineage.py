@@ -9,6 +9,8 @@
   ``mlflow.source.type``, ``mlflow.source.git.commit``): MLflow's own context providers, for the runs the
   pipelines create themselves (``python -m pipelines...``).
 - :func:`logged_model_name`: what the exported model is called (its LoggedModel), after the registered model.
+- :func:`version_run`: the run that registered a model version; :func:`tag_version` records a version's lineage
+  (the states imported into it, the version they were trained from: :data:`LINEAGE_TAG`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
     from ..data.datasets import Split
     from .store import Tracking
 
+#: the prefix of the tags naming where a version's weights come from (``source_version``, ``states``)
+LINEAGE_TAG = "ortflow.lineage."
 #: the parts of the split each stage reads (the stages not named read no data), from the stage table
 STAGE_INPUTS = DATA_PARTS
 #: MLflow's names of the parts (the ``mlflow.data.context`` input tag)
@@ -218,4 +222,27 @@ def logged_model_name(cfg: DictConfig) -> str:
     return "".join(c if c not in "/:" else "_" for c in name) or "model"
 
 
-__all__ = ["log_split_inputs", "split_datasets", "stream_lineage", "source_tags", "logged_model_name", "STAGE_INPUTS"]
+def version_run(tracking: Tracking, name: str, version: str) -> tuple[str, dict[str, str]]:
+    """``(run id, params)`` of the run that registered version ``version`` of the registered model ``name`` (its
+    params: the flattened config it ran with); a LookupError naming both when the registry has no such version or
+    it has no run."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        found = tracking.client.get_model_version(name, str(version))
+    except MlflowException as exc:
+        raise LookupError(f"the registry of {tracking.uri} has no version {version} of the model {name!r}: "
+                          f"{str(exc).splitlines()[0][:300]}") from exc
+    if not found.run_id:
+        raise LookupError(f"version {version} of the model {name!r} was registered from no run")
+    return found.run_id, dict(tracking.client.get_run(found.run_id).data.params)
+
+
+def tag_version(tracking: Tracking, name: str, version: str, tags: dict[str, str]) -> None:
+    """Set ``tags`` on version ``version`` of ``name``."""
+    for key, value in tags.items():
+        tracking.client.set_model_version_tag(name, str(version), key, str(value)[:4900])
+
+
+__all__ = ["log_split_inputs", "split_datasets", "stream_lineage", "source_tags", "logged_model_name", "STAGE_INPUTS",
+           "LINEAGE_TAG", "version_run", "tag_version"]

@@ -79,6 +79,12 @@ def log_artifact(tracking: Tracking, run_id: str, path: str | Path, artifact_pat
     return f"{artifact_path}/{path.name}" if artifact_path else path.name
 
 
+def log_folder(tracking: Tracking, run_id: str, folder: str | Path, artifact_path: str) -> str:
+    """Log every file of ``folder`` under ``artifact_path``; returns ``artifact_path``."""
+    tracking.client.log_artifacts(run_id, str(folder), artifact_path)
+    return artifact_path
+
+
 def _is_number(value: Any) -> bool:
     if isinstance(value, bool):
         return False

@@ -1,0 +1,269 @@
+"""Training outside Python (issue 38): epoch time of one training package on the seed cases A and D-wide in Python's
+full training, onnxruntime-node, onnxruntime-web's WebAssembly engine in Node, and the same in headless Chromium.
+
+    python -m bench.portable                     # A (10 epochs) and D-wide (20,000 rows, 3 epochs), 3 repeats
+    python -m bench.portable --repeats 5 --engines python,node
+
+Every engine trains the same package (``ortflow.export_training_package`` of the case's ``OrtGradientOptimizer``:
+plain SGD at the case's constant rate, its batch size, the rows in order) from the same start on the same rows, on
+one thread: ``n_threads=1`` in Python, ``intraOpNumThreads: 1`` in onnxruntime-node, ``ort.env.wasm.numThreads =
+1`` for WebAssembly (Node and Chromium). Python is the trainer itself (``bench.engines.train_ortflow_full``); the
+others run js/ (``Trainer.fit``, X and y passed as runtime tensors in Node, as rows of a JSON file in the page) on
+the package's ``step_flat.onnx`` (the state as one vector), ``node-tensors`` on ``step.onnx`` (one tensor per state
+tensor). The
+engines take turns within each repeat (the order rotating); a run's number is its median epoch, the first left out
+(``bench.run.per_repeat``), an engine's number the median over repeats, its ratio to Python the median of each
+repeat's ratio to Python's run of that repeat (paired: the load of a shared machine changes between repeats). The
+CPU seconds of the process (all threads) per epoch are measured beside the wall time in Python and Node (not in
+Chromium). The last epoch's losses of every engine are printed: they agree (the same step graph). Results:
+``bench/results/portable.json`` (git-ignored), the table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import replace
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+
+import ortflow
+
+from .cases import Case, default_cases, make_data
+from .engines import epoch_clock, loss_graph, train_ortflow_full
+from .run import log, machine_info, per_repeat
+
+ROOT = Path(__file__).resolve().parents[1]
+JS = ROOT / "js"
+RESULTS = ROOT / "bench" / "results"
+ENGINES = ("python", "node", "node-tensors", "wasm", "chromium")
+TITLES = {"python": "Python (ortflow full training)", "node": "onnxruntime-node", "wasm": "WebAssembly in Node",
+          "chromium": "WebAssembly in Chromium", "node-tensors": "onnxruntime-node, one tensor per state tensor"}
+
+
+def cases(rows_wide: int = 20_000, epochs_a: int = 10, epochs_wide: int = 3) -> list[Case]:
+    """The suite's A and D-wide (D-wide at the suite's quick size: WebAssembly takes ~40x Python's time on it)."""
+    suite = {c.key: c for c in default_cases()}
+    return [replace(suite["A"], epochs=epochs_a), replace(suite["D-wide"], n_rows=rows_wide, epochs=epochs_wide)]
+
+
+# --- serving the page ------------------------------------------------------------------------------------------
+class _Handler(SimpleHTTPRequestHandler):
+    """The repository's files, with folders mounted under prefixes (``{'/package/': folder}``); a POST is kept."""
+
+    extensions_map = {**SimpleHTTPRequestHandler.extensions_map, ".mjs": "text/javascript", ".js": "text/javascript",
+                      ".wasm": "application/wasm"}
+
+    def __init__(self, *args, site, **kwargs):
+        self.site = site
+        super().__init__(*args, directory=str(ROOT), **kwargs)
+
+    def translate_path(self, path):
+        for prefix, folder in self.site["mounts"].items():
+            if path.startswith(prefix):
+                return str(Path(folder) / path[len(prefix):].split("?")[0])
+        return super().translate_path(path)
+
+    def do_POST(self):
+        self.site["posted"] = self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+class PageServer:
+    """The repository served on 127.0.0.1 (a thread), for pages that load js/ and onnxruntime-web: ``mounts`` map
+    URL prefixes to folders; ``posted`` holds the last POST's body."""
+
+    def __init__(self, mounts: dict):
+        self.site = {"mounts": dict(mounts), "posted": None}
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Handler, site=self.site))
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def posted(self) -> bytes | None:
+        return self.site["posted"]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def chromium_path() -> str | None:
+    return next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and os.path.exists(p)), None)
+
+
+def open_page(url: str, timeout: float = 600) -> dict:
+    """Open ``url`` in headless Chromium (js/test/browser.mjs) and return what the page reports."""
+    done = subprocess.run(["node", "test/browser.mjs", url, str(int(timeout)), chromium_path() or "/usr/bin/chromium"],
+                          cwd=JS, capture_output=True, text=True, timeout=timeout + 60)
+    if done.returncode != 0:
+        raise RuntimeError(f"the page {url} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout)
+
+
+# --- the engines -------------------------------------------------------------------------------------------------
+def _package(case: Case, data, folder: Path) -> Path:
+    est = ortflow.OrtGradientOptimizer(
+        loss_graph(case, data), batch_size=case.batch_size, shuffle=False, n_threads=1,
+        learning_rate=ortflow.LearningRateSGD(eta0=case.learning_rate, learning_rate="constant"))
+    return ortflow.export_training_package(est, folder / "package")
+
+
+def _node(runtime: str, folder: Path, rows: int, epochs: int, layout: str) -> tuple[list, list, list]:
+    done = subprocess.run(["node", "bench/epoch-times.mjs", runtime, str(folder / "package"), str(folder / "X.f32"),
+                           str(folder / "y.f32"), str(rows), str(epochs), layout], cwd=JS, capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"node ({runtime}) failed:\n{done.stderr[-4000:]}")
+    out = json.loads(done.stdout)
+    return out["times"], out["cpu"], out["losses"]
+
+
+def _chromium(server: PageServer, epochs: int) -> tuple[list[float], None, list[float]]:
+    query = f"package=/work/package/&data=/work/data.json&epochs={epochs}&shuffle=0&autorun=1"
+    page = open_page(f"{server.url}/examples/browser/index.html?{query}")
+    return page["times"], None, [e["loss"] for e in page["epochs"]]
+
+
+def run_engine(name: str, case: Case, data, folder: Path, server: PageServer | None):
+    """(wall seconds per epoch, CPU seconds per epoch or None, loss per epoch) of one fit."""
+    if name == "python":
+        clock = epoch_clock()
+        run = train_ortflow_full(case, data, case.epochs, 1, callbacks=[clock])
+        return list(run.epoch_times), list(clock.epoch_cpu_times), list(run.losses)
+    if name == "chromium":
+        return _chromium(server, case.epochs)
+    runtime = "web" if name == "wasm" else "node"
+    return _node(runtime, folder, len(data.X), case.epochs, "tensors" if name == "node-tensors" else "flat")
+
+
+def run_case(case: Case, engines: list[str], repeats: int) -> dict:
+    log(f"case {case.key}: {case.title}, {case.n_train} rows, batch {case.batch_size}, {case.epochs} epochs")
+    data = make_data(case)
+    with tempfile.TemporaryDirectory(prefix="ortflow-portable-") as tmp:
+        folder = Path(tmp)
+        _package(case, data, folder)
+        data.X.tofile(folder / "X.f32")
+        data.y.tofile(folder / "y.f32")
+        server = None
+        if "chromium" in engines:
+            (folder / "data.json").write_text(json.dumps({"X": data.X.tolist(), "y": data.y.ravel().tolist()}))
+            server = PageServer({"/work/": folder})
+        try:
+            runs, cpus = {e: [] for e in engines}, {e: [] for e in engines}
+            losses = {}
+            for r in range(repeats):
+                for name in engines[r % len(engines):] + engines[: r % len(engines)]:
+                    times, cpu, loss = run_engine(name, case, data, folder, server)
+                    runs[name].append(per_repeat(times))
+                    if cpu is not None:
+                        cpus[name].append(per_repeat(cpu))
+                    losses[name] = loss[-1]
+                    log(f"  {name:9s} repeat {r + 1}: {runs[name][-1] * 1e3:9.2f} ms/epoch"
+                        + (f" (CPU {cpus[name][-1] * 1e3:.2f} ms)" if cpu is not None else "")
+                        + f", last loss {loss[-1]:.6f}")
+        finally:
+            if server is not None:
+                server.close()
+    medians = {e: float(np.median(v)) for e, v in runs.items()}
+    cpu = {e: float(np.median(v)) for e, v in cpus.items() if v}
+    result = {"case": case.to_dict(), "engines": {e: {"epoch_s": medians[e], "repeats_s": runs[e],
+                                                      "epoch_cpu_s": cpu.get(e), "repeats_cpu_s": cpus[e],
+                                                      "last_loss": losses[e]} for e in engines}}
+    if "python" in medians:
+        result["ratio_to_python"] = {e: medians[e] / medians["python"] for e in engines}
+        # paired: each repeat's ratio to Python's run of the same repeat (the load changes between repeats)
+        result["paired_ratio_to_python"] = {e: float(np.median(np.array(runs[e]) / np.array(runs["python"])))
+                                            for e in engines}
+        if "python" in cpu:
+            result["cpu_ratio_to_python"] = {e: cpu[e] / cpu["python"] for e in cpu}
+    return result
+
+
+def node_versions() -> dict:
+    lock = json.loads((JS / "package-lock.json").read_text())["packages"]
+    out = {name: lock.get(f"node_modules/{name}", {}).get("version")
+           for name in ("onnxruntime-node", "onnxruntime-web", "puppeteer-core")}
+    out["node"] = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
+    chromium = chromium_path()
+    if chromium:
+        out["chromium"] = subprocess.run([chromium, "--version"], capture_output=True, text=True).stdout.strip()
+    return out
+
+
+def table(results: list[dict]) -> str:
+    engines = list(results[0]["engines"])
+    lines = ["| case | " + " | ".join(f"{TITLES[e]} ms" for e in engines) + " |",
+             "|---" * (len(engines) + 1) + "|"]
+    for res in results:
+        cells = []
+        for e in engines:
+            entry = res["engines"][e]
+            cell = f"{entry['epoch_s'] * 1e3:.1f}"
+            if entry["epoch_cpu_s"] is not None:
+                cell += f" (CPU {entry['epoch_cpu_s'] * 1e3:.1f})"
+            if e != "python" and "paired_ratio_to_python" in res:
+                cell += f": **{res['paired_ratio_to_python'][e]:.2f}x**"
+                if e in res.get("cpu_ratio_to_python", {}):
+                    cell += f" (CPU {res['cpu_ratio_to_python'][e]:.2f}x)"
+            cells.append(cell)
+        c = res["case"]
+        lines.append(f"| {c['key']} ({c['n_train']:,} rows, batch {c['batch_size']}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.portable", description=__doc__.splitlines()[0])
+    p.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, of {','.join(ENGINES)}")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--rows-wide", type=int, default=20_000, help="rows of D-wide")
+    p.add_argument("--epochs-a", type=int, default=10)
+    p.add_argument("--epochs-wide", type=int, default=3)
+    p.add_argument("--out", default=str(RESULTS / "portable.json"))
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    unknown = sorted(set(engines) - set(ENGINES))
+    if unknown:
+        raise SystemExit(f"unknown engines {unknown}: choose among {list(ENGINES)}")
+    if shutil.which("node") is None or not (JS / "node_modules" / "onnxruntime-node").is_dir():
+        raise SystemExit("bench.portable needs node and js/node_modules (make js/node_modules/.stamp)")
+    if "chromium" in engines and chromium_path() is None:
+        raise SystemExit("the chromium engine needs Debian's chromium (make chromium)")
+    info = machine_info(1)
+    info["versions"].update(node_versions())
+    results = [run_case(case, engines, args.repeats) for case in cases(args.rows_wide, args.epochs_a,
+                                                                       args.epochs_wide)]
+    threads = {"python": "n_threads=1", "node": "intraOpNumThreads=1", "node-tensors": "intraOpNumThreads=1",
+               "wasm": "ort.env.wasm.numThreads=1", "chromium": "ort.env.wasm.numThreads=1"}
+    report = {"machine": info, "threads": threads, "results": results}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(table(results))
+    log(f"results written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,38 @@
+// Epoch times of a package trained in Node, for `python -m bench.portable`.
+// Usage: node epoch-times.mjs <node|web> <package folder> <X.f32> <y.f32> <rows> <epochs> [flat|tensors]
+// (flat, the default: step_flat.onnx, the state as one vector; tensors: step.onnx, one tensor per state tensor)
+// X.f32 / y.f32: float32 little-endian rows (what the package's data input and target take, target encoding
+// "value"); they go in as runtime tensors. Prints {"times": [wall seconds per epoch], "cpu": [the process's CPU
+// seconds per epoch, all threads], "losses": [...], "threads": 1}.
+import {readFile} from 'node:fs/promises';
+import {createRequire} from 'node:module';
+import {Trainer} from '../index.js';
+
+const [kind, folder, xFile, yFile, rowsText, epochsText, layout = 'flat'] = process.argv.slice(2);
+const require = createRequire(import.meta.url);
+const ort = require(kind === 'web' ? 'onnxruntime-web' : 'onnxruntime-node');
+if (kind === 'web') ort.env.wasm.numThreads = 1;
+const rows = Number(rowsText);
+const floats = async (file) => {
+  const bytes = await readFile(file);
+  return new Float32Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 4);
+};
+const x = await floats(xFile);
+const y = await floats(yFile);
+const trainer = await Trainer.load(folder, {ort, flat: layout === 'flat'});
+const X = new ort.Tensor('float32', x, [rows, x.length / rows]);
+const Y = new ort.Tensor('float32', y, [rows, y.length / rows]);
+const times = [];
+const cpu = [];
+let last = performance.now();
+let lastCpu = process.cpuUsage();
+await trainer.fit(X, Y, {epochs: Number(epochsText), shuffle: false, onEpoch: () => {
+  const now = performance.now();
+  const used = process.cpuUsage(lastCpu);
+  times.push((now - last) / 1000);
+  cpu.push((used.user + used.system) / 1e6);
+  last = now;
+  lastCpu = process.cpuUsage();
+}});
+console.log(JSON.stringify({times, cpu, losses: trainer.history.map((r) => r.loss), threads: 1,
+  versions: ort.env.versions}));

@@ -1,0 +1,396 @@
+"""Writing a training package (:mod:`ortflow.package` describes the format): an ortflow trainer's graph, loss,
+weights, optimizer slots, optimizer, schedule and batch size as files a runtime without Python trains from.
+
+:func:`export_training_package` reads the trainer (fitted or not) through its public parameters and state, builds
+the step graph (:func:`ortflow.autodiff.training_step`, symbolic batch axis) and its flat-state twin, writes the
+prediction graph with each trained weight's byte range located (:func:`_patchable`), the state's bytes, and the
+manifest with every file's SHA-256; the folder is written beside its place and moved there complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from . import graph as g
+from .add_loss import LOSS_METADATA, add_loss_output
+from .autodiff.training import UPDATED, training_step
+from .convert import graph_classes
+from .exceptions import TrainingPackageError
+from .learning_rates import LEARNING_RATE, STEP, BaseLearningRate
+from .ml_op_rewrites import make_trainable
+from .package import (FLAT_STATE, FLAT_STEP_FILE, FLAT_UPDATED, FORMAT, FORMAT_VERSION, IR_VERSION, LOSS_FILE,
+                      MANIFEST, PREDICT_FILE, STATE_FILE, STEP_FILE)
+from .registry import select
+from .shuffle import GENERATOR
+from .validation import check_weights_to_train
+
+_PROBABILITIES = ("output_probability", "output_label", "probabilities", "label")
+
+
+@dataclass
+class _Trainer:
+    """What a package is made of, read from an ortflow trainer."""
+
+    trainer: str
+    loss_model: onnx.ModelProto  # the graph with its loss output, current weights inside
+    loss_output: str
+    label: str
+    weight_input: str | None
+    weights: list[str]
+    rate: BaseLearningRate
+    loss: dict
+    prediction: onnx.ModelProto
+    classes: np.ndarray | None
+    state: dict[str, np.ndarray]  # weights and slots (``<weight>_<slot>``), current values
+    progress: dict
+    batch_size: int
+    feature_names: list[str] | None = None
+
+
+def export_training_package(estimator, folder: str | os.PathLike, overwrite: bool = False,
+                            feature_names: Sequence[str] | None = None, metadata: Mapping[str, Any] | None = None
+                            ) -> Path:
+    """Write the training package of ``estimator`` (an :class:`ortflow.OrtGradientOptimizer` or
+    :class:`ortflow.OrtGradientForwardBackwardOptimizer`, fitted or not) into ``folder``: its graph, loss, current
+    weights and optimizer state, optimizer, schedule and batch size (see the module's docstring).
+
+    ``feature_names`` names the columns of the data input (default: those the estimator was fitted on, when it
+    saw named columns); ``metadata`` (JSON values) is stored as the manifest's ``metadata``, for the package's
+    users (how the data is prepared, where the model comes from). The folder is written next to its place and moved
+    there once complete; an existing non-empty ``folder`` is refused unless ``overwrite``. Returns its path."""
+    parts = _read_trainer(estimator)
+    if feature_names is not None:
+        parts.feature_names = [str(n) for n in feature_names]
+    folder = Path(folder)
+    if folder.exists() and any(folder.iterdir()) and not overwrite:
+        raise TrainingPackageError(f"{str(folder)!r} exists and is not empty; pass overwrite=True to replace it")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    files, manifest = _package_files(parts)
+    try:
+        manifest["metadata"] = json.loads(json.dumps(dict(metadata or {}), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise TrainingPackageError(f"metadata must hold finite JSON values: {exc}") from exc
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        manifest["files"] = {name: {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+                             for name, data in files.items()}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if folder.exists():
+            old = folder.with_name(f".{folder.name}-old-{os.getpid()}")
+            folder.rename(old)
+            tmp.rename(folder)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def _read_trainer(estimator) -> _Trainer:
+    from .full import OrtGradientOptimizer
+    from .fwbw import OrtGradientForwardBackwardOptimizer
+
+    if isinstance(estimator, OrtGradientOptimizer):
+        return _full_trainer(estimator)
+    if isinstance(estimator, OrtGradientForwardBackwardOptimizer):
+        return _fwbw_trainer(estimator)
+    raise TrainingPackageError(f"export_training_package takes an OrtGradientOptimizer or an "
+                               f"OrtGradientForwardBackwardOptimizer, not {type(estimator).__name__}")
+
+
+def _fitted(estimator) -> bool:
+    return hasattr(estimator, "history_")
+
+
+def _full_trainer(est) -> _Trainer:
+    model = make_trainable(g.load_model(est.model_onnx), est.weights_to_train)
+    loss, label = est.loss_output_name, est.label_name
+    feeds, outputs = g.input_names(model), g.output_names(model)
+    if loss not in outputs or label not in feeds:
+        raise TrainingPackageError(f"the graph has no loss output {loss!r} or no label input {label!r} "
+                                   f"(outputs {outputs}, inputs {feeds}); add them with ortflow.add_loss_output")
+    meta = next((json.loads(e.value) for e in model.metadata_props if e.key == LOSS_METADATA), {})
+    predictions = [o for o in outputs if o != loss]
+    trained = meta.get("prediction") if meta.get("prediction") in predictions else (predictions or [None])[0]
+    loss_graph = g.keep_outputs(model, [loss])
+    weights = (list(est.weights_to_train_) if _fitted(est) else
+               check_weights_to_train(model if est.weights_to_train is not None else loss_graph,
+                                      est.weights_to_train))
+    rate = est._learning_rate()
+    state, progress = _initial_state(model, weights, rate), {"epochs": 0, "steps": 0, "rows_seen": 0}
+    if _fitted(est):
+        runtime = getattr(est, "_rt_step", None)
+        if runtime is None and len(rate.slots) > 1:
+            raise TrainingPackageError(
+                f"this {type(est).__name__} trained with onnxruntime's artifacts (gradients_='onnxruntime'), whose "
+                f"{type(rate).__name__} moments ortflow cannot read; export it before fit or fit it with "
+                "gradients='ortflow'")
+        values = runtime.get_state() if runtime is not None else dict(est.get_state())
+        state.update({k: np.asarray(v, np.float32) for k, v in values.items() if k in state})
+        progress = _progress(est, int(values.get(STEP, 0)))
+    return _Trainer(type(est).__name__, model, loss, label, est.sample_weight_name if est.sample_weight_name in feeds
+                    else None, weights, rate, {"name": meta.get("loss"), "params": meta.get("params", {})},
+                    g.keep_outputs(model, predictions), None if trained in _PROBABILITIES else graph_classes(model),
+                    state, progress, int(est.batch_size), _feature_names(est))
+
+
+def _fwbw_trainer(est) -> _Trainer:
+    from sklearn.base import clone
+
+    from .base import prediction_spec
+
+    model = make_trainable(g.load_model(est.model_onnx), est.weights_to_train)
+    spec = prediction_spec(model, est.output_name, est.weight_name)
+    penalty = select("penalty", est.learning_penalty)
+    if not penalty.is_null():
+        raise TrainingPackageError(f"learning_penalty={est.learning_penalty!r}: a training package holds the loss "
+                                   "of add_loss_output without a penalty; train without one to export")
+    loss_object = clone(select("loss", est.learning_loss))
+    taken = g.all_names(model)
+    loss, label = _fresh("loss", taken), _fresh("label", taken)
+    weight_input = spec.weight_name if spec.weight_name not in taken else _fresh("weight", taken)
+    loss_model = add_loss_output(model, loss_object, loss_name=loss, label_name=label, weight_name=weight_input,
+                                 output_index=spec.trained_output)
+    output = spec.trained_output
+    weights = (list(est.weights_to_train_) if _fitted(est) else
+               check_weights_to_train(model if est.weights_to_train is not None else g.keep_outputs(model, [output]),
+                                      est.weights_to_train))
+    rate = est._learning_rate()
+    state, progress = _initial_state(model, weights, rate), {"epochs": 0, "steps": 0, "rows_seen": 0}
+    if _fitted(est):
+        state.update({k: np.asarray(v, np.float32) for k, v in est.get_state().items()})
+        optimizer = est.get_optimizer_state()
+        for key, value in optimizer.items():
+            if ":" in key:
+                slot, weight = key.split(":", 1)
+                state[f"{weight}_{slot}"] = np.asarray(value, np.float32)
+        progress = _progress(est, int(optimizer.get(STEP, 0)))
+    return _Trainer(type(est).__name__, loss_model, loss, label, weight_input, weights, rate,
+                    {"name": loss_object.names[0], "params": loss_object.get_params()},
+                    g.keep_outputs(model, g.output_names(model)),
+                    None if output in _PROBABILITIES else graph_classes(model), state, progress, int(est.batch_size),
+                    _feature_names(est))
+
+
+def _fresh(base: str, taken: set) -> str:
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    return name
+
+
+def _initial_state(model: onnx.ModelProto, weights: list[str], rate: BaseLearningRate) -> dict[str, np.ndarray]:
+    inits = g.get_initializers(model)
+    state = {w: np.asarray(inits[w], np.float32) for w in weights}
+    for w in weights:
+        for slot in rate.slots[1:]:
+            state[f"{w}_{slot}"] = np.asarray(rate._initial_slot(slot, state[w]), np.float32)
+    return state
+
+
+def _progress(est, steps: int) -> dict:
+    return {"epochs": len(est.history_), "steps": steps, "rows_seen": int(getattr(est, "_samples_seen", 0) or 0)}
+
+
+def _feature_names(est) -> list[str] | None:
+    names = getattr(est, "feature_names_in_", None)
+    return None if names is None else [str(n) for n in names]
+
+
+def _dtype(elem_type: int) -> str:
+    return "string" if elem_type == TensorProto.STRING else helper.tensor_dtype_to_np_dtype(elem_type).name
+
+
+def _shape(value: onnx.ValueInfoProto) -> list:
+    t = value.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+
+
+def _describe(value: onnx.ValueInfoProto, **extra) -> dict:
+    return {"name": value.name, "shape": _shape(value), "dtype": _dtype(value.type.tensor_type.elem_type), **extra}
+
+
+def _with_ir(model: onnx.ModelProto) -> onnx.ModelProto:
+    model.ir_version = min(model.ir_version or IR_VERSION, IR_VERSION)
+    return model
+
+
+def _package_files(parts: _Trainer) -> tuple[dict[str, bytes], dict]:
+    """The files of the package (but the manifest) and the manifest (but the checksums)."""
+    loss_graph = g.replace_initializers(g.keep_outputs(parts.loss_model, [parts.loss_output]),
+                                        {w: parts.state[w] for w in parts.weights})
+    step = _with_ir(training_step(loss_graph, parts.weights, optimizer=parts.rate, loss_output=parts.loss_output))
+    state_names = [o.name[: -len(UPDATED)] for o in step.graph.output[1:]]
+    roles = {parts.label: "target", **({parts.weight_input: "sample_weight"} if parts.weight_input else {}),
+             **dict.fromkeys(parts.weights, "weight"), LEARNING_RATE: "learning_rate", STEP: "step"}
+    roles.update({n: "slot" for n in state_names if n not in parts.weights})
+    step_inputs = [_describe(v, role=roles.get(v.name, "data")) for v in step.graph.input]
+    data_inputs = [d for d in step_inputs if d["role"] == "data"]
+    target = next(d for d in step_inputs if d["role"] == "target")
+    table, offset = [], 0
+    for name in state_names:
+        array = parts.state[name]
+        table.append({"name": name, "shape": list(array.shape), "dtype": "float32", "offset": offset,
+                      "length": int(array.size)})
+        offset += 4 * int(array.size)
+    state_bytes = b"".join(np.ascontiguousarray(parts.state[n], dtype="<f4").tobytes() for n in state_names)
+    prediction = _with_ir(g.replace_initializers(parts.prediction,
+                                                 {w: parts.state[w] for w in parts.weights
+                                                  if w in {i.name for i in parts.prediction.graph.initializer}}))
+    predict_bytes, patches = _patchable(prediction, {w: parts.state[w] for w in parts.weights})
+    loss_model = _with_ir(g.replace_initializers(parts.loss_model, {w: parts.state[w] for w in parts.weights}))
+    step_bytes = step.SerializeToString()
+    flat = _flat_step(step, table)
+    rate = parts.rate
+    width = target["shape"][1] if target["shape"] and len(target["shape"]) == 2 else None
+    classes = None if parts.classes is None else parts.classes.tolist()
+    encoding = ("value" if classes is None else
+                "binary" if not isinstance(width, int) or width == 1 else "one_hot")
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "package_id": hashlib.sha256(step_bytes).hexdigest(),
+        "trainer": parts.trainer,
+        "ir_version": IR_VERSION,
+        "batch_size": parts.batch_size,
+        "step": {"file": STEP_FILE, "batch_axis": "batch", "inputs": step_inputs,
+                 "outputs": [_describe(v) for v in step.graph.output], "loss_output": step.graph.output[0].name},
+        "step_flat": {"file": FLAT_STEP_FILE, "batch_axis": "batch", "state_input": FLAT_STATE,
+                      "state_output": FLAT_UPDATED, "inputs": [_describe(v) for v in flat.graph.input],
+                      "outputs": [_describe(v) for v in flat.graph.output]},
+        "data_inputs": data_inputs,
+        "feature_names": parts.feature_names,
+        "target": {**target, "classes": classes, "encoding": encoding},
+        "sample_weight": None if parts.weight_input is None else parts.weight_input,
+        "loss": {"output": parts.loss_output, **parts.loss},
+        "optimizer": {"name": rate.names[0], "class": type(rate).__name__, "params": _jsonable(rate.get_params()),
+                      "slots": list(rate.slots[1:]), "reads_step": STEP in {i.name for i in step.graph.input}},
+        "schedule": {"name": getattr(rate, "schedule", "constant"), "eta0": float(rate.eta0),
+                     "power_t": float(getattr(rate, "power_t", 0.25)), "alpha": float(getattr(rate, "alpha", 1e-4)),
+                     "per": "epoch", "of": "rows_seen"},
+        "state": {"file": STATE_FILE, "dtype": "float32", "byte_order": "little", "bytes": len(state_bytes),
+                  "tensors": table, "weights": list(parts.weights)},
+        "progress": dict(parts.progress),
+        "predict": {"file": PREDICT_FILE, "inputs": [_describe(v) for v in prediction.graph.input
+                                                     if v.name not in {i.name for i in prediction.graph.initializer}],
+                    "outputs": [_describe(v) for v in prediction.graph.output], "weights": patches},
+        "loss_model": {"file": LOSS_FILE, "label": parts.label, "weight": parts.weight_input},
+        "shuffle": {"generator": GENERATOR, "seed": "uint32", "epoch": "epochs completed before, from 0",
+                    "module": "ortflow.shuffle"},
+    }
+    files = {STEP_FILE: step_bytes, FLAT_STEP_FILE: flat.SerializeToString(), PREDICT_FILE: predict_bytes,
+             LOSS_FILE: loss_model.SerializeToString(), STATE_FILE: state_bytes}
+    return files, manifest
+
+
+def _flat_step(step: onnx.ModelProto, table: list[dict]) -> onnx.ModelProto:
+    """``step`` taking the whole state as one float32 vector :data:`FLAT_STATE` (the tensors of ``table`` one after
+    the other) and giving it back as :data:`FLAT_UPDATED`, the loss first: the same nodes between a ``Split`` and
+    ``Reshape`` of the vector and a ``Concat`` of the updated tensors. A runtime that copies every input and output
+    at each run (onnxruntime-node, onnxruntime-web) crosses 2 state tensors per step instead of twice their number,
+    and feeds each step's output vector to the next step as it is."""
+    names = [t["name"] for t in table]
+    taken = g.all_names(step)
+    clash = sorted({FLAT_STATE, FLAT_UPDATED} & taken)
+    if clash:
+        raise TrainingPackageError(f"the step graph already uses the names {clash}")
+    opset = next((o.version for o in step.opset_import if o.domain in ("", "ai.onnx")), 13)
+    sizes = [int(np.prod(t["shape"], dtype=np.int64)) for t in table]
+    total = int(sum(sizes))
+    nodes, inits = [], []
+    pieces = [f"{FLAT_STATE}/{n}" for n in names]
+    split_sizes = helper.make_tensor(f"{FLAT_STATE}/sizes", TensorProto.INT64, [len(sizes)], sizes)
+    if opset >= 13:
+        inits.append(split_sizes)
+        nodes.append(helper.make_node("Split", [FLAT_STATE, split_sizes.name], pieces, axis=0))
+    else:
+        nodes.append(helper.make_node("Split", [FLAT_STATE], pieces, axis=0, split=sizes))
+    for t, piece in zip(table, pieces):
+        shape = helper.make_tensor(f"{piece}/shape", TensorProto.INT64, [len(t["shape"])], list(t["shape"]))
+        inits.append(shape)
+        nodes.append(helper.make_node("Reshape", [piece, shape.name], [t["name"]]))
+    flat_shape = helper.make_tensor(f"{FLAT_UPDATED}/flat", TensorProto.INT64, [1], [-1])
+    inits.append(flat_shape)
+    tail = []
+    for name in names:
+        tail.append(helper.make_node("Reshape", [name + UPDATED, flat_shape.name], [f"{FLAT_UPDATED}/{name}"]))
+    tail.append(helper.make_node("Concat", [f"{FLAT_UPDATED}/{n}" for n in names], [FLAT_UPDATED], axis=0))
+    graph = step.graph
+    state = set(names)
+    vector = helper.make_tensor_value_info(FLAT_STATE, TensorProto.FLOAT, [total])
+    inputs = [v for v in graph.input if v.name not in state]
+    first_scalar = next((i for i, v in enumerate(inputs) if v.name in (LEARNING_RATE, STEP)), len(inputs))
+    inputs.insert(first_scalar, vector)
+    outputs = [graph.output[0], helper.make_tensor_value_info(FLAT_UPDATED, TensorProto.FLOAT, [total])]
+    flat = helper.make_graph([*nodes, *graph.node, *tail], f"{graph.name}_flat", inputs, outputs,
+                             [*graph.initializer, *inits], value_info=list(graph.value_info))
+    model = helper.make_model(flat, opset_imports=list(step.opset_import), ir_version=step.ir_version,
+                              producer_name=step.producer_name)
+    return model
+
+
+def _jsonable(params: Mapping[str, Any]) -> dict:
+    out = {}
+    for key, value in params.items():
+        if isinstance(value, (np.generic,)):
+            value = value.item()
+        if not isinstance(value, (int, float, str, bool, type(None))):
+            raise TrainingPackageError(f"the optimizer's setting {key}={value!r} cannot be written in a manifest")
+        out[key] = value
+    return out
+
+
+def _patchable(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> tuple[bytes, list[dict]]:
+    """``model`` serialized with the float32 initializers ``values`` in ``raw_data``, and where each one's bytes
+    lie in it: ``[{name, shape, offset, bytes}]``. The offsets are found by writing a distinct random pattern in
+    each initializer (same length: the serialized layout does not change), locating it once, then writing the
+    values there."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    inits = {i.name: i for i in model.graph.initializer}
+    values = {n: np.ascontiguousarray(v, dtype="<f4") for n, v in values.items() if n in inits}
+    for name in values:
+        if inits[name].data_type != TensorProto.FLOAT:
+            raise TrainingPackageError(f"weight {name!r} of the prediction graph is not float32")
+    rng = np.random.default_rng(0)
+    for _ in range(16):
+        patterns = {}
+        for name, array in values.items():
+            init = inits[name]
+            init.ClearField("float_data")
+            init.ClearField("external_data")
+            init.data_location = TensorProto.DEFAULT
+            patterns[name] = rng.integers(0, 256, size=array.nbytes, dtype=np.uint8).tobytes()
+            init.raw_data = patterns[name]
+        data = bytearray(model.SerializeToString())
+        offsets = {}
+        for name, pattern in patterns.items():
+            at = data.find(pattern) if pattern else 0
+            if at < 0 or (pattern and data.find(pattern, at + 1) >= 0):
+                break
+            offsets[name] = at
+        else:
+            for name, at in offsets.items():
+                data[at: at + values[name].nbytes] = values[name].tobytes()
+            return bytes(data), [{"name": n, "shape": list(values[n].shape), "offset": offsets[n],
+                                  "bytes": values[n].nbytes} for n in values]
+    raise TrainingPackageError("could not locate the weights' bytes in the prediction graph")  # pragma: no cover
+
+
+__all__ = ["export_training_package"]

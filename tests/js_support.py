@@ -1,0 +1,147 @@
+"""What the tests of the JavaScript trainer (js/, tests/test_js_*.py) share: Node and the npm packages, the training
+packages of issue 38's models, and the tolerance rule for weights trained in another runtime.
+
+Tolerance rule (weights after ``s`` optimizer steps of two float32 evaluations of the same step graph, here
+onnxruntime in Python and onnxruntime-node or its WebAssembly build): each step rounds every weight a few times
+(``TERM_ROUNDINGS``) at the weights' scale, and those roundings accumulate over the steps, so per tensor
+``|a - b| <= 2 * s * TERM_ROUNDINGS * u32 * max|w|`` (``u32`` the float32 unit roundoff) — the rule of
+tests/test_training_package.py. The WebAssembly kernels sum in another order than the native ones (no AVX): the rule
+covers a reordered sum at every rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.portable import chromium_path
+from tolerances import TERM_ROUNDINGS, U32
+
+ROOT = Path(__file__).resolve().parents[1]
+JS = ROOT / "js"
+NODE = shutil.which("node")
+NPM = shutil.which("npm")
+CHROMIUM = chromium_path()
+#: every JS test runs in one xdist worker: `npm ci` (when node_modules is missing) runs once
+JS_GROUP = pytest.mark.xdist_group("js")
+#: how the tests run the JavaScript trainer: runtime, and Trainer.load's options (by default a package's step_flat.onnx
+#: runs; "node-tensors" runs step.onnx, one tensor per state tensor)
+RUNTIMES = {"node": ("node", {}), "web": ("web", {}), "node-tensors": ("node", {"flat": False})}
+
+
+def require_node() -> None:
+    """Skip (Node is not installed) or make sure js/node_modules holds the locked packages (`npm ci`)."""
+    if NODE is None:
+        pytest.skip("node is not installed: the JavaScript trainer's tests need Node 20 (`make test` on CI has it)")
+    if not (JS / "node_modules" / "onnxruntime-node").is_dir():
+        if NPM is None:
+            pytest.fail("js/node_modules is missing and npm is not installed: run `make js/node_modules/.stamp`")
+        subprocess.run([NPM, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=JS, check=True,
+                       capture_output=True)
+
+
+def node(*args, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run node with ``args`` from js/, failing with its stderr."""
+    done = subprocess.run([NODE, *map(str, args)], cwd=JS, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise AssertionError(f"node {' '.join(map(str, args))} exited {done.returncode}:\n{done.stderr[-4000:]}")
+    return done
+
+
+def weights_atol(steps: int, reference: np.ndarray) -> float:
+    """The rule above for one tensor after ``steps`` steps."""
+    return 2 * steps * TERM_ROUNDINGS * U32 * float(np.abs(reference).max(initial=0.0))
+
+
+# --- issue 38's models as training packages --------------------------------------------------------------------
+CASES = ("linear", "mlp", "binary", "digits", "lenet")
+OPTIMIZERS = ("sgd", "adam")
+
+
+def optimizer(name: str):
+    from ortflow import LearningRateAdam, LearningRateSGD
+
+    if name == "sgd":
+        return LearningRateSGD(eta0=0.05, learning_rate="invscaling", power_t=0.25)
+    return LearningRateAdam(eta0=0.01)
+
+
+def case_data(case: str):
+    """(loss graph, X, y, batch size): small data, a few steps per epoch."""
+    from sklearn.datasets import load_digits, make_classification, make_regression
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LinearRegression, LogisticRegression
+    from sklearn.neural_network import MLPRegressor
+
+    from ortflow import add_loss_output, to_onnx
+
+    def fit(model, X, y):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            return model.fit(X, y)
+
+    if case in ("linear", "mlp"):
+        X, y = make_regression(60, n_features=5, noise=1.0, random_state=0)
+        X, y = X.astype(np.float32), (y / 50).astype(np.float32)
+        model = LinearRegression() if case == "linear" else MLPRegressor(hidden_layer_sizes=(8,), max_iter=2,
+                                                                          random_state=0)
+        return add_loss_output(to_onnx(fit(model, X, y)), "squared_error"), X, y, 16
+    if case == "binary":
+        X, y = make_classification(60, n_features=6, random_state=0)
+        X = X.astype(np.float32)
+        labels = np.array(["no", "yes"], dtype=object)[y]  # string classes: labels go through as text
+        return add_loss_output(to_onnx(fit(LogisticRegression(max_iter=2), X, labels)), "log"), X, labels, 16
+    if case == "digits":
+        X, y = load_digits(return_X_y=True)
+        X, y = (X[:120] / 16).astype(np.float32), y[:120]
+        return add_loss_output(to_onnx(fit(LogisticRegression(max_iter=2), X, y)), "log"), X, y, 32
+    import reference_data
+
+    ref = reference_data.load("lenet")
+    return add_loss_output(ref.model, "log"), ref.inputs[:96], ref.one_hot[:96], 32
+
+
+def make_package(case: str, opt: str, folder: Path):
+    """Export the (unfitted) trainer of ``case`` with optimizer ``opt`` to ``folder``: (folder, X, y)."""
+    import ortflow
+
+    model, X, y, batch = case_data(case)
+    est = ortflow.OrtGradientOptimizer(model, learning_rate=optimizer(opt), batch_size=batch)
+    ortflow.export_training_package(est, folder)
+    return folder, X, y
+
+
+def write_jobs(path: Path, jobs: list[dict]) -> Path:
+    path.write_text(json.dumps(jobs, default=lambda a: a.tolist()))
+    return path
+
+
+def output_atol(reference, X) -> float:
+    """How far a prediction of the graph trained in another runtime may lie from the Python-trained graph's: an output
+    moves with the weights by at most the weights' tolerance times the size of what they multiply,
+    ``sum_t tol_t * (1 + max_row sum|x|) * prod_t max(1, |W_t|)`` with ``|W_t|`` the largest absolute row or column
+    sum of each trained matrix (kernel) and ``max|W_t|`` of each vector (activations 1-Lipschitz)."""
+    tol = sum(weights_atol(reference.steps, w) for w in reference.weights.values())
+    gain = 1.0
+    for w in reference.weights.values():
+        a = np.abs(w.astype(np.float64))
+        if a.ndim >= 2:
+            gain *= max(1.0, a.reshape(a.shape[0], -1).sum(axis=1).max(), a.reshape(-1, a.shape[-1]).sum(axis=0).max())
+        else:
+            gain *= max(1.0, float(a.max(initial=0.0)))
+    return tol * (1.0 + float(np.abs(X).reshape(len(X), -1).sum(axis=1).max())) * gain
+
+
+def run_graph(model_bytes, X) -> dict:
+    """Every output of a graph (Python's onnxruntime) for its one input X."""
+    from ortflow._ort import InferenceSession
+
+    session = InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, {name: X})))

@@ -1,0 +1,54 @@
+"""The browser example (examples/browser/index.html) in headless Chromium: the page, served on 127.0.0.1 by a
+Python http.server thread (bench.portable.PageServer), trains a package with onnxruntime-web (WebAssembly, one
+thread) and POSTs the state back; Python's load_training_state of it holds the weights the reference loop reaches on
+the same batches (the rule of tests/js_support.py) and its trained graph predicts like the Python-trained graph
+(``output_atol``)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bench.portable import PageServer, open_page
+from ortflow.package import load_training_state, train_package
+
+from js_support import CHROMIUM, JS_GROUP, make_package, output_atol, require_node, run_graph, weights_atol
+
+pytestmark = JS_GROUP
+FIT = {"epochs": 3, "seed": 11, "shuffle": True}
+
+
+@pytest.fixture
+def site(tmp_path):
+    require_node()
+    if CHROMIUM is None:
+        pytest.fail("chromium is not installed: `make chromium` installs Debian's package")
+    folder, X, y = make_package("mlp", "adam", tmp_path / "package")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "data.json").write_text(json.dumps({"X": X.tolist(), "y": y.tolist()}))
+    with PageServer({"/package/": folder, "/input/": data}) as server:
+        yield {"server": server, "folder": folder, "X": X, "y": y}
+
+
+def test_chromium_trains_a_package_and_sends_the_state_back(site):
+    query = (f"package=/package/&data=/input/data.json&epochs={FIT['epochs']}&seed={FIT['seed']}&shuffle=1"
+             "&autorun=1&post=/state")
+    page = open_page(f"{site['server'].url}/examples/browser/index.html?{query}", timeout=120)
+    assert "epoch 3: loss" in page["log"] and len(page["times"]) == 3
+    assert site["server"].posted is not None
+    state = load_training_state(site["folder"], site["server"].posted)
+    reference = train_package(site["folder"], site["X"], site["y"], **FIT)
+    assert (state.epochs, state.steps, state.rows_seen) == (reference.epochs, reference.steps, reference.rows_seen)
+    for name, expected in reference.tensors.items():
+        np.testing.assert_allclose(state.tensors[name], expected, rtol=0,
+                                   atol=weights_atol(reference.steps, expected), err_msg=name)
+    ours = run_graph(state.trained_onnx_bytes(), site["X"])
+    theirs = run_graph(reference.trained_onnx_bytes(), site["X"])
+    atol = output_atol(reference, site["X"])
+    for name, value in theirs.items():
+        np.testing.assert_allclose(ours[name], value, rtol=0, atol=atol, err_msg=name)
+    losses = [e["loss"] for e in page["epochs"]]
+    assert losses[-1] < losses[0]

@@ -1,0 +1,112 @@
+"""Bad input to the JavaScript trainer (js/), each injected: a package of another format version, a file whose
+checksum does not match, non-finite values in X or y, a label outside the classes, a sample weight the graph does
+not take, rows of the wrong width, a training loss that overflows. Each raises a TrainingPackageError naming what is
+wrong, and a failed fit leaves the state as it was before the failing step. One node process (onnxruntime-node)
+runs every case; the checks are the library's own code, the same on onnxruntime-web."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from ortflow.package import TrainingPackage, train_package
+
+from js_support import JS_GROUP, make_package, node, require_node, weights_atol
+
+pytestmark = JS_GROUP
+
+SCRIPT = """
+import {createRequire} from 'node:module';
+import {Trainer} from './index.js';
+const ort = createRequire(import.meta.url)('onnxruntime-node');
+const [linear, binary, versioned, tampered] = %s;
+const rows = (n, w, f) => Array.from({length: n}, (_, i) => Array.from({length: w}, (_, j) => f(i, j)));
+const X = rows(60, 5, (i, j) => ((i * 7 + j * 3) %% 11) / 10 - 0.5);
+const y = X.map((r) => r[0] - r[1]);
+const labels = Array.from({length: 60}, (_, i) => (i %% 3 ? 'yes' : 'no'));
+const Xb = rows(60, 6, (i, j) => ((i + j) %% 5) / 5);
+const out = {};
+async function expectError(name, f) {
+  try { await f(); out[name] = {thrown: false}; }
+  catch (e) { out[name] = {thrown: true, name: e.name, message: e.message}; }
+}
+await expectError('version', () => Trainer.load(versioned, {ort}));
+await expectError('checksum', () => Trainer.load(tampered, {ort}));
+await expectError('no_runtime', () => Trainer.load(linear, {}));
+const t = await Trainer.load(linear, {ort});
+await expectError('nan_x', () => t.fit(X.map((r, i) => (i === 3 ? [r[0], NaN, ...r.slice(2)] : r)), y));
+await expectError('inf_y', () => t.fit(X, y.map((v, i) => (i === 7 ? Infinity : v))));
+await expectError('width', () => t.fit(X.map((r) => r.slice(1)), y));
+await expectError('rows', () => t.fit(X, y.slice(1)));
+await expectError('sample_weight', () => t.fit(X, y, {sampleWeight: y.map(() => 1)}));
+await expectError('text_x', () => t.fit(X.map((r, i) => (i === 2 ? ['a', ...r.slice(1)] : r)), y));
+await expectError('seed', () => t.fit(X, y, {seed: -1}));
+await expectError('loss', () => t.fit(X.map((r, i) => (i < 20 ? r : r.map(() => 1e20))), y, {shuffle: false}));
+out.after_loss = {steps: t.steps, epochs: t.epochs, tensors: Object.fromEntries(Object.entries(t.tensors).map(
+  ([k, v]) => [k, Array.from(v)]))};
+const b = await Trainer.load(binary, {ort});
+await expectError('label', () => b.fit(Xb, labels.map((v, i) => (i === 5 ? 'maybe' : v))));
+await expectError('label_type', () => b.fit(Xb, labels.map((v) => (v === 'yes' ? 1 : 0))));
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    require_node()
+    root = tmp_path_factory.mktemp("js_errors")
+    linear, _, _ = make_package("linear", "sgd", root / "linear")
+    binary, _, _ = make_package("binary", "adam", root / "binary")
+    versioned = shutil.copytree(linear, root / "versioned")
+    manifest = json.loads((versioned / "manifest.json").read_text())
+    manifest["format_version"] = 2
+    (versioned / "manifest.json").write_text(json.dumps(manifest))
+    tampered = shutil.copytree(linear, root / "tampered")
+    data = bytearray((tampered / "state.bin").read_bytes())
+    data[0] ^= 1  # one bit of the first weight
+    (tampered / "state.bin").write_bytes(bytes(data))
+    paths = json.dumps([str(p) for p in (linear, binary, versioned, tampered)])
+    return {"linear": linear, **json.loads(node("--input-type=module", "-e", SCRIPT % paths).stdout)}
+
+
+@pytest.mark.parametrize("case, words", [
+    ("version", ["format", "version 2", "reads", "version 1"]),
+    ("checksum", ["state.bin", "does not match the manifest's checksum"]),
+    ("no_runtime", ["Trainer.load needs {ort}"]),
+    ("nan_x", ["X holds a non-finite value (NaN) at row 3, column 1"]),
+    ("inf_y", ["y holds a non-finite value (Infinity) at row 7"]),
+    ("width", ["X has 240 values in 60 rows", "rows of 5 values"]),
+    ("rows", ["y has 59 rows, X has 60"]),
+    ("sample_weight", ["sampleWeight was given but the package's graph has no weight input"]),
+    ("text_x", ['X holds "a" at value 10 (row 2)', "float32 numbers"]),
+    ("seed", ["seed=-1 must be an unsigned 32-bit integer"]),
+    ("loss", ["the training loss is Infinity at epoch 1, step 2 (batch 2)"]),
+    ("label", ['y holds the label "maybe" (row 5)', 'classes ["no","yes"]']),
+    ("label_type", ["y holds the label 0 (row 0)", 'classes ["no","yes"]']),
+])
+def test_bad_input_is_named(outcomes, case, words):
+    outcome = outcomes[case]
+    assert outcome["thrown"], f"{case}: no error"
+    assert outcome["name"] == "TrainingPackageError", outcome
+    for word in words:
+        assert word in outcome["message"], (word, outcome["message"])
+
+
+def test_failed_step_keeps_the_state_before_it(outcomes):
+    """The overflowing batch (the second) is not applied: one step done, the state the one the reference loop
+    reaches after the first batch (the same rows, unshuffled)."""
+    after = outcomes["after_loss"]
+    assert (after["steps"], after["epochs"]) == (1, 0)
+    i, j = np.mgrid[0:16, 0:5]
+    exact = ((i * 7 + j * 3) % 11) / 10 - 0.5  # as the script computes them, in double precision
+    X, y = exact.astype(np.float32), (exact[:, 0] - exact[:, 1]).astype(np.float32)
+    reference = train_package(outcomes["linear"], X, y, epochs=1, shuffle=False)
+    assert reference.steps == 1
+    initial = TrainingPackage(outcomes["linear"]).initial_state()
+    for name, expected in reference.tensors.items():
+        got = np.asarray(after["tensors"][name], np.float32).reshape(expected.shape)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=weights_atol(1, expected), err_msg=name)
+        assert not np.array_equal(expected, initial.tensors[name]), name

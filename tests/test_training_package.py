@@ -1,0 +1,366 @@
+"""Training packages (ortflow.package): the exported step graph trained by the reference loop reaches the weights
+the Python trainers reach on the same batches, a state comes back as the trained graph, and bad input is refused
+naming what is wrong.
+
+Tolerance rule (weights after ``s`` optimizer steps of two float32 evaluations of the same step graphs): each step
+rounds every weight a few times (``TERM_ROUNDINGS`` of ``tests/tolerances.py``) at the scale of the weights, and
+those roundings accumulate over the steps: ``|a - b| <= 2 * s * TERM_ROUNDINGS * u32 * max|w|`` per tensor (``u32``
+the float32 unit roundoff). Identical graphs on one machine usually agree bit for bit; the rule covers a reordered
+sum (the Python trainer runs a graph built for a fixed batch size, the package one for a symbolic batch).
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits, make_classification, make_regression
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LinearRegression, LogisticRegression
+from sklearn.neural_network import MLPRegressor
+
+import ortflow
+from ortflow import (
+    LearningRateAdam,
+    LearningRateSGD,
+    OrtGradientForwardBackwardOptimizer,
+    OrtGradientOptimizer,
+    TrainingPackageError,
+    add_loss_output,
+    to_onnx,
+)
+from ortflow._ort import InferenceSession
+from ortflow.package import (
+    FORMAT,
+    STATE_FILE,
+    TrainingPackage,
+    TrainingState,
+    average_states,
+    load_training_state,
+    train_package,
+)
+from ortflow.shuffle import draws, epoch_order, seed_state
+from tolerances import TERM_ROUNDINGS, U32
+
+
+def _quiet_fit(model, X, y):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return model.fit(X, y)
+
+
+def _regression(n=60, features=5):
+    X, y = make_regression(n, n_features=features, noise=1.0, random_state=0)
+    return X.astype(np.float32), (y / 50).astype(np.float32)
+
+
+def _case(name):
+    """(loss graph, X, y) of the four models of issue 38."""
+    if name == "linear":
+        X, y = _regression()
+        return add_loss_output(to_onnx(LinearRegression().fit(X, y)), "squared_error"), X, y
+    if name == "mlp":
+        X, y = _regression()
+        mlp = _quiet_fit(MLPRegressor(hidden_layer_sizes=(8,), max_iter=2, random_state=0), X, y)
+        return add_loss_output(to_onnx(mlp), "squared_error"), X, y
+    if name == "binary":
+        X, y = make_classification(60, n_features=6, random_state=0)
+        X = X.astype(np.float32)
+        return add_loss_output(to_onnx(_quiet_fit(LogisticRegression(max_iter=2), X, y)), "log"), X, y
+    X, y = load_digits(return_X_y=True)
+    X, y = (X[:120] / 16).astype(np.float32), y[:120]
+    return add_loss_output(to_onnx(_quiet_fit(LogisticRegression(max_iter=2), X, y)), "log"), X, y
+
+
+OPTIMIZERS = {"sgd": lambda: LearningRateSGD(eta0=0.05, learning_rate="invscaling", power_t=0.25),
+              "adam": lambda: LearningRateAdam(eta0=0.01)}
+
+
+def _atol(reference: np.ndarray, steps: int) -> float:
+    return 2 * steps * TERM_ROUNDINGS * U32 * float(np.abs(reference).max())
+
+
+def _assert_same_weights(state: TrainingState, weights: dict, steps: int) -> None:
+    assert set(state.weights) == set(weights)
+    for name, value in weights.items():
+        np.testing.assert_allclose(state.weights[name], value, rtol=0, atol=_atol(value, steps), err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def linear_package(tmp_path_factory):
+    onx, X, y = _case("linear")
+    folder = tmp_path_factory.mktemp("pkg") / "linear"
+    ortflow.export_training_package(OrtGradientOptimizer(onx, batch_size=16, learning_rate="adam"), folder)
+    return folder, X, y
+
+
+# --- the generator shared with JavaScript ---------------------------------------------------------------------
+def test_the_shuffle_generator_gives_its_documented_values():
+    """These values are in docs/TRAINING_OUTSIDE_PYTHON.md: another runtime checks its generator against them (they
+    were computed by the JavaScript definition of the docs, in Node)."""
+    assert seed_state(42, 3) == 42 ^ ((3 * 0x9E3779B9) & 0xFFFFFFFF)
+    assert draws(seed_state(42, 3), 5) == [577773191, 1464791224, 3429284904, 2755160992, 171570020]
+    assert draws(seed_state(0, 0), 5) == [1144304738, 1416247, 958946056, 627933444, 2007157716]
+    assert draws(seed_state(0xFFFFFFFF, 7), 5) == [584321870, 2042417294, 921295219, 3452007454, 2203739969]
+    assert epoch_order(10, 42, 3).tolist() == [5, 8, 9, 6, 7, 2, 3, 0, 4, 1]
+    assert epoch_order(10, 42, 4).tolist() == [7, 4, 0, 3, 6, 8, 1, 5, 9, 2]
+    assert epoch_order(12, 2026, 0).tolist() == [0, 11, 5, 8, 10, 4, 9, 1, 6, 2, 3, 7]
+    assert sorted(epoch_order(1000, 7, 0).tolist()) == list(range(1000))
+    assert epoch_order(1, 5, 0).tolist() == [0] and epoch_order(0, 5, 0).tolist() == []
+
+
+# --- the package trains as the Python trainer does ------------------------------------------------------------
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("model", ["linear", "mlp", "binary", "ten_classes"])
+def test_the_reference_loop_reaches_the_trainers_weights(tmp_path, model, optimizer):
+    onx, X, y = _case(model)
+    est = OrtGradientOptimizer(onx, max_iter=3, batch_size=16, shuffle=False, learning_rate=OPTIMIZERS[optimizer]())
+    folder = ortflow.export_training_package(est, tmp_path / "pkg")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["format"] == FORMAT and manifest["format_version"] == 1
+    assert manifest["ir_version"] <= 10 and manifest["batch_size"] == 16
+    assert manifest["optimizer"]["name"] == optimizer
+    if model in ("binary", "ten_classes"):
+        assert manifest["target"]["classes"] == np.unique(y).tolist()
+        assert manifest["target"]["encoding"] == ("one_hot" if model == "ten_classes" else "binary")
+    est.fit(X, y)
+    state = train_package(folder, X, y, epochs=3, shuffle=False)  # 60 or 120 rows: a short last batch
+    steps = 3 * -(-len(X) // 16)
+    assert state.steps == steps and state.epochs == 3 and state.rows_seen == 3 * len(X)
+    _assert_same_weights(state, est.get_state(), steps)
+    predicted = InferenceSession(state.trained_onnx_bytes(), providers=["CPUExecutionProvider"]).run(None, {"X": X})
+    expected = est._run_prediction(X)
+    for name, value in zip([o["name"] for o in manifest["predict"]["outputs"]], predicted):
+        if value.dtype.kind == "f":
+            np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        else:
+            np.testing.assert_array_equal(value, expected[name])
+
+
+def test_shuffled_batches_follow_the_shared_generator(tmp_path):
+    """The trainer fed each epoch's rows in ``epoch_order`` (one epoch per warm-started fit) ends where the package
+    trained with ``shuffle=True`` ends."""
+    onx, X, y = _case("mlp")
+    est = OrtGradientOptimizer(onx, max_iter=1, batch_size=16, shuffle=False, warm_start=True,
+                               learning_rate=LearningRateAdam(eta0=0.01))
+    folder = ortflow.export_training_package(est, tmp_path / "pkg")
+    for epoch in range(3):
+        order = epoch_order(len(X), 11, epoch)
+        est.fit(X[order], y[order])
+    state = train_package(folder, X, y, epochs=3, seed=11)
+    _assert_same_weights(state, est.get_state(), state.steps)
+    unshuffled = train_package(folder, X, y, epochs=3, shuffle=False)
+    assert not np.allclose(unshuffled.weights["coef_0"], state.weights["coef_0"])
+
+
+@pytest.mark.parametrize("model", ["mlp", "ten_classes"])
+def test_the_flat_step_graph_takes_the_same_steps(tmp_path, model):
+    """``step_flat.onnx`` (the whole state as one vector, split inside) holds the same nodes: the same weights, bit
+    for bit, shuffled batches and a short last batch included."""
+    onx, X, y = _case(model)
+    est = OrtGradientOptimizer(onx, batch_size=16, learning_rate=LearningRateAdam(eta0=0.01))
+    folder = ortflow.export_training_package(est, tmp_path / "pkg")
+    flat = TrainingPackage(folder).manifest["step_flat"]
+    total = sum(int(np.prod(t["shape"])) for t in TrainingPackage(folder).tensors)
+    assert [o["name"] for o in flat["outputs"]] == ["loss", "state_updated"]
+    assert next(i for i in flat["inputs"] if i["name"] == "state")["shape"] == [total]
+    by_tensor = train_package(folder, X, y, epochs=2, seed=4)
+    by_vector = train_package(folder, X, y, epochs=2, seed=4, flat=True)
+    for name, value in by_tensor.tensors.items():
+        np.testing.assert_array_equal(by_vector.tensors[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", ["full", "fwbw"])
+def test_a_fitted_trainer_exports_its_weights_moments_and_progress(tmp_path, kind):
+    """A package of a fitted trainer continues its training: one more epoch of the package equals one more
+    warm-started epoch of the trainer (Adam's moments and step count, the schedule's rows seen carried over; for
+    forward-backward training, from ``get_optimizer_state``)."""
+    onx, X, y = _case("mlp")
+    settings = dict(max_iter=2, batch_size=16, shuffle=False, warm_start=True,
+                    learning_rate=LearningRateAdam(eta0=0.01))
+    if kind == "full":
+        est = OrtGradientOptimizer(onx, **settings).fit(X, y)
+    else:
+        outputs = [o.name for o in onx.graph.output if o.name != "loss"]
+        est = OrtGradientForwardBackwardOptimizer(ortflow.graph.keep_outputs(onx, outputs), **settings).fit(X, y)
+    folder = ortflow.export_training_package(est, tmp_path / "pkg")
+    start = TrainingPackage(folder).initial_state()
+    assert (start.epochs, start.steps, start.rows_seen) == (2, 8, 120)
+    assert np.abs(start.tensors["coef_0_m"]).max() > 0
+    state = train_package(folder, X, y, epochs=1, shuffle=False)
+    est.set_params(max_iter=1).fit(X, y)
+    _assert_same_weights(state, est.get_state(), state.steps)
+
+
+def test_a_forward_backward_trainer_exports_the_same_training(tmp_path):
+    X, y = _regression()
+    onx = to_onnx(LinearRegression().fit(X, y))
+    est = OrtGradientForwardBackwardOptimizer(onx, max_iter=3, batch_size=16, shuffle=False,
+                                              learning_rate=LearningRateSGD(eta0=0.05, learning_rate="invscaling"))
+    folder = ortflow.export_training_package(est, tmp_path / "pkg")
+    est.fit(X, y)
+    state = train_package(folder, X, y, epochs=3, shuffle=False)
+    _assert_same_weights(state, est.get_state(), state.steps)
+
+
+# --- states back in Python ------------------------------------------------------------------------------------
+def test_a_state_round_trips_into_a_graph_and_an_estimator(tmp_path):
+    onx, X, y = _case("binary")
+    est = OrtGradientOptimizer(onx, max_iter=2, batch_size=16, shuffle=False, learning_rate="adam")
+    folder = ortflow.export_training_package(est, tmp_path / "pkg")
+    est.fit(X, y)
+    state = train_package(folder, X, y, epochs=2, shuffle=False)
+    path = tmp_path / "client.state"
+    path.write_bytes(state.to_bytes())
+    back = load_training_state(folder, path)
+    assert (back.epochs, back.steps, back.rows_seen, back.rows) == (2, 8, 120, 60)
+    for name, value in state.tensors.items():
+        np.testing.assert_array_equal(back.tensors[name], value)
+    session = InferenceSession(back.get_trained_onnx().SerializeToString(), providers=["CPUExecutionProvider"])
+    label, proba = session.run(["output_label", "output_probability"], {"X": X})
+    np.testing.assert_array_equal(label, est.predict(X))
+    np.testing.assert_allclose(proba, est.predict_proba(X), rtol=1e-5, atol=1e-6)
+    going_on = back.estimator(max_iter=1, shuffle=False).fit(X, y)
+    assert going_on.train_losses_[0] < est.train_losses_[0]  # its first epoch starts from the trained weights
+    assert going_on.batch_size == 16 and going_on.learning_rate.get_params() == LearningRateAdam().get_params()
+
+
+def test_average_states_weights_by_rows(linear_package):
+    folder, X, y = linear_package
+    a = train_package(folder, X[:40], y[:40], epochs=1, seed=1)
+    b = train_package(folder, X[40:], y[40:], epochs=1, seed=2)
+    mean = average_states([a, b])
+    assert mean.rows == 60
+    for name in a.tensors:
+        np.testing.assert_allclose(mean.tensors[name], (40 * a.tensors[name] + 20 * b.tensors[name]) / 60,
+                                   rtol=1e-6, atol=1e-7)
+
+
+# --- bad input ------------------------------------------------------------------------------------------------
+def _copy(folder, tmp_path):
+    import shutil
+
+    return shutil.copytree(folder, tmp_path / "copy")
+
+
+def test_a_package_of_another_format_version_is_refused(linear_package, tmp_path):
+    folder = _copy(linear_package[0], tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["format_version"] = 2
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(TrainingPackageError, match="format_version 2; this ortflow reads version 1"):
+        TrainingPackage(folder)
+
+
+def test_a_file_that_does_not_match_its_checksum_is_named(linear_package, tmp_path):
+    folder = _copy(linear_package[0], tmp_path)
+    data = bytearray((folder / STATE_FILE).read_bytes())
+    data[0] ^= 1
+    (folder / STATE_FILE).write_bytes(bytes(data))
+    with pytest.raises(TrainingPackageError, match="'state.bin' of the package .* does not match its checksum"):
+        train_package(folder, *linear_package[1:])
+
+
+def _state_with(state: TrainingState, **changes) -> bytes:
+    """``state``'s file with its header changed (``tensors`` a function of the table) or its data replaced."""
+    data = state.to_bytes()
+    length = int.from_bytes(data[4:8], "little")
+    header = json.loads(data[8: 8 + length])
+    body = changes.pop("body", data[8 + length:])
+    if "tensors" in changes:
+        header["tensors"] = changes.pop("tensors")(header["tensors"])
+    header.update(changes)
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 4)
+    return data[:4] + len(raw).to_bytes(4, "little") + raw + body
+
+
+def test_a_state_of_other_names_or_shapes_is_refused(linear_package):
+    folder = linear_package[0]
+    state = TrainingPackage(folder).initial_state()
+
+    def renamed(table):
+        table[0]["name"] = "other"
+        return table
+
+    def reshaped(table):
+        table[0]["shape"] = [1, table[0]["shape"][0] * table[0]["shape"][1]] if len(table[0]["shape"]) == 2 else [7]
+        return table
+
+    with pytest.raises(TrainingPackageError, match=r"missing \['coef'\], unknown \['other'\]"):
+        load_training_state(folder, _state_with(state, tensors=renamed))
+    with pytest.raises(TrainingPackageError, match=r"other shapes \['coef: "):
+        load_training_state(folder, _state_with(state, tensors=reshaped))
+    with pytest.raises(TrainingPackageError, match="trained from another package"):
+        load_training_state(folder, _state_with(state, package_id="0" * 64))
+    with pytest.raises(TrainingPackageError, match="lies outside the data"):
+        load_training_state(folder, state.to_bytes()[:-4])
+    with pytest.raises(TrainingPackageError, match="not an ortflow training state"):
+        load_training_state(folder, b"PK\x03\x04...")
+
+
+def test_non_finite_values_in_a_state_or_the_data_are_named(linear_package):
+    folder, X, y = linear_package
+    state = TrainingPackage(folder).initial_state()
+    body = bytearray(state.to_bytes()[-state.package.manifest["state"]["bytes"]:])
+    body[0:4] = np.float32(np.nan).tobytes()
+    with pytest.raises(TrainingPackageError, match="tensor 'coef' holds 1 non-finite value"):
+        load_training_state(folder, _state_with(state, body=bytes(body)))
+    X_bad = X.copy()
+    X_bad[3, 2] = np.inf
+    with pytest.raises(TrainingPackageError, match=r"X \('X'\) holds non-finite values \(first at index \[3, 2\]\)"):
+        train_package(folder, X_bad, y)
+    y_bad = y.copy()
+    y_bad[5] = np.nan
+    with pytest.raises(TrainingPackageError, match=r"y holds non-finite values \(first at index \[5"):
+        train_package(folder, X, y_bad)
+
+
+def test_labels_outside_the_classes_are_named(tmp_path):
+    onx, X, y = _case("binary")
+    folder = ortflow.export_training_package(OrtGradientOptimizer(onx, batch_size=16), tmp_path / "pkg")
+    y_bad = y.copy()
+    y_bad[:2] = 7
+    with pytest.raises(TrainingPackageError, match=r"labels \[7\] that are not among the classes"):
+        train_package(folder, X, y_bad)
+
+
+def test_an_existing_package_is_not_overwritten(linear_package, tmp_path):
+    folder = _copy(linear_package[0], tmp_path)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    onx, *_ = _case("mlp")
+    with pytest.raises(TrainingPackageError, match="exists and is not empty; pass overwrite=True"):
+        ortflow.export_training_package(OrtGradientOptimizer(onx), folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    ortflow.export_training_package(OrtGradientOptimizer(onx), folder, overwrite=True)
+    assert TrainingPackage(folder).weights == ["coef_0", "intercept_0", "coef_1", "intercept_1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]  # no temporary folder left
+
+
+def test_what_a_package_cannot_hold_is_refused(tmp_path):
+    X, y = _regression()
+    onx = to_onnx(LinearRegression().fit(X, y))
+    with pytest.raises(TrainingPackageError, match="learning_penalty='elastic'.* train without one"):
+        ortflow.export_training_package(OrtGradientForwardBackwardOptimizer(onx, learning_penalty="elastic"),
+                                        tmp_path / "pkg")
+    with pytest.raises(TrainingPackageError, match="takes an OrtGradientOptimizer .*, not LinearRegression"):
+        ortflow.export_training_package(LinearRegression(), tmp_path / "pkg")
+    assert not (tmp_path / "pkg").exists()
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_lenet_exported_from_pytorch_trains_in_its_package(tmp_path, optimizer):
+    """The CNN exported from PyTorch (tests/data/reference): Conv, BatchNorm (its statistics not trained), pools."""
+    import reference_data
+
+    ref = reference_data.load("lenet")
+    X, Y = ref.inputs[:96], ref.one_hot[:96]
+    est = OrtGradientOptimizer(add_loss_output(ref.model, "log"), max_iter=2, batch_size=ref.batch_size,
+                               shuffle=False, learning_rate=OPTIMIZERS[optimizer]())
+    folder = ortflow.export_training_package(est, tmp_path / "pkg")
+    est.fit(X, Y)
+    assert TrainingPackage(folder).weights == est.weights_to_train_ == ref.parameters
+    state = train_package(folder, X, Y, epochs=2, shuffle=False)
+    _assert_same_weights(state, est.get_state(), state.steps)
