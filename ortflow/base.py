@@ -9,9 +9,12 @@ Parameters are declared once in :mod:`ortflow.parameters` (``parameters`` of eac
 - ``_graph_spec(model) -> GraphSpec``: the feeds and outputs of ``model`` (already loaded and checked).
 - ``_build_runtime(model, spec, rate)``: create the sessions for a fresh fit, ``rate`` the learning rate.
 - ``_loss_object()``: the :class:`ortflow.losses.BaseLearningLoss` trained (for :meth:`BaseTrainer.losses`).
-- ``_train_epoch(data, order, learning_rate) -> np.ndarray``: one epoch over ``self._batches`` of the rows of
-  ``order`` (indices into ``data``; None: all of them as stored, see ``_unit_rows``), returning the loss of every
-  batch (it stops early at a non-finite loss; the base reports it).
+- the batch loop's hooks (:meth:`BaseTrainer._train_rows` runs them): ``_set_learning_rate(rate)`` for the coming
+  steps; ``_row_arrays(data) -> list[np.ndarray]``, the arrays whose rows a batch copies; ``_new_batch(n, arrays)``,
+  the trainer's buffers for batches of ``n`` rows (built once per size; ``inputs``: one
+  :class:`~ortflow.runtime.DeviceBuffer` per array); ``_step(batch) -> float``, one training step on the rows copied
+  into ``batch.inputs`` (``batch.rows`` says which), its loss, the update not yet applied; ``_apply_step(batch) ->
+  float``, the update applied (only after a finite loss), returning what it adds to the batch's recorded loss.
 - ``_validation_loss(data) -> float``.
 - ``_epoch_learning_rate(samples_seen) -> float | None``: the rate used for the coming epoch (for the record).
 - ``get_state()``, ``_set_weights(state)``.
@@ -310,6 +313,7 @@ class BaseTrainer(BaseEstimator):
         self._train_model = train_model
         self._fit_settings = self._settings()
         self.n_threads_ = self._threads(train_model)
+        self._rt_batches = {}
         self._build_runtime(train_model, spec, self._learning_rate())
         self.history_ = []
         self._append(None)
@@ -406,7 +410,7 @@ class BaseTrainer(BaseEstimator):
         a checkpoint may be written then, nowhere else inside the epoch)."""
         losses, sizes = ([np.empty(0)], [np.empty(0)]) if progress is None else (progress.losses, progress.sizes)
         for data, order in chunks:
-            chunk = self._train_epoch(data, order, learning_rate)
+            chunk = self._train_rows(data, order, learning_rate)
             rows = self._unit_rows(data, order)
             full = self._batch_sizes(rows)
             losses.append(np.asarray(chunk, dtype=np.float64))
@@ -521,6 +525,58 @@ class BaseTrainer(BaseEstimator):
         if unused:
             raise ValueError(f"weights_to_train names {unused}, which do not influence {output!r}")
         return weights
+
+    def _train_rows(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
+        """Train the rows of one unit ``(data, order)`` (``order``: indices into ``data``; None: every row as
+        stored) in batches of ``batch_size``, the one batch loop of every trainer: per batch its rows copied into
+        the buffers of its size, one :meth:`_step`, its loss checked, :meth:`_apply_step`. The loss of every
+        batch, ending at the first non-finite one, whose step is not applied."""
+        n_rows = self._unit_rows(data, order)
+        self._set_learning_rate(learning_rate)
+        arrays = self._row_arrays(data)
+        built, step, apply = self._rt_batches, self._step, self._apply_step
+        copy, take = np.copyto, np.take
+        losses = np.empty(-(-n_rows // self.batch_size), dtype=np.float64)
+        for i, rows in enumerate(self._batches(n_rows, order)):
+            is_slice = rows.__class__ is slice
+            n = (min(rows.stop, n_rows) - rows.start) if is_slice else len(rows)
+            entry = built.get(n)
+            if entry is None:
+                batch = self._new_batch(n, arrays)
+                on_host = all(b.array is not None for b in batch.inputs)
+                entry = built[n] = (batch, [b.array for b in batch.inputs] if on_host else None)
+            batch, targets = entry
+            if targets is None:  # device buffers: gathered on the host, then copied over
+                for buffer, array in zip(batch.inputs, arrays):
+                    buffer.gather(array, rows)
+            elif is_slice:
+                for target, array in zip(targets, arrays):
+                    copy(target, array[rows])
+            else:
+                for target, array in zip(targets, arrays):
+                    take(array, rows, axis=0, out=target)
+            batch.rows = rows
+            loss = step(batch)
+            if loss - loss != 0.0:  # NaN or infinite: the step is not applied
+                losses[i] = loss
+                return losses[: i + 1]
+            losses[i] = loss + apply(batch)
+        return losses
+
+    def _set_learning_rate(self, learning_rate: float) -> None:
+        raise NotImplementedError
+
+    def _row_arrays(self, data: TrainData) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def _new_batch(self, n: int, arrays: list[np.ndarray]):
+        raise NotImplementedError
+
+    def _step(self, batch) -> float:
+        raise NotImplementedError
+
+    def _apply_step(self, batch) -> float:
+        raise NotImplementedError
 
     def _batches(self, n_samples: int, order: np.ndarray | None):
         """Yield row selections of each batch: a slice (a view, no copy) or the shuffled indices."""
@@ -796,6 +852,7 @@ class BaseTrainer(BaseEstimator):
         self.__dict__.update(state)
         self._predict_sess = None
         if weights is not None:
+            self._rt_batches = {}
             self._build_runtime(self._train_model, self._spec, self._learning_rate())
             self._set_weights(weights)
 

@@ -22,12 +22,12 @@ from .exceptions import (
     explain_gradient_failure,
     with_training_build_hint,
 )
-from .full_step import STATE_FILE, StepGraphRuntime
+from .full_step import STATE_FILE, StepBatch, StepGraphRuntime
 from .inputs import InputMapping
 from .learning_rates import BaseLearningRate
 from .parameters import TRAINERS, init_from
 from .registry import select
-from .runtime import STEP_GRAPH_THREADS_THRESHOLD, THREADS_WORK_THRESHOLD
+from .runtime import STEP_GRAPH_THREADS_THRESHOLD, THREADS_WORK_THRESHOLD, DeviceBuffer
 from .validation import resolve_device
 
 ORT_CHECKPOINT = "ort_checkpoint"
@@ -173,31 +173,36 @@ class OrtGradientOptimizer(BaseTrainer):
     def _epoch_learning_rate(self, samples_seen: int) -> float:
         return self._rt_rate.value_at(samples_seen)
 
-    def _train_epoch(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
+    def _set_learning_rate(self, learning_rate: float) -> None:
         if self._rt_step is not None:
-            rows = self._unit_rows(data, order)
-            return self._rt_step.epoch(self._arrays(data), self._batches(rows, order), len(self._batch_sizes(rows)),
-                                       learning_rate)
-        # The C++ objects behind Module/Optimizer are called directly: the Python wrappers build new vectors
-        # and convert every fetch on each call. A row slice of a C-contiguous float32 array is handed to
-        # onnxruntime without a copy; shuffled batches are gathered (one batch-sized copy).
-        module, optimizer = self._rt_module._model, self._rt_optimizer._optimizer
+            return self._rt_step.set_learning_rate(learning_rate)
         if learning_rate != self._rt_lr:
-            optimizer.set_learning_rate(learning_rate)
+            self._rt_optimizer._optimizer.set_learning_rate(learning_rate)
             self._rt_lr = learning_rate
-        arrays = self._arrays(data)
-        n_samples = self._unit_rows(data, order)
-        losses = np.empty(len(self._batch_sizes(n_samples)), dtype=np.float64)
-        for i, rows in enumerate(self._batches(n_samples, order)):
-            fetches = OrtValueVector()
-            module.train_step([a[rows] for a in arrays], fetches)
-            loss = float(fetches[0].numpy())
-            losses[i] = loss
-            if loss != loss or loss in (np.inf, -np.inf):
-                return losses[: i + 1]
-            optimizer.optimizer_step()
-            module.lazy_reset_grad()
-        return losses
+
+    def _row_arrays(self, data: TrainData) -> list[np.ndarray]:
+        return self._arrays(data)
+
+    def _new_batch(self, n: int, arrays: list[np.ndarray]):
+        if self._rt_step is not None:
+            return self._rt_step.new_batch(n, arrays)
+        return StepBatch([DeviceBuffer((n, *a.shape[1:]), "cpu", dtype=a.dtype) for a in arrays], None, [])
+
+    def _step(self, batch) -> float:
+        if self._rt_step is not None:
+            return self._rt_step.step(batch)
+        # onnxruntime's Module is called directly: its Python wrapper builds new vectors and converts every fetch
+        fetches = OrtValueVector()
+        self._rt_module._model.train_step([b.array for b in batch.inputs], fetches)
+        return float(fetches[0].numpy())
+
+    def _apply_step(self, batch) -> float:
+        if self._rt_step is not None:
+            self._rt_step.apply()
+        else:
+            self._rt_optimizer._optimizer.optimizer_step()
+            self._rt_module._model.lazy_reset_grad()
+        return 0.0
 
     def _validation_loss(self, data: TrainData) -> float:
         if self._rt_step is not None:

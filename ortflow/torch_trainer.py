@@ -26,6 +26,7 @@ from .base import BaseTrainer, GraphSpec, TrainData, prediction_spec
 from .learning_rates import BaseLearningRate
 from .parameters import TRAINERS, init_from
 from .registry import select
+from .runtime import DeviceBuffer, OnnxFunction, make_session_options
 
 STATE_FILE = "torch_state.npz"
 
@@ -50,6 +51,21 @@ def _family_loss(function):
     return FamilyLoss.apply
 
 
+class _TorchBatch:
+    """The host buffers of one batch size (data feeds, label, sample weight), the torch tensors sharing their memory,
+    and the weights divided by the batch's rows as the loss graph takes them."""
+
+    def __init__(self, inputs: list[DeviceBuffer]):
+        import torch
+
+        self.inputs = inputs
+        self.tensors = [torch.from_numpy(b.array) for b in inputs]
+        label = inputs[-2].array
+        self.scaled = np.empty(len(label), dtype=np.float32)
+        self.scaled_tensor = torch.from_numpy(self.scaled.reshape((-1,) + (1,) * (label.ndim - 1)))
+        self.rows = self.total = None
+
+
 class TorchTrainer(BaseTrainer):
     """Train a prediction graph (no loss inside) as an :class:`ortflow.torch.OnnxModule` with a torch optimizer.
 
@@ -72,7 +88,6 @@ class TorchTrainer(BaseTrainer):
         return clone(select("loss", self.learning_loss))
 
     def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec, rate: BaseLearningRate) -> None:
-        from .runtime import OnnxFunction, make_session_options
         from .torch import OnnxModule, RuleOptimizer
 
         output = spec.trained_output
@@ -114,24 +129,29 @@ class TorchTrainer(BaseTrainer):
         xs = [torch.from_numpy(np.ascontiguousarray(data.feeds[name][rows])) for name in self._rt_module.input_names_]
         return xs, torch.from_numpy(y), torch.from_numpy(scaled)
 
-    def _train_epoch(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
-        optimizer, module, loss_fn = self._rt_optimizer, self._rt_module, self._rt_loss
-        for group in optimizer.param_groups:
+    def _set_learning_rate(self, learning_rate: float) -> None:
+        for group in self._rt_optimizer.param_groups:
             group["lr"] = learning_rate
-        module.train()
-        n_samples = self._unit_rows(data, order)
-        losses = np.empty(len(self._batch_sizes(n_samples)), dtype=np.float64)
-        for i, rows in enumerate(self._batches(n_samples, order)):
-            xs, y, w = self._tensors(data, rows)
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(module(*xs).reshape(y.shape), y, w)
-            total = loss + self._penalty()
-            losses[i] = float(total.detach()) if hasattr(total, "detach") else float(total)
-            if not np.isfinite(losses[i]):
-                return losses[: i + 1]
-            total.backward()
-            optimizer.step()
-        return losses
+        self._rt_module.train()
+
+    def _row_arrays(self, data: TrainData) -> list[np.ndarray]:
+        return [*(data.feeds[name] for name in self._rt_module.input_names_), data.y, data.weight]
+
+    def _new_batch(self, n: int, arrays: list[np.ndarray]) -> _TorchBatch:
+        return _TorchBatch([DeviceBuffer((n, *a.shape[1:]), "cpu", dtype=a.dtype) for a in arrays])
+
+    def _step(self, batch: _TorchBatch) -> float:
+        self._rt_optimizer.zero_grad(set_to_none=True)
+        *xs, y, weight = batch.tensors
+        np.multiply(batch.inputs[-1].array, 1.0 / len(batch.scaled), out=batch.scaled)  # the weights divided by n
+        loss = self._rt_loss(self._rt_module(*xs).reshape(y.shape), y, batch.scaled_tensor)
+        batch.total = loss + self._penalty()
+        return float(batch.total.detach())
+
+    def _apply_step(self, batch: _TorchBatch) -> float:
+        batch.total.backward()
+        self._rt_optimizer.step()
+        return 0.0
 
     def _validation_loss(self, data: TrainData) -> float:
         import torch
