@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 
 import ortflow
-from ortflow._ort import OrtValueVector
 from ortflow.artifact_cache import STEP_GRAPHS, TRAINING_ARTIFACTS
 
 from .cases import default_cases, make_data

@@ -15,7 +15,8 @@ from . import graph as g
 from ._ort import TRAINING, OrtValueVector, api, artifacts, backend, captured_native_stderr, require_training
 from .add_loss import LOSS_METADATA
 from .artifact_cache import TRAINING_ARTIFACTS
-from .base import BaseTrainer, GraphSpec, TrainData
+from .base import BaseTrainer
+from .graph_spec import GraphSpec, TrainData
 from .exceptions import (
     NotDifferentiableError,
     UnsupportedModelError,
@@ -170,9 +171,6 @@ class OrtGradientOptimizer(BaseTrainer):
         by_name = {**data.feeds, self.label_name: data.y, self._spec.weight_name: data.weight}
         return [by_name[name] for name in self._rt_feed_order]
 
-    def _epoch_learning_rate(self, samples_seen: int) -> float:
-        return self._rt_rate.value_at(samples_seen)
-
     def _set_learning_rate(self, learning_rate: float) -> None:
         if self._rt_step is not None:
             return self._rt_step.set_learning_rate(learning_rate)
@@ -233,9 +231,6 @@ class OrtGradientOptimizer(BaseTrainer):
             if value.shape != expected:
                 raise ValueError(f"set_state: {name!r} has shape {expected}, the value has {value.shape}")
             params[name] = value
-
-    def _prediction_graph(self) -> onnx.ModelProto:
-        return g.keep_outputs(self._model, self._spec.prediction_outputs)
 
     def _graphs(self) -> dict:
         if self._rt_step is not None:

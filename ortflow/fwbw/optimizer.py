@@ -1,10 +1,10 @@
 """``OrtGradientForwardBackwardOptimizer``: forward and backward passes in onnxruntime (its ``TrainingAgent`` or
 ortflow's own gradient graphs), the loss and the weight update in small ONNX graphs of their own.
 
-Per batch (the base trainer's loop copies the rows into the batch buffers): ``run_forward``, run the loss graph, then,
-for a finite loss, ``run_backward`` and the update graph. Every tensor of that path lives in a buffer allocated once (per batch size) and every binding is
-built once, so a batch binds nothing: the weights alternate between two buffers and each parity has its own
-feeds and update binding.
+Per batch (the base trainer's loop copies the rows into the batch buffers): ``run_forward``, run the loss graph,
+then, for a finite loss, ``run_backward`` and the update graph. Every tensor of that path lives in a buffer allocated
+once (per batch size) and every binding is built once, so a batch binds nothing: the weights alternate between two
+buffers and each parity has its own feeds and update binding.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from sklearn.base import clone
 from .. import checkpoint
 from .. import graph as g
 from .._ort import OrtValueVector, backend
-from ..base import BaseTrainer, GraphSpec, TrainData, prediction_spec
+from ..base import BaseTrainer
+from ..graph_spec import GraphSpec, TrainData, prediction_spec
 from ..learning_rates import BaseLearningRate
 from ..onnx_builder import DEFAULT_OPSET
 from ..parameters import TRAINERS, init_from
@@ -146,9 +147,6 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
                       cache)
 
     # --- hooks: training -----------------------------------------------------------------------------------
-    def _epoch_learning_rate(self, samples_seen: int) -> float:
-        return self._rt_rate.value_at(samples_seen)
-
     def _set_learning_rate(self, learning_rate: float) -> None:
         self._rt_stepper = self._rt_rate.stepper(learning_rate)
 
@@ -200,9 +198,6 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         """The learning rate's state (velocities, moments, step) as numpy arrays."""
         self._check_fitted()
         return self._rt_rate.get_state()
-
-    def _prediction_graph(self) -> onnx.ModelProto:
-        return g.keep_outputs(self._model, self._spec.prediction_outputs)
 
     def _graphs(self) -> dict:
         graphs = dict(self._rt_fb.graphs())
