@@ -22,7 +22,8 @@ from sklearn.base import clone
 from . import checkpoint
 from . import graph as g
 from ._ort import backend
-from .base import BaseTrainer, GraphSpec, TrainData, prediction_spec
+from .base import BaseTrainer
+from .graph_spec import GraphSpec, TrainData, prediction_spec
 from .learning_rates import BaseLearningRate
 from .parameters import TRAINERS, init_from
 from .registry import select
@@ -49,6 +50,24 @@ def _family_loss(function):
             return grad * upstream.to(grad.dtype), None, None
 
     return FamilyLoss.apply
+
+
+def _penalty_value(penalty):
+    """A torch autograd function: the summed penalty of its weight tensors, its gradient the penalty's own
+    (:meth:`ortflow.penalties.BaseLearningPenalty.gradient`), as forward-backward training adds it."""
+    import torch
+
+    class PenaltyValue(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *weights):
+            ctx.save_for_backward(*weights)
+            return torch.as_tensor(penalty.value(weights), dtype=torch.float64)
+
+        @staticmethod
+        def backward(ctx, upstream):
+            return tuple(penalty.gradient(w, torch.zeros_like(w)) * upstream.to(w.dtype) for w in ctx.saved_tensors)
+
+    return PenaltyValue.apply
 
 
 class _TorchBatch:
@@ -105,22 +124,20 @@ class TorchTrainer(BaseTrainer):
         self._rt_module, self._rt_rate, self._rt_loss = module, rate, _family_loss(function)
         self._rt_penalty = clone(select("penalty", self.learning_penalty))
         self._rt_penalty.check()
+        self._rt_penalty_value = _penalty_value(self._rt_penalty)
         self._rt_optimizer = RuleOptimizer(list(module.parameters()), rate)
         self.module_, self.optimizer_ = module, self._rt_optimizer
 
     def _penalty(self):
-        """The penalty's value on the weights it applies to, as a torch scalar (0 without penalty)."""
+        """The penalty's value on the weights it applies to, as a torch scalar (0 without penalty), by the penalty's
+        own rule (:meth:`ortflow.penalties.BaseLearningPenalty.value` and ``gradient``)."""
         penalty = self._rt_penalty
         if penalty.is_null():
             return 0.0
-        l1, l2 = float(getattr(penalty, "l1", 0.0)), float(getattr(penalty, "l2", 0.0))
-        params = self._rt_module.parameters_by_initializer()
-        return sum(l1 * p.abs().sum() + l2 * p.square().sum() for n, p in params.items() if penalty.penalizes(n))
+        params = [p for n, p in self._rt_module.parameters_by_initializer().items() if penalty.penalizes(n)]
+        return self._rt_penalty_value(*params) if params else 0.0
 
     # --- hooks: training -----------------------------------------------------------------------------------
-    def _epoch_learning_rate(self, samples_seen: int) -> float:
-        return self._rt_rate.value_at(samples_seen)
-
     def _tensors(self, data: TrainData, rows):
         import torch
 
@@ -177,9 +194,6 @@ class TorchTrainer(BaseTrainer):
         with torch.no_grad():
             for name, value in state.items():
                 params[name].copy_(torch.from_numpy(np.asarray(value)))
-
-    def _prediction_graph(self) -> onnx.ModelProto:
-        return g.keep_outputs(self._model, self._spec.prediction_outputs)
 
     def _graphs(self) -> dict:
         return {"model": self._rt_module.get_trained_onnx(), **self._rt_module.training_graphs()}
