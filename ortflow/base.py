@@ -20,9 +20,11 @@ Parameters are declared once in :mod:`ortflow.parameters` (``parameters`` of eac
   into ``batch.inputs`` (``batch.rows`` says which), its loss, the update not yet applied; ``_apply_step(batch) ->
   float``, the update applied (only after a finite loss), returning what it adds to the batch's recorded loss.
 - ``_validation_loss(data) -> float``.
-- ``get_state()``, ``_set_weights(state)``.
+- ``get_state()``, ``_set_weights(state)``; ``_optimizer_state()``, ``_set_optimizer_state(state)`` (keys
+  ``<slot>:<weight>`` and ``step``, the same in every trainer); ``_state_file``, the file they are saved in.
 - ``_graphs() -> dict[str, onnx.ModelProto | bytes]``: every graph the trainer uses, for ``save_onnx_graph``.
-- ``_save_runtime_state(folder)`` / ``_load_runtime_state(folder)``: weights and optimizer state.
+- ``_save_runtime_state(folder)`` / ``_load_runtime_state(folder)``: weights and optimizer state, by default in
+  ``_state_file`` (:func:`ortflow.checkpoint.save_state`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from sklearn.utils import check_random_state
 
 from . import graph as g
 from .callbacks import Callback, EarlyStopping, ProgressBar
-from .checkpoint import CheckpointMixin, Progress
+from .checkpoint import CheckpointMixin, Progress, load_state, save_state
 from .convert import ESTIMATOR_METADATA
 from .exceptions import ConvergenceError
 from .frozen_prefix import FrozenPrefix
@@ -561,6 +563,20 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         self._set_weights({k: np.asarray(v, dtype=np.float32) for k, v in state.items()})
         self._predict_sess = None
 
+    def get_optimizer_state(self) -> dict[str, np.ndarray]:
+        """The optimizer's state as numpy arrays, in one layout for every trainer: ``<slot>:<weight>`` (Adam's
+        ``m:coef`` and ``v:coef``, Nesterov's ``velocity:coef``) and ``step``, the number of updates."""
+        self._check_fitted()
+        return self._optimizer_state()
+
+    def _save_runtime_state(self, folder: str) -> None:
+        save_state(folder, self._state_file, self.get_state(), self._optimizer_state())
+
+    def _load_runtime_state(self, folder: str) -> None:
+        weights, state = load_state(folder, self._state_file, f"{type(self).__name__} state")
+        self._set_weights(weights)
+        self._set_optimizer_state(state)
+
     def get_trained_onnx(self) -> onnx.ModelProto:
         """The prediction graph with the trained weights, loadable by a plain InferenceSession."""
         self._check_fitted()
@@ -589,8 +605,7 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
 
     def _spinning(self) -> bool:
         """``spinning``, or, when None, spinning except in a streamed fit (where the reader thread needs a core)."""
-        spinning = getattr(self, "spinning", None)  # None in an estimator pickled before the parameter
-        return spinning if spinning is not None else not getattr(self, "_streamed_fit", False)
+        return self.spinning if self.spinning is not None else not getattr(self, "_streamed_fit", False)
 
     def _threads(self, model: onnx.ModelProto) -> int:
         """``n_threads`` when set, else the count :func:`ortflow.runtime.threads_for_work` picks for a batch of

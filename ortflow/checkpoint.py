@@ -21,7 +21,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,23 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def file_digests(folder: Path, files: Iterable[Path]) -> dict[str, str]:
+    """A manifest's ``files``: the SHA-256 of each of ``files`` (inside ``folder``) by its path relative to it."""
+    return {p.relative_to(folder).as_posix(): sha256(p) for p in files}
+
+
+def first_mismatch(folder: Path, digests: dict[str, str]) -> tuple[str, str] | None:
+    """The first file of a manifest's ``digests`` that is not there as listed: ``(name, 'missing')`` or ``(name,
+    'changed')``; None when every file matches its checksum."""
+    for name, digest in digests.items():
+        file = folder / name
+        if not file.is_file():
+            return name, "missing"
+        if sha256(file) != digest:
+            return name, "changed"
+    return None
+
+
 def fingerprint(model_bytes: bytes, weights: list[str]) -> str:
     """What a checkpoint must have been written for: the graph and the names of the trained weights."""
     digest = hashlib.sha256(model_bytes)
@@ -56,7 +73,7 @@ def write(folder: str | os.PathLike, save_state: Callable[[str], None], meta: di
     tmp.mkdir(parents=True)
     try:
         save_state(str(tmp))
-        files = {p.name: sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        files = file_digests(tmp, [p for p in sorted(tmp.iterdir()) if p.is_file()])
         body = {**meta, "files": files}
         (tmp / META).write_text(json.dumps({**body, "sha256": _digest(body)}))
     except OSError as exc:  # a full disk: the partial files go, the previous checkpoint stays
@@ -113,14 +130,33 @@ def read(folder: str | os.PathLike, trainer: str, expected_fingerprint: str) -> 
     if meta.get("fingerprint") != expected_fingerprint:
         raise CheckpointError(f"resume_from={str(folder)!r} was written for another graph or other weights to "
                               "train: resume with the model_onnx and weights_to_train it was trained with")
-    for name, digest in files.items():
-        file = folder / name
-        if not file.is_file():
+    mismatch = first_mismatch(folder, files)
+    if mismatch is not None:
+        name, why = mismatch
+        if why == "missing":
             raise CheckpointError(f"resume_from={str(folder)!r}: {name} is missing")
-        if sha256(file) != digest:
-            raise CheckpointError(f"resume_from={str(folder)!r}: {name} does not match its checksum (corrupt or "
-                                  "truncated); the checkpoint is not trusted")
+        raise CheckpointError(f"resume_from={str(folder)!r}: {name} does not match its checksum (corrupt or "
+                              "truncated); the checkpoint is not trusted")
     return meta
+
+
+def save_state(folder: str | os.PathLike, file: str, weights: dict[str, np.ndarray],
+               optimizer_state: dict[str, np.ndarray]) -> None:
+    """A trainer's runtime state in ``folder``/``file``, the one layout of every trainer: its weights
+    (``weight:<name>``) and its optimizer's state (``state:<key>``, the keys of
+    :meth:`ortflow.base.BaseTrainer.get_optimizer_state`)."""
+    arrays = {f"weight:{k}": v for k, v in weights.items()}
+    arrays.update({f"state:{k}": np.asarray(v) for k, v in optimizer_state.items()})
+    np.savez(os.path.join(folder, file), **arrays)
+
+
+def load_state(folder: str | os.PathLike, file: str, what: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """``(weights, optimizer state)`` as :func:`save_state` wrote them (``what`` names the trainer's state in the
+    error when the file is missing)."""
+    stored = load_arrays(folder, file, what)
+    weights = {k[len("weight:"):]: v.astype(np.float32) for k, v in stored.items() if k.startswith("weight:")}
+    state = {k[len("state:"):]: v for k, v in stored.items() if k.startswith("state:")}
+    return weights, state
 
 
 def load_arrays(folder: str | os.PathLike, file: str, what: str) -> dict[str, np.ndarray]:

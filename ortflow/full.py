@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from . import checkpoint
 from . import graph as g
 from ._ort import TRAINING, OrtValueVector, api, artifacts, backend, captured_native_stderr, require_training
 from .add_loss import LOSS_METADATA
@@ -23,7 +22,7 @@ from .exceptions import (
     explain_gradient_failure,
     with_training_build_hint,
 )
-from .full_step import STATE_FILE, StepBatch, StepGraphRuntime
+from .full_step import StepBatch, StepGraphRuntime
 from .inputs import InputMapping
 from .learning_rates import BaseLearningRate
 from .parameters import TRAINERS, init_from
@@ -44,7 +43,8 @@ class OrtGradientOptimizer(BaseTrainer):
     only): artifacts from onnxruntime's ``artifacts.generate_artifacts``, each batch one ``train_step`` and one
     ``optimizer_step`` of the on-device training API. ``'auto'`` (:data:`ortflow.parameters.GRADIENTS`): ortflow's
     step graph (faster on the benchmark cases, docs/PERFORMANCE.md), and onnxruntime's artifacts on the training
-    build for a graph holding an op outside ortflow's gradient rules. After ``fit``, ``gradients_`` and ``backend_`` say what ran.
+    build for a graph holding an op outside ortflow's gradient rules. After ``fit``, ``gradients_`` and ``backend_``
+    say what ran.
 
     ``learning_rate`` is shared with forward-backward training (see :mod:`ortflow.parameters`): a float or
     ``'sgd'`` runs SGD, its rate set per epoch from the schedule; any optimizer of :mod:`ortflow.learning_rates`
@@ -55,6 +55,7 @@ class OrtGradientOptimizer(BaseTrainer):
     parameters = TRAINERS["OrtGradientOptimizer"]
     __init__ = init_from(parameters)
     _runtime_parameters = ("loss_output_name", "label_name", "sample_weight_name", "gradients")
+    _state_file = "step_state.npz"  # ortflow's step graph; onnxruntime's artifacts save their own checkpoint
 
     # --- hooks ---------------------------------------------------------------------------------------------
     def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
@@ -240,15 +241,23 @@ class OrtGradientOptimizer(BaseTrainer):
             **self._rt_graphs,
         }
 
+    def _optimizer_state(self) -> dict[str, np.ndarray]:
+        if self._rt_step is None:
+            raise NotImplementedError("gradients='onnxruntime': onnxruntime's optimizer keeps its state in its own "
+                                      "checkpoint (save_checkpoint writes it), not as arrays")
+        return self._rt_step.get_optimizer_state()
+
+    def _set_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+        self._rt_step.set_optimizer_state(state)
+
     def _save_runtime_state(self, folder: str) -> None:
         if self._rt_step is not None:
-            return np.savez(os.path.join(folder, STATE_FILE), **self._rt_step.get_state())
+            return super()._save_runtime_state(folder)
         api.CheckpointState.save_checkpoint(self._rt_state, os.path.join(folder, ORT_CHECKPOINT), True)
 
     def _load_runtime_state(self, folder: str) -> None:
         if self._rt_step is not None:
-            return self._rt_step.set_state(checkpoint.load_arrays(folder, STATE_FILE,
-                                                                  "state of ortflow's training-step graph"))
+            return super()._load_runtime_state(folder)
         path = os.path.join(folder, ORT_CHECKPOINT)
         if not os.path.exists(path):
             raise FileNotFoundError(f"{folder!r} holds no onnxruntime checkpoint ({ORT_CHECKPOINT})")

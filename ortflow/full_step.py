@@ -22,11 +22,8 @@ from . import graph as g
 from .artifact_cache import STEP_GRAPHS
 from .autodiff import training_step
 from .autodiff.training import LEARNING_RATE, STEP, UPDATED
-from .learning_rates import BaseLearningRate
+from .learning_rates import BaseLearningRate, slot_name
 from .runtime import DeviceBuffer, OnnxFunction, SessionOptions
-
-STATE_FILE = "step_state.npz"
-
 
 @dataclass
 class StepBatch:
@@ -60,7 +57,9 @@ class StepGraphRuntime:
         scalars = (LEARNING_RATE, STEP)
         self.feed_names = [n for n in self.input_names if n not in self.state_names and n not in scalars]
         inits = g.get_initializers(loss_graph)
-        owners = {f"{w}_{slot}": w for w in self.weights for slot in rate.slots[1:]}  # state tensor -> its weight
+        # a state tensor of the step graph (``<weight>_<slot>``) -> its weight, and its key in the optimizer state
+        owners = {f"{w}_{slot}": w for w in self.weights for slot in rate.slots[1:]}
+        self._slot_keys = {f"{w}_{slot}": slot_name(slot, w) for w in self.weights for slot in rate.slots[1:]}
         self._state = {}
         for name in self.state_names:
             start = inits[name] if name in inits else np.zeros(inits[owners[name]].shape, dtype=np.float32)
@@ -142,18 +141,19 @@ class StepGraphRuntime:
                 raise ValueError(f"set_state: {name!r} has shape {expected}, the value has {value.shape}")
             current[name].write(value)
 
-    def get_state(self) -> dict[str, np.ndarray]:
-        """Weights, the optimizer's state (``<weight>_<slot>``: Adam's ``<weight>_m``, ``<weight>_v``) and ``step``
-        as numpy arrays."""
-        state = {name: buffer.read() for name, buffer in self.current().items()}
+    def get_optimizer_state(self) -> dict[str, np.ndarray]:
+        """The optimizer's state (``<slot>:<weight>``, as forward-backward training's) and ``step``, as numpy
+        arrays."""
+        current = self.current()
+        state = {key: current[name].read() for name, key in self._slot_keys.items()}
         state[STEP] = np.array(self.steps, dtype=np.int64)
         return state
 
-    def set_state(self, state: dict[str, np.ndarray]) -> None:
-        missing = [n for n in (*self.state_names, STEP) if n not in state]
+    def set_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+        missing = [key for key in (*self._slot_keys.values(), STEP) if key not in state]
         if missing:
             raise KeyError(f"the optimizer state has no {missing}; keys: {sorted(state)}")
         current = self.current()
-        for name in self.state_names:
-            current[name].write(np.asarray(state[name], dtype=np.float32))
+        for name, key in self._slot_keys.items():
+            current[name].write(np.asarray(state[key], dtype=np.float32))
         self.steps = int(state[STEP])

@@ -19,17 +19,15 @@ import numpy as np
 import onnx
 from sklearn.base import clone
 
-from . import checkpoint
 from . import graph as g
 from ._ort import backend
 from .base import BaseTrainer
 from .graph_spec import GraphSpec, TrainData, prediction_spec
-from .learning_rates import BaseLearningRate
+from .learning_rates import BaseLearningRate, slot_name
 from .parameters import TRAINERS, init_from
 from .registry import select
 from .runtime import DeviceBuffer, OnnxFunction, make_session_options
 
-STATE_FILE = "torch_state.npz"
 
 
 def _family_loss(function):
@@ -98,6 +96,7 @@ class TorchTrainer(BaseTrainer):
     parameters = TRAINERS["TorchTrainer"]
     __init__ = init_from(parameters)
     _runtime_parameters = ("learning_loss", "learning_penalty", "output_name", "weight_name")
+    _state_file = "torch_state.npz"
 
     # --- hooks: graphs and runtime -------------------------------------------------------------------------
     def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
@@ -198,26 +197,22 @@ class TorchTrainer(BaseTrainer):
     def _graphs(self) -> dict:
         return {"model": self._rt_module.get_trained_onnx(), **self._rt_module.training_graphs()}
 
-    def _save_runtime_state(self, folder: str) -> None:
-        """Weights and the torch optimizer's state tensors (``state:<param index>:<key>``) in one npz."""
-        arrays = {f"weight:{k}": v for k, v in self.get_state().items()}
-        for index, slots in self._rt_optimizer.state_dict()["state"].items():
-            for key, value in slots.items():
-                if value is not None:
-                    arrays[f"state:{index}:{key}"] = np.asarray(value.detach().numpy() if hasattr(value, "detach")
-                                                                else value)
-        np.savez(os.path.join(folder, STATE_FILE), **arrays)
+    def _optimizer_state(self) -> dict[str, np.ndarray]:
+        state, steps = {}, 0
+        for name, param in self._rt_module.parameters_by_initializer().items():
+            slots = self._rt_optimizer.state.get(param, {})
+            steps = slots.get("step", steps)
+            state.update({slot_name(slot, name): slots[slot].detach().numpy().copy() for slot in self._rt_rate.slots[1:]
+                          if slot in slots})
+        state["step"] = np.array(steps, dtype=np.int64)
+        return state
 
-    def _load_runtime_state(self, folder: str) -> None:
+    def _set_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
         import torch
 
-        arrays = checkpoint.load_arrays(folder, STATE_FILE, "torch trainer state")
-        self._set_weights({k[len("weight:"):]: v.astype(np.float32) for k, v in arrays.items()
-                           if k.startswith("weight:")})
-        state: dict[int, dict] = {}
-        for key, value in arrays.items():
-            if key.startswith("state:"):
-                _, index, slot = key.split(":", 2)
-                state.setdefault(int(index), {})[slot] = torch.from_numpy(value.copy())
-        saved = self._rt_optimizer.state_dict()
-        self._rt_optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
+        steps = int(state.get("step", 0))
+        for name, param in self._rt_module.parameters_by_initializer().items():
+            if steps:
+                self._rt_optimizer.state[param] = {"step": steps, **{
+                    slot: torch.from_numpy(np.array(state[slot_name(slot, name)], dtype=np.float32))
+                    for slot in self._rt_rate.slots[1:]}}

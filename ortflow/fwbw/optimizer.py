@@ -16,7 +16,6 @@ import numpy as np
 import onnx
 from sklearn.base import clone
 
-from .. import checkpoint
 from .. import graph as g
 from .._ort import OrtValueVector, backend
 from ..base import BaseTrainer
@@ -29,7 +28,6 @@ from ..runtime import DeviceBuffer, OnnxFunction, make_session_options
 from ..validation import resolve_device
 from .forward_backward import OrtGradientForwardBackward
 
-STATE_FILE = "fwbw_state.npz"
 
 
 @dataclass
@@ -87,6 +85,7 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
     parameters = TRAINERS["OrtGradientForwardBackwardOptimizer"]
     __init__ = init_from(parameters)
     _runtime_parameters = ("learning_loss", "learning_penalty", "output_name", "weight_name", "gradients")
+    _state_file = "fwbw_state.npz"
 
     # --- hooks: graphs and runtime -------------------------------------------------------------------------
     def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
@@ -194,25 +193,14 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
                 raise ValueError(f"set_state: {name!r} has shape {current[name].shape}, the value has {value.shape}")
         self._rt_rate.set_weights(state)
 
-    def get_optimizer_state(self) -> dict[str, np.ndarray]:
-        """The learning rate's state (velocities, moments, step) as numpy arrays."""
-        self._check_fitted()
+    def _optimizer_state(self) -> dict[str, np.ndarray]:
         return self._rt_rate.get_state()
+
+    def _set_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+        self._rt_rate.set_state(state)
 
     def _graphs(self) -> dict:
         graphs = dict(self._rt_fb.graphs())
         graphs["loss"] = self._rt_loss_fn.model
         graphs["update"] = self._rt_rate.function_.model
         return graphs
-
-    def _save_runtime_state(self, folder: str) -> None:
-        arrays = {f"weight:{k}": v for k, v in self.get_state().items()}
-        arrays.update({f"state:{k}": v for k, v in self._rt_rate.get_state().items()})
-        np.savez(os.path.join(folder, STATE_FILE), **arrays)
-
-    def _load_runtime_state(self, folder: str) -> None:
-        stored = checkpoint.load_arrays(folder, STATE_FILE, "forward-backward state")
-        weights = {k[len("weight:"):]: v for k, v in stored.items() if k.startswith("weight:")}
-        state = {k[len("state:"):]: v for k, v in stored.items() if k.startswith("state:")}
-        self._set_weights({k: v.astype(np.float32) for k, v in weights.items()})
-        self._rt_rate.set_state(state)
