@@ -33,8 +33,8 @@ def add_loss_output(
     weight_name: str | None = None,
     penalty: PenaltySpec | BaseLearningPenalty | str | None = None,
     output_index: int | str | None = None,
-    l1_weight: float = 0.5,
-    l2_weight: float = 0.5,
+    l1_weight: float | None = None,
+    l2_weight: float | None = None,
     n_samples: int | None = None,
 ) -> onnx.ModelProto:
     """Return a copy of ``onx`` with a new input ``label_name`` and a first output ``loss_name``.
@@ -73,10 +73,11 @@ def add_loss_output(
         penalty = own_penalty if penalty is None else penalty
         loss = select("loss", score_name, "score_name", **settings)
     else:
-        # l1_weight and l2_weight are the elastic loss's settings (onnxcustom's signature passes them to every loss)
+        # l1_weight and l2_weight are the elastic loss's settings (onnxcustom's signature passes them to every loss);
+        # None leaves the loss class's default
         elastic = isinstance(score_name, str) and "l1_weight" in settings_of(family("loss").get(score_name, object))
-        loss = select("loss", score_name, "score_name", **(dict(l1_weight=l1_weight, l2_weight=l2_weight)
-                                                          if elastic else {}))
+        given = {k: v for k, v in dict(l1_weight=l1_weight, l2_weight=l2_weight).items() if v is not None}
+        loss = select("loss", score_name, "score_name", **(given if elastic else {}))
     loss.check()
     record = estimator_record(model)
     if loss.task == "classification" and record and graph_classes(model) is None:
