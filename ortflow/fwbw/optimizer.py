@@ -117,7 +117,8 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
             DEFAULT_OPSET, device, spec.weight_name, rank=rank, scaled_weight=True, width=width), device, small)
         self._rt_val_loss_fn = OnnxFunction(loss.build_onnx_function(
             DEFAULT_OPSET, device, spec.weight_name, rank=rank, width=width), device, small)
-        self._rt_run_loss = self._rt_loss_fn.run_with_iobinding
+        self._rt_run_loss, self._rt_new_state = self._rt_loss_fn.run_with_iobinding, fb.new_state
+        self._rt_penalty_value = rate.penalty_buffer_  # the penalty of the weights a step read (None: no penalty)
         self._rt_device = device
 
     def _new_batch(self, n: int, arrays: list[np.ndarray]) -> _Batch:
@@ -155,18 +156,18 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         return [*data.feeds.values(), data.y]
 
     def _step(self, batch: _Batch) -> float:
-        if not (self._rt_uniform and batch.uniform):
-            batch.load_weight(self._rt_weight, batch.rows, self._rt_uniform)
-        batch.state = self._rt_fb.new_state()
-        batch.agent.run_forward(batch.fw_feeds[self._rt_rate.parity_], batch.fw_fetches, batch.state, batch.cache)
+        uniform = self._rt_uniform
+        if not (uniform and batch.uniform):
+            batch.load_weight(self._rt_weight, batch.rows, uniform)
+        state = batch.state = self._rt_new_state()
+        batch.agent.run_forward(batch.fw_feeds[self._rt_rate.parity_], batch.fw_fetches, state, batch.cache)
         self._rt_run_loss(batch.loss_binding, None)
         return batch.loss.scalar()
 
     def _apply_step(self, batch: _Batch) -> float:
         batch.agent.run_backward(batch.bw_feeds, self._rt_grad_fetches, batch.state)
         self._rt_stepper()
-        penalty = self._rt_rate.penalty_buffer_
-        return 0.0 if penalty is None else penalty.scalar()
+        return 0.0 if self._rt_penalty_value is None else self._rt_penalty_value.scalar()
 
     def _validation_loss(self, data: TrainData) -> float:
         fb, current = self._rt_fb, self._rt_rate.current()
