@@ -333,10 +333,10 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         return total / rows
 
     def _epoch(self, chunks, learning_rate, progress=None, callbacks=()) -> tuple[np.ndarray, np.ndarray, bool]:
-        """``(loss, row count)`` of every batch over ``chunks``, and whether every batch ran: the trainers stop
-        at the first non-finite loss. A streamed epoch's ``progress`` (resumed or new) holds the batches so far and
-        is advanced after each chunk, where the ``callbacks``' ``on_chunk_end`` run (weights at a chunk boundary:
-        a checkpoint may be written then, nowhere else inside the epoch)."""
+        """``(loss, row count)`` of every batch over ``chunks``, and whether every batch ran: the batch loop stops at
+        the first non-finite loss. A streamed epoch's ``progress`` (resumed or new) holds the batches so far and is
+        advanced after each chunk, where the ``callbacks``' ``on_chunk_end`` run (weights at a chunk boundary: a
+        checkpoint may be written then, nowhere else inside the epoch)."""
         losses, sizes = ([np.empty(0)], [np.empty(0)]) if progress is None else (progress.losses, progress.sizes)
         for data, order in chunks:
             chunk = self._train_rows(data, order, learning_rate)
