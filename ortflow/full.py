@@ -48,8 +48,8 @@ class OrtGradientOptimizer(BaseTrainer):
 
     ``learning_rate`` is shared with forward-backward training (see :mod:`ortflow.parameters`): a float or
     ``'sgd'`` runs SGD, its rate set per epoch from the schedule; any optimizer of :mod:`ortflow.learning_rates`
-    (``'nesterov'``, ``'adam'``, ``'adamw'``, ``'rmsprop'`` or an object) runs its one update rule in ortflow's step
-    graph. onnxruntime's artifacts (``gradients='onnxruntime'``) have SGD and AdamW only.
+    (a registered name, ``ortflow.registry.names('optimizer')``, or an object) runs its one update rule in ortflow's
+    step graph. onnxruntime's artifacts (``gradients='onnxruntime'``) have SGD and AdamW only.
     """
 
     parameters = TRAINERS["OrtGradientOptimizer"]

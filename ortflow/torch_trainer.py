@@ -89,8 +89,8 @@ class TorchTrainer(BaseTrainer):
     Parameters are those of :class:`ortflow.OrtGradientForwardBackwardOptimizer` (:data:`ortflow.parameters.TORCH`)
     without ``gradients`` and with ``device='cpu'`` only: ``learning_loss``/``learning_penalty`` are the loss and
     penalty families' names or objects, ``learning_rate`` a float (SGD following ``lr_schedule``), a registered
-    name or a :class:`ortflow.BaseLearningRate` (sgd, nesterov, adam, adamw). After ``fit``, ``module_`` is the
-    torch layer and ``optimizer_`` the torch optimizer.
+    optimizer name (``ortflow.registry.names('optimizer')``) or a :class:`ortflow.BaseLearningRate`. After ``fit``,
+    ``module_`` is the torch layer and ``optimizer_`` the torch optimizer.
     """
 
     parameters = TRAINERS["TorchTrainer"]
