@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     epochs = np.diff([begin, *clock])[1:]  # the first epoch builds the batch buffers
     batch_us = float(np.median(epochs)) / n_batches * 1e6
 
-    batch = trainer._rt_batches[case.batch_size]
+    batch = trainer._rt_batches[case.batch_size][0]  # (the batch, its host arrays)
     loss_fn, fb, rate = trainer._rt_loss_fn, trainer._rt_fb, trainer._rt_rate
     run = loss_fn._sess.run_with_iobinding
     inputs, outputs = [batch.prediction, batch.y, batch.w], [batch.loss, batch.grad]

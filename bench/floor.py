@@ -7,10 +7,10 @@ Per batch of case A (15 rows through the MLP (50,10)), median over repeats of th
 
 - ``full floor``: the training-step graph of a fitted ``OrtGradientOptimizer`` (ortflow's own, the default) run
   on its bound buffers in a bare Python loop, the loss read back (no row copies, no ortflow code per batch);
-- ``full ortflow``: the same session through ``OrtGradientOptimizer._train_epoch``;
+- ``full ortflow``: the same session through ``OrtGradientOptimizer._train_rows``;
 - ``fwbw agent floor``: ``TrainingAgent.run_forward`` + ``run_backward`` of the static training graph on bound
   feeds; ``fwbw floor``: the same plus the loss graph and the update graph (every onnxruntime call of a batch, no
-  copies); ``fwbw ortflow``: ``OrtGradientForwardBackwardOptimizer._train_epoch``.
+  copies); ``fwbw ortflow``: ``OrtGradientForwardBackwardOptimizer._train_rows``.
 
 Overhead = ortflow - floor, in microseconds per batch. Wall time (``perf_counter``) and CPU time
 (``process_time``, less disturbed by other processes on a shared machine) are both reported.
@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 
 import ortflow
-from ortflow._ort import OrtValueVector, PartialGraphExecutionState
 from ortflow.artifact_cache import STEP_GRAPHS, TRAINING_ARTIFACTS
 
 from .cases import default_cases, make_data
@@ -70,21 +69,20 @@ def fitted(kind: str, case, data, threads: int, gradients: str = "auto"):
 
 
 def full_floor_epoch(trainer, data, batch: int) -> None:
-    step = trainer._rt_step
-    _, run, bindings, _ = step._batch(((batch, *data.X.shape[1:]), (batch, *data.y.shape[1:])))
-    read_loss = step._loss.scalar
+    b = trainer._rt_batches[batch][0]
+    read_loss = trainer._rt_step._loss.scalar
     for i in range(len(data.X) // batch):
-        run(bindings[i % 2], None)
+        b.run(b.bindings[i % 2], None)
         read_loss()
 
 
 def fwbw_floor_epoch(trainer, n_batches: int, batch: int, with_graphs: bool) -> None:
-    b = trainer._rt_batches[batch]
+    b = trainer._rt_batches[batch][0]
     rate, grads = trainer._rt_rate, trainer._rt_grad_fetches
     run_loss = trainer._rt_loss_fn._sess.run_with_iobinding
     step = rate.stepper(0.0)  # a zero rate: the weights stay, the update graph still runs
     for _ in range(n_batches):
-        state = PartialGraphExecutionState()
+        state = trainer._rt_fb.new_state()
         b.agent.run_forward(b.fw_feeds[rate.parity_], b.fw_fetches, state, b.cache)
         if with_graphs:
             run_loss(b.loss_binding, None)
@@ -108,15 +106,15 @@ def per_batch(fn, n_batches: int, epochs: int) -> tuple[float, float]:
 def measure_floor(case, data, threads: int, repeats: int, epochs: int) -> dict:
     batch, n_batches = case.batch_size, -(-len(data.X) // case.batch_size)
     full, fwbw = fitted("full", case, data, threads), fitted("fwbw", case, data, threads)
-    full_data = full._prepare_data(full._spec, data.X, data.y, None, None)[0]
-    fwbw_data = fwbw._prepare_data(fwbw._spec, data.X, data.y, None, None)[0]
+    full_data = full._prepare_data(full._spec, None, {full._spec.x_name: data.X}, None, data.y, None, None)[0]
+    fwbw_data = fwbw._prepare_data(fwbw._spec, None, {fwbw._spec.x_name: data.X}, None, data.y, None, None)[0]
     lr = case.learning_rate
     runs = {
         "full floor": lambda: full_floor_epoch(full, data, batch),
-        "full ortflow": lambda: full._train_epoch(full_data, None, lr),
+        "full ortflow": lambda: full._train_rows(full_data, None, lr),
         "fwbw agent floor": lambda: fwbw_floor_epoch(fwbw, n_batches, batch, with_graphs=False),
         "fwbw floor": lambda: fwbw_floor_epoch(fwbw, n_batches, batch, with_graphs=True),
-        "fwbw ortflow": lambda: fwbw._train_epoch(fwbw_data, None, lr),
+        "fwbw ortflow": lambda: fwbw._train_rows(fwbw_data, None, lr),
     }
     samples = {k: [] for k in runs}
     for r in range(repeats):

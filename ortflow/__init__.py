@@ -9,9 +9,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-#: public name -> the submodule that defines it
+#: public name -> the submodule that defines it: the one list of the public names (``__all__`` is its keys; the
+#: ``TYPE_CHECKING`` imports repeat it for static analysis, and tests/test_startup.py checks that they match it)
 _EXPORTS = {
     **dict.fromkeys(["backend"], "_ort"),
+    **dict.fromkeys(["add_loss_output"], "add_loss"),
     **dict.fromkeys(["onnx_derivative"], "autodiff"),
     **dict.fromkeys(["BaseTrainer"], "base"),
     **dict.fromkeys(["Callback", "Checkpoint", "EarlyStopping", "ProgressBar"], "callbacks"),
@@ -19,19 +21,20 @@ _EXPORTS = {
     **dict.fromkeys(["CheckpointError", "ConvergenceError", "DeviceError", "NotDifferentiableError",
                      "OrtflowError", "TrainingPackageError", "UnsafePathError", "UnsupportedModelError"], "exceptions"),
     **dict.fromkeys(["OrtGradientOptimizer"], "full"),
-    **dict.fromkeys(["TorchTrainer"], "torch_trainer"),
-    **dict.fromkeys(["LearningRateRMSProp"], "learning_rates"),
-    **dict.fromkeys(["AbsoluteLearningLoss", "BaseLearningLoss", "BaseLearningPenalty", "BaseLearningRate",
-                     "ElasticLearningLoss", "ElasticLearningPenalty", "LearningRateAdam", "LearningRateAdamW",
-                     "LearningRateSGD", "LearningRateSGDNesterov", "NegLogLearningLoss", "NoLearningPenalty",
-                     "OrtGradientForwardBackward", "OrtGradientForwardBackwardOptimizer", "SquareLearningLoss"],
-                    "fwbw"),
+    **dict.fromkeys(["OrtGradientForwardBackward", "OrtGradientForwardBackwardOptimizer"], "fwbw"),
     **dict.fromkeys(["get_initializers", "load_model", "replace_initializers", "trainable_initializers"], "graph"),
-    **dict.fromkeys(["add_loss_output"], "add_loss"),
+    **dict.fromkeys(["BaseLearningRate", "LearningRateAdam", "LearningRateAdamW", "LearningRateRMSProp",
+                     "LearningRateSGD", "LearningRateSGDNesterov"], "learning_rates"),
+    **dict.fromkeys(["AbsoluteLearningLoss", "BaseLearningLoss", "ElasticLearningLoss", "NegLogLearningLoss",
+                     "SquareLearningLoss"], "losses"),
     **dict.fromkeys(["make_trainable"], "ml_op_rewrites"),
     **dict.fromkeys(["export_training_package"], "package_export"),
     **dict.fromkeys(["load_training_state"], "package"),
+    **dict.fromkeys(["BaseLearningPenalty", "ElasticLearningPenalty", "NoLearningPenalty"], "penalties"),
+    **dict.fromkeys(["TorchTrainer"], "torch_trainer"),
 }
+
+__all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads each name
     from ._ort import backend
@@ -43,16 +46,17 @@ if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads ea
     from .exceptions import (CheckpointError, ConvergenceError, DeviceError, NotDifferentiableError, OrtflowError,
                              TrainingPackageError, UnsafePathError, UnsupportedModelError)
     from .full import OrtGradientOptimizer
-    from .torch_trainer import TorchTrainer
-    from .learning_rates import LearningRateRMSProp
-    from .fwbw import (AbsoluteLearningLoss, BaseLearningLoss, BaseLearningPenalty, BaseLearningRate,
-                       ElasticLearningLoss, ElasticLearningPenalty, LearningRateAdam, LearningRateAdamW,
-                       LearningRateSGD, LearningRateSGDNesterov, NegLogLearningLoss, NoLearningPenalty,
-                       OrtGradientForwardBackward, OrtGradientForwardBackwardOptimizer, SquareLearningLoss)
+    from .fwbw import OrtGradientForwardBackward, OrtGradientForwardBackwardOptimizer
     from .graph import get_initializers, load_model, replace_initializers, trainable_initializers
+    from .learning_rates import (BaseLearningRate, LearningRateAdam, LearningRateAdamW, LearningRateRMSProp,
+                                 LearningRateSGD, LearningRateSGDNesterov)
+    from .losses import (AbsoluteLearningLoss, BaseLearningLoss, ElasticLearningLoss, NegLogLearningLoss,
+                         SquareLearningLoss)
     from .ml_op_rewrites import make_trainable
     from .package import load_training_state
     from .package_export import export_training_package
+    from .penalties import BaseLearningPenalty, ElasticLearningPenalty, NoLearningPenalty
+    from .torch_trainer import TorchTrainer
 
 
 def __getattr__(name: str):
@@ -76,48 +80,3 @@ def __dir__() -> list[str]:
 
 
 __version__ = "0.1.0"
-
-__all__ = [
-    "AbsoluteLearningLoss",
-    "BaseLearningLoss",
-    "BaseLearningPenalty",
-    "BaseLearningRate",
-    "BaseTrainer",
-    "Callback",
-    "Checkpoint",
-    "CheckpointError",
-    "ConvergenceError",
-    "DeviceError",
-    "EarlyStopping",
-    "ElasticLearningLoss",
-    "ElasticLearningPenalty",
-    "LearningRateAdam",
-    "LearningRateAdamW",
-    "LearningRateRMSProp",
-    "LearningRateSGD",
-    "LearningRateSGDNesterov",
-    "NegLogLearningLoss",
-    "NoLearningPenalty",
-    "NotDifferentiableError",
-    "OrtGradientForwardBackward",
-    "OrtGradientForwardBackwardOptimizer",
-    "OrtGradientOptimizer",
-    "OrtflowError",
-    "ProgressBar",
-    "SquareLearningLoss",
-    "TorchTrainer",
-    "TrainingPackageError",
-    "UnsafePathError",
-    "UnsupportedModelError",
-    "add_loss_output",
-    "backend",
-    "export_training_package",
-    "get_initializers",
-    "load_model",
-    "load_training_state",
-    "onnx_derivative",
-    "make_trainable",
-    "replace_initializers",
-    "to_onnx",
-    "trainable_initializers",
-]

@@ -12,11 +12,11 @@ from onnx import TensorProto, helper
 from .convert import estimator_record, graph_classes
 from .estimator_loss import estimator_loss
 from .graph import (ModelLike, all_names, check_loadable, elem_type, load_model, pick_output, shape_of,
-                    type_name)
+                    trainable_initializers, type_name)
 from .losses import BaseLearningLoss
 from .ml_op_rewrites import holds_linear_ops, make_trainable
 from .onnx_builder import GraphBuilder
-from .penalties import ElasticLearningPenalty
+from .penalties import BaseLearningPenalty, ElasticLearningPenalty
 from .registry import family, select, settings_of
 
 PenaltySpec = Mapping[str, Union[float, Mapping[str, float]]]
@@ -31,10 +31,10 @@ def add_loss_output(
     loss_name: str = "loss",
     label_name: str = "label",
     weight_name: str | None = None,
-    penalty: PenaltySpec | None = None,
+    penalty: PenaltySpec | BaseLearningPenalty | str | None = None,
     output_index: int | str | None = None,
-    l1_weight: float = 0.5,
-    l2_weight: float = 0.5,
+    l1_weight: float | None = None,
+    l2_weight: float | None = None,
     n_samples: int | None = None,
 ) -> onnx.ModelProto:
     """Return a copy of ``onx`` with a new input ``label_name`` and a first output ``loss_name``.
@@ -52,7 +52,9 @@ def add_loss_output(
     LogisticRegression). The choice is recorded in the graph's metadata (key :data:`LOSS_METADATA`).
 
     ``penalty`` maps initializer names to ``{'l1': a, 'l2': b}`` (or to ``b`` alone, meaning L2) and adds
-    ``a * sum|w| + b * sum(w**2)`` for each. ``output_index`` picks the prediction by position or name (default: the
+    ``a * sum|w| + b * sum(w**2)`` for each; or it is a penalty of :mod:`ortflow.penalties` (an instance or a
+    registered name), whose value joins the loss for every float initializer it penalizes (its ``weights``; None:
+    all of them), as forward-backward training adds it to the weights it trains. ``output_index`` picks the prediction by position or name (default: the
     only output, or ``raw_score`` when the graph has one). The original outputs are kept after the loss.
 
     A graph straight from skl2onnx, whose ``ai.onnx.ml`` LinearRegressor / LinearClassifier keeps its weights in
@@ -71,10 +73,11 @@ def add_loss_output(
         penalty = own_penalty if penalty is None else penalty
         loss = select("loss", score_name, "score_name", **settings)
     else:
-        # l1_weight and l2_weight are the elastic loss's settings (onnxcustom's signature passes them to every loss)
+        # l1_weight and l2_weight are the elastic loss's settings (onnxcustom's signature passes them to every loss);
+        # None leaves the loss class's default
         elastic = isinstance(score_name, str) and "l1_weight" in settings_of(family("loss").get(score_name, object))
-        loss = select("loss", score_name, "score_name", **(dict(l1_weight=l1_weight, l2_weight=l2_weight)
-                                                          if elastic else {}))
+        given = {k: v for k, v in dict(l1_weight=l1_weight, l2_weight=l2_weight).items() if v is not None}
+        loss = select("loss", score_name, "score_name", **(given if elastic else {}))
     loss.check()
     record = estimator_record(model)
     if loss.task == "classification" and record and graph_classes(model) is None:
@@ -121,14 +124,26 @@ def add_loss_output(
     return new
 
 
-def _recorded(penalty: PenaltySpec | None) -> dict:
-    """The penalty as the metadata records it: weight -> {'l1': a, 'l2': b}."""
+def _recorded(penalty: PenaltySpec | BaseLearningPenalty | str | None) -> dict:
+    """The penalty as the metadata records it: weight -> {'l1': a, 'l2': b}, or a penalty object's name and
+    settings."""
+    if isinstance(penalty, (str, BaseLearningPenalty)):
+        chosen = select("penalty", penalty)
+        return {"name": type(chosen).names[0] or type(chosen).__name__,
+                "params": chosen.get_params(deep=False)}
     return {name: ({k: float(v) for k, v in coef.items()} if isinstance(coef, Mapping) else {"l2": float(coef)})
             for name, coef in (penalty or {}).items()}
 
 
-def _penalty_terms(b: GraphBuilder, model: onnx.ModelProto, penalty: PenaltySpec) -> list[str]:
+def _penalty_terms(b: GraphBuilder, model: onnx.ModelProto, penalty: PenaltySpec | BaseLearningPenalty | str
+                   ) -> list[str]:
     floats = {i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT}
+    if isinstance(penalty, (str, BaseLearningPenalty)):
+        chosen = select("penalty", penalty, "penalty")
+        chosen.check()
+        values = (chosen.add_value(b, name) for name in trainable_initializers(model)
+                  if name in floats and chosen.penalizes(name))
+        return [v for v in values if v is not None]
     terms = []
     for name, coef in penalty.items():
         if name not in floats:

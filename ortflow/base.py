@@ -1,7 +1,11 @@
-"""``BaseTrainer``: the scikit-learn estimator and epoch loop shared by both training modes.
+"""``BaseTrainer``: the scikit-learn estimator, its epoch loop and its one batch loop, shared by every trainer.
 
 A subclass owns the onnxruntime side and implements the hooks below; the base class validates inputs, splits a
-validation set, shuffles, runs epochs and callbacks, detects divergence, checkpoints and predicts.
+validation set, shuffles, runs epochs and callbacks, runs the batches and detects divergence. It checkpoints
+through :class:`ortflow.checkpoint.CheckpointMixin` and predicts through :class:`ortflow.prediction.PredictionMixin`;
+what it feeds and reads is :mod:`ortflow.graph_spec`'s, a stream's chunks are cut into whole batches by
+:mod:`ortflow.rechunk`. The runtime a subclass builds is stored in ``_rt_*`` attributes (the optimizer, a
+:class:`~ortflow.learning_rates.BaseLearningRate`, in ``_rt_rate``), left out of a pickle.
 
 Parameters are declared once in :mod:`ortflow.parameters` (``parameters`` of each subclass, from which its
 ``__init__`` is made) and checked in ``fit``. Hooks a subclass implements:
@@ -9,15 +13,18 @@ Parameters are declared once in :mod:`ortflow.parameters` (``parameters`` of eac
 - ``_graph_spec(model) -> GraphSpec``: the feeds and outputs of ``model`` (already loaded and checked).
 - ``_build_runtime(model, spec, rate)``: create the sessions for a fresh fit, ``rate`` the learning rate.
 - ``_loss_object()``: the :class:`ortflow.losses.BaseLearningLoss` trained (for :meth:`BaseTrainer.losses`).
-- ``_train_epoch(data, order, learning_rate) -> np.ndarray``: one epoch over ``self._batches`` of the rows of
-  ``order`` (indices into ``data``; None: all of them as stored, see ``_unit_rows``), returning the loss of every
-  batch (it stops early at a non-finite loss; the base reports it).
+- the batch loop's hooks (:meth:`BaseTrainer._train_rows` runs them): ``_set_learning_rate(rate)`` for the coming
+  steps; ``_row_arrays(data) -> list[np.ndarray]``, the arrays whose rows a batch copies; ``_new_batch(n, arrays)``,
+  the trainer's buffers for batches of ``n`` rows (built once per size; ``inputs``: one
+  :class:`~ortflow.runtime.DeviceBuffer` per array); ``_step(batch) -> float``, one training step on the rows copied
+  into ``batch.inputs`` (``batch.rows`` says which), its loss, the update not yet applied; ``_apply_step(batch) ->
+  float``, the update applied (only after a finite loss), returning what it adds to the batch's recorded loss.
 - ``_validation_loss(data) -> float``.
-- ``_epoch_learning_rate(samples_seen) -> float | None``: the rate used for the coming epoch (for the record).
-- ``get_state()``, ``_set_weights(state)``.
-- ``_prediction_graph() -> onnx.ModelProto``: the prediction graph, weights not yet replaced.
+- ``get_state()``, ``_set_weights(state)``; ``_optimizer_state()``, ``_set_optimizer_state(state)`` (keys
+  ``<slot>:<weight>`` and ``step``, the same in every trainer); ``_state_file``, the file they are saved in.
 - ``_graphs() -> dict[str, onnx.ModelProto | bytes]``: every graph the trainer uses, for ``save_onnx_graph``.
-- ``_save_runtime_state(folder)`` / ``_load_runtime_state(folder)``: weights and optimizer state.
+- ``_save_runtime_state(folder)`` / ``_load_runtime_state(folder)``: weights and optimizer state, by default in
+  ``_state_file`` (:func:`ortflow.checkpoint.save_state`).
 """
 
 from __future__ import annotations
@@ -26,82 +33,38 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils import check_random_state
-from sklearn.utils.metaestimators import available_if
 
-from . import checkpoint
 from . import graph as g
-from ._ort import InferenceSession, SessionOptions
 from .callbacks import Callback, EarlyStopping, ProgressBar
-from .exceptions import CheckpointError, ConvergenceError
+from .checkpoint import CheckpointMixin, Progress, load_state, save_state
+from .convert import ESTIMATOR_METADATA
+from .exceptions import ConvergenceError
+from .frozen_prefix import FrozenPrefix
+from .graph_spec import (GraphSpec, TrainData, encoded_targets, fitted_names, fitted_width, matrix_width,
+                         n_features_of, prediction_spec, resolve_symbolic_width, trained_classes)
 from .learning_rates import BaseLearningRate, LearningRateSGD
 from .ml_op_rewrites import make_trainable
 from .parameters import check_parameters
-from .registry import select
-from .runtime import THREADS_WORK_THRESHOLD, OnnxFunction, make_session_options, threads_for_work
-from .convert import ESTIMATOR_METADATA, graph_classes
-from .frozen_prefix import FrozenPrefix
+from .prediction import PredictionMixin
 from .prefetch import Prefetcher
+from .rechunk import whole_batches
+from .registry import select
+from .runtime import THREADS_WORK_THRESHOLD, SessionOptions, threads_for_work, training_session_options
 from .sources import is_source, replays_order, source_identity
-from .inputs import InputMapping
-from .validation import check_device, check_positive_int, check_targets, check_weights_to_train, encode_labels
+from .validation import check_device, check_positive_int, check_targets, check_weights_to_train
+
+__all__ = ["BaseTrainer", "GraphSpec", "TrainData", "prediction_spec"]  # the types stay importable from here
 
 logger = logging.getLogger("ortflow")
 
 
 
-@dataclass
-class GraphSpec:
-    """What a trainer feeds and reads: input, label, weight and prediction outputs."""
-
-    inputs: InputMapping
-    label_shape: list = field(default_factory=lambda: [None])
-    weight_name: str | None = None
-    prediction_outputs: list[str] = field(default_factory=list)
-    trained_output: str | None = None  # the output the loss applies to (what predict returns for a regressor)
-    classes: np.ndarray | None = None  # the classes of a classifier graph trained on its raw score
-
-    @property
-    def x_name(self) -> str:
-        """The first data input (the only one but for tables)."""
-        return self.inputs.names[0]
-
-    @property
-    def n_features(self) -> int | None:
-        return self.inputs.n_features
-
-
-@dataclass
-class TrainData:
-    """Validated arrays, converted once per fit and sliced per batch: ``feeds`` (one array per data input of the
-    graph, see :mod:`ortflow.inputs`), float32 targets ``y`` and ``weight``."""
-
-    feeds: dict[str, np.ndarray]
-    y: np.ndarray
-    weight: np.ndarray | None = None
-
-    @property
-    def n_samples(self) -> int:
-        return len(self.y)
-
-    @property
-    def X(self) -> np.ndarray:
-        """The feed of a graph with one data input."""
-        if len(self.feeds) != 1:
-            raise ValueError(f"the graph has {len(self.feeds)} data inputs {list(self.feeds)}, not one X")
-        return next(iter(self.feeds.values()))
-
-    def take(self, index) -> TrainData:
-        w = None if self.weight is None else self.weight[index]
-        return TrainData({k: v[index] for k, v in self.feeds.items()}, self.y[index], w)
-
-
-class BaseTrainer(BaseEstimator):
+class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
     """Shared estimator surface. Subclasses declare ``parameters`` (their ``__init__`` comes from it) and the
     hooks."""
 
@@ -180,46 +143,15 @@ class BaseTrainer(BaseEstimator):
         seen = [resume.samples_seen if resume is not None else
                 0 if source.n_rows is None else source.n_rows * len(self.history_)]
 
-        def convert(chunk_source, order_rng, count: bool, skip: int = 0):
-            """The epoch's units ``(data, order)`` of whole batches (the last one may be short), from row ``skip``
-            on: the rows before it are skipped by the source when it can, else read (the order and random state
-            depend on them) but neither converted nor trained. A chunk the source yields with its rows' order
-            stays as read, the trainer gathering each batch; the rows left over at a chunk's end (fewer than a
-            batch) are copied out and joined to the next chunk's first rows."""
-            skipped = bool(skip) and getattr(chunk_source, "skips_rows", False)  # the source skips them itself
-            carry, read, bs = None, skip if skipped else 0, self.batch_size
-            if count:
-                seen[0] += skip
-            for item in (chunk_source.chunks(order_rng, skip_rows=skip) if skipped
-                         else chunk_source.chunks(order_rng)):
-                X, y_part, w_part, order = item if len(item) == 4 else (*item, None)
-                n = len(y_part) if order is None else len(order)
-                read += n
-                if read <= skip:
-                    continue
-                f, _ = spec.inputs.feeds(X, _matrix_width(spec, feeds), names)
-                data, _ = self._prepare_data(spec, prefix, f, names, y_part, w_part, None)
-                start = max(0, skip - (read - n))  # the rows of this chunk trained before a resume
-                if carry is not None:
-                    end = min(n, start + bs - carry.n_samples)
-                    carry, start = _concat(carry, _rows(data, order, start, end)), end
-                    if carry.n_samples < bs:
-                        continue
-                    if count:
-                        seen[0] += bs
-                    yield carry, None
-                    carry = None
-                whole = start + (n - start) // bs * bs
-                if whole > start:
-                    if count:
-                        seen[0] += whole - start
-                    yield (data.take(slice(start, whole)), None) if order is None else (data, order[start:whole])
-                if whole < n:
-                    carry = _rows(data, order, whole, n)
-            if carry is not None:
-                if count:
-                    seen[0] += carry.n_samples
-                yield carry, None
+        def prepare(X, y_part, w_part) -> TrainData:
+            f, _ = spec.inputs.feeds(X, matrix_width(spec, feeds), names)
+            return self._prepare_data(spec, prefix, f, names, y_part, w_part, None)[0]
+
+        def count(rows: int) -> None:
+            seen[0] += rows
+
+        def convert(chunk_source, order_rng, counted: bool, skip: int = 0):
+            return whole_batches(chunk_source, order_rng, self.batch_size, prepare, skip, count if counted else None)
 
         def chunks(epoch):
             skip = resume.rows if resume is not None and epoch == resume.epoch else 0
@@ -249,7 +181,7 @@ class BaseTrainer(BaseEstimator):
             model, spec, feeds, names, train_model, prefix = self._graph_and_feeds(X)
         else:
             spec = self._spec
-            feeds, names = spec.inputs.feeds(X, _fitted_width(self), _fitted_names(self))
+            feeds, names = spec.inputs.feeds(X, fitted_width(self), fitted_names(self))
             prefix = self._rt_prefix if hasattr(self, "_rt_prefix") else self._split_again(feeds)
         data, _ = self._prepare_data(spec, prefix, feeds, names, y, sample_weight, None)
         if first:
@@ -290,9 +222,9 @@ class BaseTrainer(BaseEstimator):
         g.check_loadable(model)
         model = make_trainable(model, self.weights_to_train)  # the same graph when it holds no ai.onnx.ml linear op
         spec = self._graph_spec(model)
-        spec.classes = _trained_classes(model, spec)
+        spec.classes = trained_classes(model, spec)
         feeds, names = spec.inputs.feeds(X)
-        _resolve_symbolic_width(model, spec, feeds)
+        resolve_symbolic_width(model, spec, feeds)
         output = self._trained_output_name(spec)
         weights = self._check_weights(model, g.keep_outputs(model, [output]), output)
         train_model, prefix = FrozenPrefix.split(model, weights, spec.inputs.names, [output], feeds)
@@ -310,13 +242,14 @@ class BaseTrainer(BaseEstimator):
         self._train_model = train_model
         self._fit_settings = self._settings()
         self.n_threads_ = self._threads(train_model)
+        self._rt_batches = {}
         self._build_runtime(train_model, spec, self._learning_rate())
         self.history_ = []
         self._append(None)
 
     def _fitted_inputs(self, spec, feeds, names) -> None:
         """``n_features_in_`` and ``feature_names_in_`` of the data fit saw."""
-        self.n_features_in_ = _n_features(spec, feeds)
+        self.n_features_in_ = n_features_of(spec, feeds)
         if names is not None:
             self.feature_names_in_ = np.asarray(names, dtype=object)
         elif hasattr(self, "feature_names_in_"):
@@ -351,7 +284,7 @@ class BaseTrainer(BaseEstimator):
                     progress = resume
                     begin -= progress.elapsed
                 elif streamed is not None:
-                    progress = _Progress(epoch, streamed, rng.get_state(), seen)
+                    progress = Progress(epoch, streamed, rng.get_state(), seen)
                 if progress is not None:
                     progress.begin = begin
                 self.in_epoch_ = True  # weights are mid-epoch until the epoch ends: no checkpoint then
@@ -400,13 +333,13 @@ class BaseTrainer(BaseEstimator):
         return total / rows
 
     def _epoch(self, chunks, learning_rate, progress=None, callbacks=()) -> tuple[np.ndarray, np.ndarray, bool]:
-        """``(loss, row count)`` of every batch over ``chunks``, and whether every batch ran: the trainers stop
-        at the first non-finite loss. A streamed epoch's ``progress`` (resumed or new) holds the batches so far and
-        is advanced after each chunk, where the ``callbacks``' ``on_chunk_end`` run (weights at a chunk boundary:
-        a checkpoint may be written then, nowhere else inside the epoch)."""
+        """``(loss, row count)`` of every batch over ``chunks``, and whether every batch ran: the batch loop stops at
+        the first non-finite loss. A streamed epoch's ``progress`` (resumed or new) holds the batches so far and is
+        advanced after each chunk, where the ``callbacks``' ``on_chunk_end`` run (weights at a chunk boundary: a
+        checkpoint may be written then, nowhere else inside the epoch)."""
         losses, sizes = ([np.empty(0)], [np.empty(0)]) if progress is None else (progress.losses, progress.sizes)
         for data, order in chunks:
-            chunk = self._train_epoch(data, order, learning_rate)
+            chunk = self._train_rows(data, order, learning_rate)
             rows = self._unit_rows(data, order)
             full = self._batch_sizes(rows)
             losses.append(np.asarray(chunk, dtype=np.float64))
@@ -428,7 +361,7 @@ class BaseTrainer(BaseEstimator):
         """The training and validation data: targets checked, the feeds of the trainable part (the frozen
         prefix's outputs when the graph has one, see :mod:`ortflow.frozen_prefix`)."""
         n_rows = len(next(iter(feeds.values())))
-        y, w = check_targets(_targets(spec, y), sample_weight, n_rows, spec.label_shape)
+        y, w = check_targets(encoded_targets(spec, y), sample_weight, n_rows, spec.label_shape)
         if w is not None and spec.weight_name is None:
             raise ValueError(
                 "sample_weight was given but the graph has no weight input: add one "
@@ -440,8 +373,8 @@ class BaseTrainer(BaseEstimator):
         if validation_data is not None:
             if len(validation_data) != 2:
                 raise ValueError("validation_data must be a pair (X_val, y_val)")
-            feeds_v, _ = spec.inputs.feeds(validation_data[0], _matrix_width(spec, feeds), names)
-            yv, _ = check_targets(_targets(spec, validation_data[1]), None, len(next(iter(feeds_v.values()))),
+            feeds_v, _ = spec.inputs.feeds(validation_data[0], matrix_width(spec, feeds), names)
+            yv, _ = check_targets(encoded_targets(spec, validation_data[1]), None, len(next(iter(feeds_v.values()))),
                                   spec.label_shape)
             wv = None if spec.weight_name is None else np.ones(len(yv), dtype=np.float32)
             val = TrainData(feeds_v if prefix is None else prefix.transform(feeds_v), yv, wv)
@@ -522,6 +455,66 @@ class BaseTrainer(BaseEstimator):
             raise ValueError(f"weights_to_train names {unused}, which do not influence {output!r}")
         return weights
 
+    def _train_rows(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
+        """Train the rows of one unit ``(data, order)`` (``order``: indices into ``data``; None: every row as
+        stored) in batches of ``batch_size``, the one batch loop of every trainer: per batch its rows copied into
+        the buffers of its size, one :meth:`_step`, its loss checked, :meth:`_apply_step`. The loss of every
+        batch, ending at the first non-finite one, whose step is not applied."""
+        n_rows = self._unit_rows(data, order)
+        self._set_learning_rate(learning_rate)
+        arrays = self._row_arrays(data)
+        built, step, apply = self._rt_batches, self._step, self._apply_step
+        copy, take = np.copyto, np.take
+        losses = np.empty(-(-n_rows // self.batch_size), dtype=np.float64)
+        for i, rows in enumerate(self._batches(n_rows, order)):
+            is_slice = rows.__class__ is slice
+            n = (min(rows.stop, n_rows) - rows.start) if is_slice else len(rows)
+            entry = built.get(n)
+            if entry is None:
+                batch = self._new_batch(n, arrays)
+                on_host = all(b.array is not None for b in batch.inputs)
+                entry = built[n] = (batch, [b.array for b in batch.inputs] if on_host else None)
+            batch, targets = entry
+            if targets is None:  # device buffers: gathered on the host, then copied over
+                for buffer, array in zip(batch.inputs, arrays):
+                    buffer.gather(array, rows)
+            elif is_slice:
+                for target, array in zip(targets, arrays):
+                    copy(target, array[rows])
+            else:
+                for target, array in zip(targets, arrays):
+                    take(array, rows, axis=0, out=target)
+            batch.rows = rows
+            loss = step(batch)
+            if loss - loss != 0.0:  # NaN or infinite: the step is not applied
+                losses[i] = loss
+                return losses[: i + 1]
+            losses[i] = loss + apply(batch)
+        return losses
+
+    def _epoch_learning_rate(self, samples_seen: int) -> float:
+        """The rate of the coming epoch: the optimizer's schedule after ``samples_seen`` samples."""
+        return self._rt_rate.value_at(samples_seen)
+
+    def _prediction_graph(self) -> onnx.ModelProto:
+        """The prediction graph, weights not yet replaced."""
+        return g.keep_outputs(self._model, self._spec.prediction_outputs)
+
+    def _set_learning_rate(self, learning_rate: float) -> None:
+        raise NotImplementedError
+
+    def _row_arrays(self, data: TrainData) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def _new_batch(self, n: int, arrays: list[np.ndarray]):
+        raise NotImplementedError
+
+    def _step(self, batch) -> float:
+        raise NotImplementedError
+
+    def _apply_step(self, batch) -> float:
+        raise NotImplementedError
+
     def _batches(self, n_samples: int, order: np.ndarray | None):
         """Yield row selections of each batch: a slice (a view, no copy) or the shuffled indices."""
         bs = self.batch_size
@@ -570,6 +563,20 @@ class BaseTrainer(BaseEstimator):
         self._set_weights({k: np.asarray(v, dtype=np.float32) for k, v in state.items()})
         self._predict_sess = None
 
+    def get_optimizer_state(self) -> dict[str, np.ndarray]:
+        """The optimizer's state as numpy arrays, in one layout for every trainer: ``<slot>:<weight>`` (Adam's
+        ``m:coef`` and ``v:coef``, Nesterov's ``velocity:coef``) and ``step``, the number of updates."""
+        self._check_fitted()
+        return self._optimizer_state()
+
+    def _save_runtime_state(self, folder: str) -> None:
+        save_state(folder, self._state_file, self.get_state(), self._optimizer_state())
+
+    def _load_runtime_state(self, folder: str) -> None:
+        weights, state = load_state(folder, self._state_file, f"{type(self).__name__} state")
+        self._set_weights(weights)
+        self._set_optimizer_state(state)
+
     def get_trained_onnx(self) -> onnx.ModelProto:
         """The prediction graph with the trained weights, loadable by a plain InferenceSession."""
         self._check_fitted()
@@ -588,182 +595,17 @@ class BaseTrainer(BaseEstimator):
                       for name, proto in graphs.items()}
         return serialized if folder is None else g.save_graphs(serialized, folder)
 
-    # --- checkpoints ---------------------------------------------------------------------------------------
-    def save_checkpoint(self, folder: str | os.PathLike) -> str:
-        """Write weights, optimizer state, history and random state to ``folder`` (replaced atomically, every file
-        checksummed). It holds an epoch boundary, or, called from a callback's ``on_chunk_end`` during a streamed
-        fit, a chunk boundary inside an epoch: the position (chunks and rows trained), the random state at the
-        epoch's start (the source's order is replayed from it), the samples seen before it, the source's identity
-        and the batch losses so far (``epoch_losses.npz``). Refused anywhere else in the middle of an epoch."""
-        self._check_fitted()
-        at = getattr(self, "_at_chunk", None)
-        if getattr(self, "in_epoch_", False) and at is None:
-            raise RuntimeError("save_checkpoint in the middle of an epoch (training was interrupted): the weights "
-                               "are not those of a completed epoch; the last checkpoint written stays valid")
-        rng_state = getattr(self, "_rng_state", None) if at is None else at.rng_state
-        meta = {
-            "trainer": type(self).__name__,
-            "fingerprint": self._fingerprint(),
-            "epoch": len(self.history_),
-            "history": self.history_,
-            "rng_state": None if rng_state is None else [rng_state[0], rng_state[1].tolist(), *rng_state[2:]],
-        }
-        if at is None:
-            if getattr(self, "_next_seen", None) is not None:
-                meta["samples_seen"] = self._next_seen
-            return checkpoint.write(folder, self._save_runtime_state, meta)
-        meta["position"] = {**at.record(), "batch_size": int(self.batch_size), "shuffle": bool(self.shuffle)}
-
-        def save_state(tmp: str) -> None:
-            self._save_runtime_state(tmp)
-            np.savez(os.path.join(tmp, EPOCH_LOSSES), **at.batches(self.batch_size))
-
-        return checkpoint.write(folder, save_state, meta)
-
-    def _fingerprint(self) -> str:
-        return checkpoint.fingerprint(self._model.SerializeToString(), self.weights_to_train_)
-
-    def _restore_checkpoint(self, folder, rng, streamed=None):
-        """The checkpoint in ``folder`` restored (``rng`` set to its random state). One written inside a streamed
-        epoch is refused unless this fit streams the same source with the same batches; a streamed fit resuming a
-        stream's checkpoint keeps in ``_resumed_progress`` what its next epoch continues: the samples seen before
-        it (a source may not know its rows) and, inside an epoch, the position and batch losses."""
-        meta = checkpoint.read(folder, type(self).__name__, self._fingerprint())
-        position = meta.get("position")
-        if position is not None:
-            self._resumed_progress = self._check_position(folder, meta["epoch"], position, streamed)
-        elif streamed is not None and meta.get("samples_seen") is not None:  # a stream's epoch boundary
-            self._resumed_progress = _Progress(meta["epoch"], streamed, None, meta["samples_seen"])
-        self._load_runtime_state(str(folder))
-        self.history_ = []
-        self._append(None)
-        for record in meta["history"]:
-            self._append(record)
-        if meta["rng_state"] is not None:
-            name, keys, *rest = meta["rng_state"]
-            rng.set_state((name, np.asarray(keys, dtype=np.uint32), *rest))
-        if self._resumed_progress is not None:
-            self._resumed_progress.rng_state = rng.get_state()
-        return rng
-
-    def _check_position(self, folder, epoch: int, position: dict, streamed: dict | None) -> _Progress:
-        """The progress of the epoch a mid-epoch checkpoint stopped in (after ``epoch`` complete ones), once this
-        fit can continue it."""
-        where = (f"resume_from={str(folder)!r} stopped inside epoch {epoch + 1} of a streamed fit "
-                 f"({position['rows']} rows trained)")
-        if streamed is None:
-            raise CheckpointError(f"{where}: an in-memory fit cannot continue it; resume with fit(source, "
-                                  "resume_from=...) on the source it streamed")
-        now = {"source": streamed, "batch_size": int(self.batch_size), "shuffle": bool(self.shuffle)}
-        for key, value in now.items():
-            if position.get(key) != value:
-                if key == "source":
-                    before = position.get(key) or {}
-                    detail = "; ".join(f"{k}: {before.get(k)!r} then, {value.get(k)!r} now"
-                                       for k in sorted({*before, *value}) if before.get(k) != value.get(k))
-                    raise CheckpointError(f"{where} of another source ({detail}): its order and rows would differ; "
-                                          "resume on the source it streamed")
-                raise CheckpointError(f"{where} with {key}={position.get(key)!r}, not {value!r}: the epoch's "
-                                      f"batches would differ; resume with {key}={position.get(key)!r}")
-        stored = checkpoint.load_arrays(folder, EPOCH_LOSSES, "batch losses of the interrupted epoch")
-        sizes = np.full(len(stored["losses"]), float(self.batch_size))
-        sizes[stored["short"]] = stored["short_sizes"]
-        return _Progress(epoch, streamed, None, position["samples_seen"], position["chunks"],
-                         position["rows"], [stored["losses"]], [sizes], position["elapsed"])
-
-    # --- prediction ----------------------------------------------------------------------------------------
-    def predict(self, X) -> np.ndarray:
-        """Labels for a classifier graph, else the trained output (raveled when it has one column)."""
-        outputs = self._run_prediction(X)
-        name = "output_label" if "output_label" in outputs else self._spec.trained_output or next(iter(outputs))
-        pred = outputs[name]
-        return pred.ravel() if pred.ndim == 2 and pred.shape[1] == 1 else pred
-
-    @available_if(lambda self: _has_probabilities(self))
-    def predict_proba(self, X) -> np.ndarray:
-        """Class probabilities (classifier graphs with an ``output_probability`` output; a trainer of any other
-        graph has no ``predict_proba``, so ``hasattr`` tells scikit-learn's tools which it is)."""
-        return self._run_prediction(X)["output_probability"]
-
-    def score(self, X, y, sample_weight=None) -> float:
-        """Accuracy for a classifier graph, R² otherwise."""
-        from sklearn.metrics import accuracy_score, r2_score
-
-        pred = self.predict(X)
-        if self._is_classifier():
-            return float(accuracy_score(np.asarray(y).ravel(), pred, sample_weight=sample_weight))
-        y = np.asarray(y)
-        return float(r2_score(y.reshape(pred.shape), pred, sample_weight=sample_weight))
-
-    def _is_classifier(self) -> bool:
-        self._check_fitted()
-        return "output_label" in self._spec.prediction_outputs
-
-    @property
-    def classes_(self) -> np.ndarray:
-        """The classes of a classifier graph (the order of ``predict_proba``'s columns)."""
-        self._check_fitted()
-        if self._spec.classes is None:
-            raise AttributeError(f"{type(self).__name__} trains a graph that carries no classes (not a classifier)")
-        return self._spec.classes
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        if _graph_is_classifier(self.model_onnx):
-            from sklearn.utils import ClassifierTags
-
-            tags.estimator_type = "classifier"
-            tags.classifier_tags = ClassifierTags()
-        return tags
-
-    def _run_prediction(self, X, names: list[str] | None = None) -> dict[str, np.ndarray]:
-        return self._run_feeds(self._feeds(X), names)
-
-    def _run_feeds(self, feeds: dict[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:
-        if self._predict_sess is None:
-            self._predict_sess = InferenceSession(
-                self.get_trained_onnx().SerializeToString(), self._session_options(), providers=self._providers()
-            )
-        names = names or self._spec.prediction_outputs
-        return dict(zip(names, self._predict_sess.run(names, feeds)))
-
-    def _feeds(self, X) -> dict[str, np.ndarray]:
-        """``X`` as the prediction graph's feeds, checked against what fit saw (width, column names)."""
-        self._check_fitted()
-        return self._spec.inputs.feeds(X, _fitted_width(self), _fitted_names(self))[0]
-
-    def losses(self, X, y, sample_weight=None) -> np.ndarray:
-        """The loss of every sample under the trained weights, ``w * l`` (no penalty): shape (n,)."""
-        feeds = self._feeds(X)
-        y, w = check_targets(_targets(self._spec, y), sample_weight, len(next(iter(feeds.values()))),
-                             self._spec.label_shape)
-        output = self._spec.trained_output
-        prediction = self._run_feeds(feeds, [output])[output]
-        rank = prediction.ndim
-        width = prediction.shape[1] if rank == 2 else None
-        loss = self._loss_object()
-        function = OnnxFunction(loss.build_per_sample_function(rank=rank, width=width), "cpu")
-        per = function.run(prediction, y.reshape(prediction.shape))[0].numpy()
-        return per if w is None else per * w
-
-    def _loss_object(self):
-        raise NotImplementedError
-
     # --- helpers for subclasses ----------------------------------------------------------------------------
     def _providers(self) -> list[str]:
         return check_device(self.device)[1]
 
     def _session_options(self) -> SessionOptions:
-        """The training sessions' options: ``n_threads_`` intra-op threads, spinning as ``spinning`` says (None:
-        not in a streamed fit, where the reader thread needs a core)."""
-        options = make_session_options(getattr(self, "n_threads_", self.n_threads))
-        if not self._spinning():
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return options
+        """The training sessions' options: ``n_threads_`` intra-op threads, spinning as :meth:`_spinning` says."""
+        return training_session_options(getattr(self, "n_threads_", self.n_threads), self._spinning())
 
     def _spinning(self) -> bool:
-        spinning = getattr(self, "spinning", None)  # None in an estimator pickled before the parameter
-        return spinning if spinning is not None else not getattr(self, "_streamed_fit", False)
+        """``spinning``, or, when None, spinning except in a streamed fit (where the reader thread needs a core)."""
+        return self.spinning if self.spinning is not None else not getattr(self, "_streamed_fit", False)
 
     def _threads(self, model: onnx.ModelProto) -> int:
         """``n_threads`` when set, else the count :func:`ortflow.runtime.threads_for_work` picks for a batch of
@@ -796,100 +638,9 @@ class BaseTrainer(BaseEstimator):
         self.__dict__.update(state)
         self._predict_sess = None
         if weights is not None:
+            self._rt_batches = {}
             self._build_runtime(self._train_model, self._spec, self._learning_rate())
             self._set_weights(weights)
-
-
-def prediction_spec(model: onnx.ModelProto, output_name, weight_name: str | None) -> GraphSpec:
-    """The spec of a prediction graph (no loss inside) trained on one float output: ``output_name`` picks it
-    (None: the only one, or ``raw_score`` when present); sample weights enter as ``weight_name`` (default
-    ``'weight'``). Shared by the trainers that add the loss themselves."""
-    output = g.pick_output(model, output_name, "output_name")
-    if g.elem_type(model, output) != onnx.TensorProto.FLOAT:
-        raise ValueError(f"output {output!r} is {g.type_name(model, output)}, not float32: only float32 predictions "
-                         "can be trained; convert the graph to float32 (its weights, inputs and casts) first")
-    shape = g.shape_of(model, output)
-    if len(shape) not in (1, 2):
-        raise ValueError(f"output {output!r} has rank {len(shape)}; the losses expect (N,) or (N, k)")
-    return GraphSpec(inputs=InputMapping.of(model), label_shape=shape, weight_name=weight_name or "weight",
-                     prediction_outputs=g.output_names(model), trained_output=output)
-
-
-def _trained_classes(model: onnx.ModelProto, spec: GraphSpec) -> np.ndarray | None:
-    """The classes a graph carries when the trained output is its raw score (not probabilities or labels)."""
-    if spec.trained_output in ("output_probability", "output_label", "probabilities", "label"):
-        return None
-    return graph_classes(model)
-
-
-def _targets(spec: GraphSpec, y):
-    """What the loss takes for ``y``: class labels encoded for a classifier graph, ``y`` itself otherwise."""
-    if spec.classes is None:
-        return y
-    width = spec.label_shape[1] if len(spec.label_shape) == 2 and isinstance(spec.label_shape[1], int) else None
-    return encode_labels(y, spec.classes, width)
-
-
-def _has_probabilities(trainer) -> bool:
-    """Whether the trainer's graph outputs ``output_probability`` (its prediction graph once fitted)."""
-    spec = getattr(trainer, "_spec", None)
-    if spec is not None:
-        return "output_probability" in spec.prediction_outputs
-    try:
-        return any(o.name == "output_probability" for o in g.load_model(trainer.model_onnx).graph.output)
-    except Exception:  # noqa: BLE001 - fit reports an unreadable graph with the reason
-        return False
-
-
-def _graph_is_classifier(model_onnx) -> bool:
-    """Whether ``model_onnx`` (not yet validated) carries classes; False when it cannot be read."""
-    try:
-        return graph_classes(model_onnx) is not None
-    except Exception:  # noqa: BLE001 - fit reports an unreadable graph with the reason
-        return False
-
-
-#: the file of a mid-epoch checkpoint holding the epoch's batch losses and sizes so far
-EPOCH_LOSSES = "epoch_losses.npz"
-
-
-@dataclass(frozen=True)
-class StreamPosition:
-    """Where a streamed fit stands at a chunk boundary, handed to :meth:`Callback.on_chunk_end`: ``epoch`` (the
-    epoch in progress, 1-based as in its record), the ``chunks`` and ``rows`` of it trained so far."""
-
-    epoch: int
-    chunks: int
-    rows: int
-
-
-class _Progress:
-    """A streamed epoch's progress: the batch losses and sizes so far, the chunks and rows trained, and what the
-    epoch started from (random state, samples seen before it), with the source's identity: what a mid-epoch
-    checkpoint holds. ``epoch`` is 0-based."""
-
-    def __init__(self, epoch: int, source: dict, rng_state, samples_seen: int, chunks: int = 0, rows: int = 0,
-                 losses=None, sizes=None, elapsed: float = 0.0):
-        self.epoch, self.source, self.rng_state, self.samples_seen = epoch, source, rng_state, int(samples_seen)
-        self.chunks, self.rows, self.elapsed = chunks, rows, elapsed
-        self.losses, self.sizes = losses or [np.empty(0)], sizes or [np.empty(0)]
-        self.begin = 0.0  # the epoch's start (time.perf_counter, less the elapsed time before a resume)
-
-    def position(self) -> StreamPosition:
-        return StreamPosition(self.epoch + 1, self.chunks, self.rows)
-
-    def batches(self, batch_size: int) -> dict[str, np.ndarray]:
-        """The batch losses so far and, of their sizes, those of the batches shorter than ``batch_size`` (one per
-        chunk at most): 8 bytes a batch, not 16."""
-        sizes = np.concatenate(self.sizes)
-        short = np.flatnonzero(sizes != batch_size)
-        return {"losses": np.concatenate(self.losses), "short": short, "short_sizes": sizes[short]}
-
-    def record(self) -> dict:
-        """The manifest's ``position`` in the epoch after its ``epoch`` complete ones (the losses go to their own
-        file)."""
-        return {"chunks": self.chunks, "rows": self.rows, "samples_seen": self.samples_seen,
-                "elapsed": time.perf_counter() - self.begin, "source": self.source}
 
 
 class _StreamedValidation:
@@ -903,53 +654,3 @@ class _StreamedValidation:
 _NOT_REPLAYED = "whose epochs come in an order drawn from torch's random state (a DataLoader with shuffle=True)"
 
 
-def _rows(data: TrainData, order, start: int, stop: int) -> TrainData:
-    """Rows ``start:stop`` of a chunk in its training order (``order``, or as stored when None), copied out."""
-    return data.take(slice(start, stop) if order is None else order[start:stop])
-
-
-def _concat(a: TrainData, b: TrainData) -> TrainData:
-    """The rows of ``a`` then ``b`` (a stream's leftover rows joined to its next chunk)."""
-    feeds = {k: np.concatenate([a.feeds[k], b.feeds[k]]) for k in a.feeds}
-    weight = None if a.weight is None else np.concatenate([a.weight, b.weight])
-    return TrainData(feeds, np.concatenate([a.y, b.y]), weight)
-
-
-def _fitted_width(trainer) -> int | None:
-    """The matrix width fit saw, when the graph leaves it symbolic (None for tables and fixed widths)."""
-    inputs = trainer._spec.inputs
-    return trainer.n_features_in_ if inputs.n_features is None and not inputs.is_table else None
-
-
-def _fitted_names(trainer) -> list[str] | None:
-    names = getattr(trainer, "feature_names_in_", None)
-    return None if names is None else list(names)
-
-
-def _matrix_width(spec: GraphSpec, feeds: dict[str, np.ndarray]) -> int | None:
-    """The width of a single matrix input (the graph may leave it symbolic), None for any other input."""
-    if spec.inputs.is_table:
-        return None
-    array = next(iter(feeds.values()))
-    return array.shape[1] if array.ndim == 2 else None
-
-
-def _n_features(spec: GraphSpec, feeds: dict[str, np.ndarray]) -> int:
-    """scikit-learn's ``n_features_in_``: the matrix's width, the number of columns of a table, the number of values
-    of one sample otherwise (an image's pixels)."""
-    if spec.inputs.is_table:
-        return len(feeds)
-    array = next(iter(feeds.values()))
-    return int(np.prod(array.shape[1:], dtype=np.int64))
-
-
-def _resolve_symbolic_width(model: onnx.ModelProto, spec: GraphSpec, feeds: dict[str, np.ndarray]) -> None:
-    """A trained output whose column count is symbolic gets its real width from a run on one row, so a ``y`` of
-    another width is refused instead of broadcast against it (a 1-column model would learn the mean of 2 columns)."""
-    if len(spec.label_shape) != 2 or isinstance(spec.label_shape[1], int) or spec.trained_output is None:
-        return
-    pruned = g.keep_outputs(model, [spec.trained_output])
-    sess = InferenceSession(pruned.SerializeToString(), make_session_options(1), providers=["CPUExecutionProvider"])
-    output = sess.run([spec.trained_output], {k: v[:1] for k, v in feeds.items()})[0]
-    if output.ndim == 2:
-        spec.label_shape = [spec.label_shape[0], int(output.shape[1])]

@@ -22,7 +22,7 @@ class Callback:
 
     def on_chunk_end(self, trainer: Any, position: Any) -> None:
         """Called during a streamed fit after each chunk of an epoch is trained (the units of whole batches the
-        source's rows are cut into), with an :class:`ortflow.base.StreamPosition` (``epoch``, ``chunks``,
+        source's rows are cut into), with an :class:`ortflow.checkpoint.StreamPosition` (``epoch``, ``chunks``,
         ``rows``); the weights are then at a chunk boundary, where ``trainer.save_checkpoint`` may write a
         mid-epoch checkpoint. Not called by an in-memory fit, whose epochs are its only boundaries."""
 

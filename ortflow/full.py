@@ -10,24 +10,24 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from . import checkpoint
 from . import graph as g
 from ._ort import TRAINING, OrtValueVector, api, artifacts, backend, captured_native_stderr, require_training
 from .add_loss import LOSS_METADATA
 from .artifact_cache import TRAINING_ARTIFACTS
-from .base import BaseTrainer, GraphSpec, TrainData
+from .base import BaseTrainer
+from .graph_spec import GraphSpec, TrainData
 from .exceptions import (
     NotDifferentiableError,
     UnsupportedModelError,
     explain_gradient_failure,
     with_training_build_hint,
 )
-from .full_step import STATE_FILE, StepGraphRuntime
+from .full_step import StepBatch, StepGraphRuntime
 from .inputs import InputMapping
 from .learning_rates import BaseLearningRate
 from .parameters import TRAINERS, init_from
 from .registry import select
-from .runtime import STEP_GRAPH_THREADS_THRESHOLD, THREADS_WORK_THRESHOLD
+from .runtime import STEP_GRAPH_THREADS_THRESHOLD, THREADS_WORK_THRESHOLD, DeviceBuffer
 from .validation import resolve_device
 
 ORT_CHECKPOINT = "ort_checkpoint"
@@ -43,17 +43,19 @@ class OrtGradientOptimizer(BaseTrainer):
     only): artifacts from onnxruntime's ``artifacts.generate_artifacts``, each batch one ``train_step`` and one
     ``optimizer_step`` of the on-device training API. ``'auto'`` (:data:`ortflow.parameters.GRADIENTS`): ortflow's
     step graph (faster on the benchmark cases, docs/PERFORMANCE.md), and onnxruntime's artifacts on the training
-    build for a graph holding an op outside ortflow's gradient rules. After ``fit``, ``gradients_`` and ``backend_`` say what ran.
+    build for a graph holding an op outside ortflow's gradient rules. After ``fit``, ``gradients_`` and ``backend_``
+    say what ran.
 
     ``learning_rate`` is shared with forward-backward training (see :mod:`ortflow.parameters`): a float or
     ``'sgd'`` runs SGD, its rate set per epoch from the schedule; any optimizer of :mod:`ortflow.learning_rates`
-    (``'nesterov'``, ``'adam'``, ``'adamw'``, ``'rmsprop'`` or an object) runs its one update rule in ortflow's step
-    graph. onnxruntime's artifacts (``gradients='onnxruntime'``) have SGD and AdamW only.
+    (a registered name, ``ortflow.registry.names('optimizer')``, or an object) runs its one update rule in ortflow's
+    step graph. onnxruntime's artifacts (``gradients='onnxruntime'``) have SGD and AdamW only.
     """
 
     parameters = TRAINERS["OrtGradientOptimizer"]
     __init__ = init_from(parameters)
     _runtime_parameters = ("loss_output_name", "label_name", "sample_weight_name", "gradients")
+    _state_file = "step_state.npz"  # ortflow's step graph; onnxruntime's artifacts save their own checkpoint
 
     # --- hooks ---------------------------------------------------------------------------------------------
     def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
@@ -170,34 +172,36 @@ class OrtGradientOptimizer(BaseTrainer):
         by_name = {**data.feeds, self.label_name: data.y, self._spec.weight_name: data.weight}
         return [by_name[name] for name in self._rt_feed_order]
 
-    def _epoch_learning_rate(self, samples_seen: int) -> float:
-        return self._rt_rate.value_at(samples_seen)
-
-    def _train_epoch(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
+    def _set_learning_rate(self, learning_rate: float) -> None:
         if self._rt_step is not None:
-            rows = self._unit_rows(data, order)
-            return self._rt_step.epoch(self._arrays(data), self._batches(rows, order), len(self._batch_sizes(rows)),
-                                       learning_rate)
-        # The C++ objects behind Module/Optimizer are called directly: the Python wrappers build new vectors
-        # and convert every fetch on each call. A row slice of a C-contiguous float32 array is handed to
-        # onnxruntime without a copy; shuffled batches are gathered (one batch-sized copy).
-        module, optimizer = self._rt_module._model, self._rt_optimizer._optimizer
+            return self._rt_step.set_learning_rate(learning_rate)
         if learning_rate != self._rt_lr:
-            optimizer.set_learning_rate(learning_rate)
+            self._rt_optimizer._optimizer.set_learning_rate(learning_rate)
             self._rt_lr = learning_rate
-        arrays = self._arrays(data)
-        n_samples = self._unit_rows(data, order)
-        losses = np.empty(len(self._batch_sizes(n_samples)), dtype=np.float64)
-        for i, rows in enumerate(self._batches(n_samples, order)):
-            fetches = OrtValueVector()
-            module.train_step([a[rows] for a in arrays], fetches)
-            loss = float(fetches[0].numpy())
-            losses[i] = loss
-            if loss != loss or loss in (np.inf, -np.inf):
-                return losses[: i + 1]
-            optimizer.optimizer_step()
-            module.lazy_reset_grad()
-        return losses
+
+    def _row_arrays(self, data: TrainData) -> list[np.ndarray]:
+        return self._arrays(data)
+
+    def _new_batch(self, n: int, arrays: list[np.ndarray]):
+        if self._rt_step is not None:
+            return self._rt_step.new_batch(n, arrays)
+        return StepBatch([DeviceBuffer((n, *a.shape[1:]), "cpu", dtype=a.dtype) for a in arrays], None, [])
+
+    def _step(self, batch) -> float:
+        if self._rt_step is not None:
+            return self._rt_step.step(batch)
+        # onnxruntime's Module is called directly: its Python wrapper builds new vectors and converts every fetch
+        fetches = OrtValueVector()
+        self._rt_module._model.train_step([b.array for b in batch.inputs], fetches)
+        return float(fetches[0].numpy())
+
+    def _apply_step(self, batch) -> float:
+        if self._rt_step is not None:
+            self._rt_step.apply()
+        else:
+            self._rt_optimizer._optimizer.optimizer_step()
+            self._rt_module._model.lazy_reset_grad()
+        return 0.0
 
     def _validation_loss(self, data: TrainData) -> float:
         if self._rt_step is not None:
@@ -229,9 +233,6 @@ class OrtGradientOptimizer(BaseTrainer):
                 raise ValueError(f"set_state: {name!r} has shape {expected}, the value has {value.shape}")
             params[name] = value
 
-    def _prediction_graph(self) -> onnx.ModelProto:
-        return g.keep_outputs(self._model, self._spec.prediction_outputs)
-
     def _graphs(self) -> dict:
         if self._rt_step is not None:
             return {"loss_model": self._model, "training_step": self._rt_step.step_model}
@@ -240,15 +241,23 @@ class OrtGradientOptimizer(BaseTrainer):
             **self._rt_graphs,
         }
 
+    def _optimizer_state(self) -> dict[str, np.ndarray]:
+        if self._rt_step is None:
+            raise NotImplementedError("gradients='onnxruntime': onnxruntime's optimizer keeps its state in its own "
+                                      "checkpoint (save_checkpoint writes it), not as arrays")
+        return self._rt_step.get_optimizer_state()
+
+    def _set_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+        self._rt_step.set_optimizer_state(state)
+
     def _save_runtime_state(self, folder: str) -> None:
         if self._rt_step is not None:
-            return np.savez(os.path.join(folder, STATE_FILE), **self._rt_step.get_state())
+            return super()._save_runtime_state(folder)
         api.CheckpointState.save_checkpoint(self._rt_state, os.path.join(folder, ORT_CHECKPOINT), True)
 
     def _load_runtime_state(self, folder: str) -> None:
         if self._rt_step is not None:
-            return self._rt_step.set_state(checkpoint.load_arrays(folder, STATE_FILE,
-                                                                  "state of ortflow's training-step graph"))
+            return super()._load_runtime_state(folder)
         path = os.path.join(folder, ORT_CHECKPOINT)
         if not os.path.exists(path):
             raise FileNotFoundError(f"{folder!r} holds no onnxruntime checkpoint ({ORT_CHECKPOINT})")

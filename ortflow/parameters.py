@@ -132,9 +132,8 @@ SHARED = (
     Param("max_iter", 100, check_positive_int, "number of epochs"),
     Param("batch_size", 10, check_positive_int, "samples per batch (at most the number of training samples)"),
     Param("learning_rate", 0.01, _learning_rate,
-          "a positive float (SGD at that rate, following lr_schedule and power_t), a learning-rate name "
-          "('sgd', 'nesterov', 'adam', 'adamw' or the seed's 'SGD', 'SGDNesterov', 'Adam': that class with its "
-          "defaults) or a BaseLearningRate instance"),
+          "a positive float (SGD at that rate, following lr_schedule and power_t), an optimizer's registered name "
+          "(ortflow.registry.names('optimizer'): that class with its defaults) or a BaseLearningRate instance"),
     Param("lr_schedule", "constant", lambda n, v: check_choice(n, v, SCHEDULES),
           "schedule of a float learning_rate: 'constant', 'invscaling' or 'optimal' (scikit-learn's)"),
     Param("power_t", 0.25, check_finite, "exponent of the 'invscaling' schedule"),
@@ -153,8 +152,9 @@ SHARED = (
     Param("callbacks", None, _optional(_callbacks), "ortflow.Callback objects called after every epoch"),
     Param("exc", True, check_bool,
           "True: a non-finite loss raises ConvergenceError; False: warn and keep the last finite weights"),
-    Param("n_threads", None, _optional(check_positive_int), "intra-op threads of onnxruntime; None: chosen from a batch's work (one "
-          "thread for small batches through small graphs, all cores otherwise), the choice in ``n_threads_``"),
+    Param("n_threads", None, _optional(check_positive_int),
+          "intra-op threads of onnxruntime; None: chosen from a batch's work (one thread for small batches through "
+          "small graphs, all cores otherwise), the choice in ``n_threads_``"),
     Param("spinning", None, _optional(check_bool),
           "whether onnxruntime's idle intra-op threads spin waiting for work (True) or sleep (False); None: they "
           "spin in memory and sleep in a streamed fit, whose reader thread needs a core (the numbers are the same "
@@ -188,9 +188,10 @@ FULL = (
 #: the parameters of the trainers that add the loss to a prediction graph themselves (forward-backward, torch)
 LOSS = (
     Param("learning_loss", "squared_error", _family("loss", "BaseLearningLoss"),
-          "the loss: a name of ortflow.losses ('squared_error', 'absolute_error', 'elastic', 'log') or an instance"),
+          "the loss: a registered name (ortflow.registry.names('loss')) or a BaseLearningLoss instance"),
     Param("learning_penalty", None, _family("penalty", "BaseLearningPenalty"),
-          "a penalty on the weights: None, 'elastic' or a BaseLearningPenalty instance"),
+          "a penalty on the weights: None, a registered name (ortflow.registry.names('penalty')) or a "
+          "BaseLearningPenalty instance"),
     Param("output_name", None, _optional(_output),
           "the trained output; None: the only output, or raw_score when present"),
     Param("weight_name", None, _optional(_string), "name of the sample-weight input of the loss graph"),

@@ -1,15 +1,26 @@
 """Learning penalties on the trained weights: a value added to the loss and its gradient added to the weights'.
 
-``ElasticLearningPenalty(l1, l2)`` adds ``l1 * sum|w| + l2 * sum(w ** 2)`` per penalized weight; its gradient
-``l1 * sign(w) + 2 * l2 * w`` joins the loss gradient before the learning-rate update (forward-backward
-training). :func:`ortflow.add_loss_output` writes the same value nodes into the loss graph (full training).
+A penalty class writes its rule once, against a small arithmetic interface ``ops`` (``add``, ``mul``, ``abs``,
+``sign``, ``sum``, ``const``): :meth:`~BaseLearningPenalty._value` (the penalty of one weight tensor) and
+:meth:`~BaseLearningPenalty._gradient` (the loss gradient plus the penalty's). Every trainer uses that one rule:
+
+- forward-backward training: the update graph adds the gradient (:meth:`BaseLearningPenalty.add_gradient`, ``ops``
+  writing ONNX nodes, :class:`GraphOps`) and outputs the value;
+- full training: :func:`ortflow.add_loss_output` writes the value into the loss graph
+  (:meth:`BaseLearningPenalty.add_value`), whose gradient the step graph differentiates;
+- the torch trainer: :meth:`BaseLearningPenalty.value` and :meth:`BaseLearningPenalty.gradient` on torch tensors
+  (:class:`ArrayOps`), the same arithmetic on numpy arrays for a reference.
+
+``ElasticLearningPenalty(l1, l2)`` adds ``l1 * sum|w| + l2 * sum(w ** 2)`` per penalized weight, its gradient
+``l1 * sign(w) + 2 * l2 * w``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import onnx
 
 from .onnx_builder import DEFAULT_OPSET, GraphBuilder
@@ -18,9 +29,69 @@ from .runtime import OnnxFunction, OrtValue
 from .validation import check_non_negative
 
 
+class GraphOps:
+    """The penalties' arithmetic as ONNX nodes of a :class:`~ortflow.onnx_builder.GraphBuilder`."""
+
+    def __init__(self, b: GraphBuilder):
+        self._b = b
+
+    def const(self, value: float) -> str:
+        return self._b.const(value)
+
+    def add(self, a, b):
+        return self._b.node("Add", [a, b])
+
+    def mul(self, a, b):
+        return self._b.node("Mul", [a, b])
+
+    def abs(self, a):
+        return self._b.node("Abs", [a])
+
+    def sign(self, a):
+        return self._b.node("Sign", [a])
+
+    def sum(self, a):
+        """The sum of every element of ``a``: a scalar."""
+        return self._b.node("ReduceSum", [a], keepdims=0)
+
+    def add_all(self, terms: Sequence) -> str:
+        return self._b.add_all(list(terms))
+
+
+class ArrayOps:
+    """The same arithmetic on torch tensors or numpy arrays (scalars in float32, as in the graphs)."""
+
+    add, mul = (staticmethod(f) for f in (lambda a, b: a + b, lambda a, b: a * b))
+
+    @staticmethod
+    def const(value: float):
+        return np.float32(value)
+
+    @staticmethod
+    def abs(a):
+        return a.abs() if hasattr(a, "abs") else np.abs(a)  # a torch tensor, else numpy
+
+    @staticmethod
+    def sign(a):
+        return a.sign() if hasattr(a, "sign") else np.sign(a)
+
+    @staticmethod
+    def sum(a):
+        return a.sum()
+
+    @staticmethod
+    def add_all(terms: Sequence):
+        total = terms[0]
+        for term in terms[1:]:
+            total = total + term
+        return total
+
+
 class BaseLearningPenalty(Registered, Parametrized):
-    """A penalty: :meth:`add_value` / :meth:`add_gradient` write its nodes into a graph under construction (the
-    learning rates fuse them into their update graph); :meth:`build_onnx_function` gives standalone graphs."""
+    """A penalty: its rule is :meth:`_value` and :meth:`_gradient` in ``ops``' arithmetic (a subclass writes those
+    two); :meth:`add_value` / :meth:`add_gradient` write them into a graph under construction (the learning rates
+    fuse them into their update graph), :meth:`value` / :meth:`gradient` compute them on tensors,
+    :meth:`build_onnx_function` gives standalone graphs."""
 
     kind = "penalty"
 
@@ -30,19 +101,37 @@ class BaseLearningPenalty(Registered, Parametrized):
         return weights is None or name in weights
 
     def is_null(self) -> bool:
-        """True when the penalty adds nothing (no node is written)."""
-        return True
+        """True when the penalty adds nothing: its class writes no rule (a subclass with settings that can turn it
+        off says when)."""
+        return type(self)._value is BaseLearningPenalty._value
 
     def check(self) -> None:
         """Raise ValueError on an invalid hyper-parameter."""
 
+    def _value(self, ops, weight):
+        """The penalty of the weight tensor ``weight`` (a scalar), or None for none."""
+        return None
+
+    def _gradient(self, ops, weight, grad):
+        """``grad`` plus the penalty's gradient at ``weight``."""
+        return grad
+
     def add_value(self, b: GraphBuilder, weight: str) -> str | None:
         """Name of the penalty value of ``weight`` (a scalar), or None for no penalty."""
-        return None
+        return self._value(GraphOps(b), weight)
 
     def add_gradient(self, b: GraphBuilder, weight: str, grad: str) -> str:
         """Name of ``grad`` plus the penalty's gradient at ``weight``."""
-        return grad
+        return self._gradient(GraphOps(b), weight, grad)
+
+    def value(self, weights: Iterable) -> Any:
+        """The summed penalty of ``weights`` (torch tensors or numpy arrays, all penalized); 0.0 for none."""
+        terms = [t for t in (self._value(ArrayOps, w) for w in weights) if t is not None]
+        return ArrayOps.add_all(terms) if terms else 0.0
+
+    def gradient(self, weight, grad) -> Any:
+        """``grad`` plus the penalty's gradient at ``weight`` (a torch tensor or a numpy array)."""
+        return self._gradient(ArrayOps, weight, grad)
 
     def build_onnx_function(self, opset: int = DEFAULT_OPSET, device: str = "cpu",
                             n_tensors: int = 1) -> tuple[onnx.ModelProto, onnx.ModelProto]:
@@ -108,19 +197,17 @@ class ElasticLearningPenalty(BaseLearningPenalty):
         check_non_negative("l1", self.l1, "the penalty would reward large weights")
         check_non_negative("l2", self.l2, "the penalty would reward large weights")
 
-    def add_value(self, b, weight):
+    def _value(self, ops, weight):
         terms = []
         if self.l1:
-            terms.append(b.node("Mul", [b.node("ReduceSum", [b.node("Abs", [weight])], keepdims=0), b.const(self.l1)]))
+            terms.append(ops.mul(ops.sum(ops.abs(weight)), ops.const(self.l1)))
         if self.l2:
-            square = b.node("Mul", [weight, weight])
-            terms.append(b.node("Mul", [b.node("ReduceSum", [square], keepdims=0), b.const(self.l2)]))
-        return b.add_all(terms) if terms else None
+            terms.append(ops.mul(ops.sum(ops.mul(weight, weight)), ops.const(self.l2)))
+        return ops.add_all(terms) if terms else None
 
-    def add_gradient(self, b, weight, grad):
+    def _gradient(self, ops, weight, grad):
         if self.l1:
-            grad = b.node("Add", [grad, b.node("Mul", [b.node("Sign", [weight]), b.const(self.l1)])])
+            grad = ops.add(grad, ops.mul(ops.sign(weight), ops.const(self.l1)))
         if self.l2:
-            grad = b.node("Add", [grad, b.node("Mul", [weight, b.const(2.0 * self.l2)])])
+            grad = ops.add(grad, ops.mul(weight, ops.const(2.0 * self.l2)))
         return grad
-

@@ -205,3 +205,12 @@ def make_session_options(n_threads: int | None = None) -> SessionOptions:
     if n_threads:
         options.intra_op_num_threads = int(n_threads)
     return options
+
+
+def training_session_options(n_threads: int | None, spinning: bool) -> SessionOptions:
+    """A trainer's session options: :func:`make_session_options` with ``n_threads``, the intra-op threads spinning
+    between runs only when ``spinning`` (off in a streamed fit: the reader thread needs the core)."""
+    options = make_session_options(n_threads)
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options

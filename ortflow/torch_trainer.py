@@ -19,15 +19,15 @@ import numpy as np
 import onnx
 from sklearn.base import clone
 
-from . import checkpoint
 from . import graph as g
 from ._ort import backend
-from .base import BaseTrainer, GraphSpec, TrainData, prediction_spec
-from .learning_rates import BaseLearningRate
+from .base import BaseTrainer
+from .graph_spec import GraphSpec, TrainData, prediction_spec
+from .learning_rates import BaseLearningRate, slot_name
 from .parameters import TRAINERS, init_from
 from .registry import select
+from .runtime import DeviceBuffer, OnnxFunction, make_session_options
 
-STATE_FILE = "torch_state.npz"
 
 
 def _family_loss(function):
@@ -50,19 +50,53 @@ def _family_loss(function):
     return FamilyLoss.apply
 
 
+def _penalty_value(penalty):
+    """A torch autograd function: the summed penalty of its weight tensors, its gradient the penalty's own
+    (:meth:`ortflow.penalties.BaseLearningPenalty.gradient`), as forward-backward training adds it."""
+    import torch
+
+    class PenaltyValue(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *weights):
+            ctx.save_for_backward(*weights)
+            return torch.as_tensor(penalty.value(weights), dtype=torch.float64)
+
+        @staticmethod
+        def backward(ctx, upstream):
+            return tuple(penalty.gradient(w, torch.zeros_like(w)) * upstream.to(w.dtype) for w in ctx.saved_tensors)
+
+    return PenaltyValue.apply
+
+
+class _TorchBatch:
+    """The host buffers of one batch size (data feeds, label, sample weight), the torch tensors sharing their memory,
+    and the weights divided by the batch's rows as the loss graph takes them."""
+
+    def __init__(self, inputs: list[DeviceBuffer]):
+        import torch
+
+        self.inputs = inputs
+        self.tensors = [torch.from_numpy(b.array) for b in inputs]
+        label = inputs[-2].array
+        self.scaled = np.empty(len(label), dtype=np.float32)
+        self.scaled_tensor = torch.from_numpy(self.scaled.reshape((-1,) + (1,) * (label.ndim - 1)))
+        self.rows = self.total = None
+
+
 class TorchTrainer(BaseTrainer):
     """Train a prediction graph (no loss inside) as an :class:`ortflow.torch.OnnxModule` with a torch optimizer.
 
     Parameters are those of :class:`ortflow.OrtGradientForwardBackwardOptimizer` (:data:`ortflow.parameters.TORCH`)
     without ``gradients`` and with ``device='cpu'`` only: ``learning_loss``/``learning_penalty`` are the loss and
     penalty families' names or objects, ``learning_rate`` a float (SGD following ``lr_schedule``), a registered
-    name or a :class:`ortflow.BaseLearningRate` (sgd, nesterov, adam, adamw). After ``fit``, ``module_`` is the
-    torch layer and ``optimizer_`` the torch optimizer.
+    optimizer name (``ortflow.registry.names('optimizer')``) or a :class:`ortflow.BaseLearningRate`. After ``fit``,
+    ``module_`` is the torch layer and ``optimizer_`` the torch optimizer.
     """
 
     parameters = TRAINERS["TorchTrainer"]
     __init__ = init_from(parameters)
     _runtime_parameters = ("learning_loss", "learning_penalty", "output_name", "weight_name")
+    _state_file = "torch_state.npz"
 
     # --- hooks: graphs and runtime -------------------------------------------------------------------------
     def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
@@ -72,7 +106,6 @@ class TorchTrainer(BaseTrainer):
         return clone(select("loss", self.learning_loss))
 
     def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec, rate: BaseLearningRate) -> None:
-        from .runtime import OnnxFunction, make_session_options
         from .torch import OnnxModule, RuleOptimizer
 
         output = spec.trained_output
@@ -90,22 +123,20 @@ class TorchTrainer(BaseTrainer):
         self._rt_module, self._rt_rate, self._rt_loss = module, rate, _family_loss(function)
         self._rt_penalty = clone(select("penalty", self.learning_penalty))
         self._rt_penalty.check()
+        self._rt_penalty_value = _penalty_value(self._rt_penalty)
         self._rt_optimizer = RuleOptimizer(list(module.parameters()), rate)
         self.module_, self.optimizer_ = module, self._rt_optimizer
 
     def _penalty(self):
-        """The penalty's value on the weights it applies to, as a torch scalar (0 without penalty)."""
+        """The penalty's value on the weights it applies to, as a torch scalar (0 without penalty), by the penalty's
+        own rule (:meth:`ortflow.penalties.BaseLearningPenalty.value` and ``gradient``)."""
         penalty = self._rt_penalty
         if penalty.is_null():
             return 0.0
-        l1, l2 = float(getattr(penalty, "l1", 0.0)), float(getattr(penalty, "l2", 0.0))
-        params = self._rt_module.parameters_by_initializer()
-        return sum(l1 * p.abs().sum() + l2 * p.square().sum() for n, p in params.items() if penalty.penalizes(n))
+        params = [p for n, p in self._rt_module.parameters_by_initializer().items() if penalty.penalizes(n)]
+        return self._rt_penalty_value(*params) if params else 0.0
 
     # --- hooks: training -----------------------------------------------------------------------------------
-    def _epoch_learning_rate(self, samples_seen: int) -> float:
-        return self._rt_rate.value_at(samples_seen)
-
     def _tensors(self, data: TrainData, rows):
         import torch
 
@@ -114,24 +145,29 @@ class TorchTrainer(BaseTrainer):
         xs = [torch.from_numpy(np.ascontiguousarray(data.feeds[name][rows])) for name in self._rt_module.input_names_]
         return xs, torch.from_numpy(y), torch.from_numpy(scaled)
 
-    def _train_epoch(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
-        optimizer, module, loss_fn = self._rt_optimizer, self._rt_module, self._rt_loss
-        for group in optimizer.param_groups:
+    def _set_learning_rate(self, learning_rate: float) -> None:
+        for group in self._rt_optimizer.param_groups:
             group["lr"] = learning_rate
-        module.train()
-        n_samples = self._unit_rows(data, order)
-        losses = np.empty(len(self._batch_sizes(n_samples)), dtype=np.float64)
-        for i, rows in enumerate(self._batches(n_samples, order)):
-            xs, y, w = self._tensors(data, rows)
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(module(*xs).reshape(y.shape), y, w)
-            total = loss + self._penalty()
-            losses[i] = float(total.detach()) if hasattr(total, "detach") else float(total)
-            if not np.isfinite(losses[i]):
-                return losses[: i + 1]
-            total.backward()
-            optimizer.step()
-        return losses
+        self._rt_module.train()
+
+    def _row_arrays(self, data: TrainData) -> list[np.ndarray]:
+        return [*(data.feeds[name] for name in self._rt_module.input_names_), data.y, data.weight]
+
+    def _new_batch(self, n: int, arrays: list[np.ndarray]) -> _TorchBatch:
+        return _TorchBatch([DeviceBuffer((n, *a.shape[1:]), "cpu", dtype=a.dtype) for a in arrays])
+
+    def _step(self, batch: _TorchBatch) -> float:
+        self._rt_optimizer.zero_grad(set_to_none=True)
+        *xs, y, weight = batch.tensors
+        np.multiply(batch.inputs[-1].array, 1.0 / len(batch.scaled), out=batch.scaled)  # the weights divided by n
+        loss = self._rt_loss(self._rt_module(*xs).reshape(y.shape), y, batch.scaled_tensor)
+        batch.total = loss + self._penalty()
+        return float(batch.total.detach())
+
+    def _apply_step(self, batch: _TorchBatch) -> float:
+        batch.total.backward()
+        self._rt_optimizer.step()
+        return 0.0
 
     def _validation_loss(self, data: TrainData) -> float:
         import torch
@@ -158,32 +194,25 @@ class TorchTrainer(BaseTrainer):
             for name, value in state.items():
                 params[name].copy_(torch.from_numpy(np.asarray(value)))
 
-    def _prediction_graph(self) -> onnx.ModelProto:
-        return g.keep_outputs(self._model, self._spec.prediction_outputs)
-
     def _graphs(self) -> dict:
         return {"model": self._rt_module.get_trained_onnx(), **self._rt_module.training_graphs()}
 
-    def _save_runtime_state(self, folder: str) -> None:
-        """Weights and the torch optimizer's state tensors (``state:<param index>:<key>``) in one npz."""
-        arrays = {f"weight:{k}": v for k, v in self.get_state().items()}
-        for index, slots in self._rt_optimizer.state_dict()["state"].items():
-            for key, value in slots.items():
-                if value is not None:
-                    arrays[f"state:{index}:{key}"] = np.asarray(value.detach().numpy() if hasattr(value, "detach")
-                                                                else value)
-        np.savez(os.path.join(folder, STATE_FILE), **arrays)
+    def _optimizer_state(self) -> dict[str, np.ndarray]:
+        state, steps = {}, 0
+        for name, param in self._rt_module.parameters_by_initializer().items():
+            slots = self._rt_optimizer.state.get(param, {})
+            steps = slots.get("step", steps)
+            state.update({slot_name(slot, name): slots[slot].detach().numpy().copy() for slot in self._rt_rate.slots[1:]
+                          if slot in slots})
+        state["step"] = np.array(steps, dtype=np.int64)
+        return state
 
-    def _load_runtime_state(self, folder: str) -> None:
+    def _set_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
         import torch
 
-        arrays = checkpoint.load_arrays(folder, STATE_FILE, "torch trainer state")
-        self._set_weights({k[len("weight:"):]: v.astype(np.float32) for k, v in arrays.items()
-                           if k.startswith("weight:")})
-        state: dict[int, dict] = {}
-        for key, value in arrays.items():
-            if key.startswith("state:"):
-                _, index, slot = key.split(":", 2)
-                state.setdefault(int(index), {})[slot] = torch.from_numpy(value.copy())
-        saved = self._rt_optimizer.state_dict()
-        self._rt_optimizer.load_state_dict({"state": state, "param_groups": saved["param_groups"]})
+        steps = int(state.get("step", 0))
+        for name, param in self._rt_module.parameters_by_initializer().items():
+            if steps:
+                self._rt_optimizer.state[param] = {"step": steps, **{
+                    slot: torch.from_numpy(np.array(state[slot_name(slot, name)], dtype=np.float32))
+                    for slot in self._rt_rate.slots[1:]}}

@@ -115,7 +115,7 @@ def test_full_training_runs_one_graph_per_batch_shape_with_the_symbolic_graphs_r
         runner.epoch([X, y], batch_size=10, learning_rate=0.01)
     trainer = ortflow.OrtGradientOptimizer(loss, max_iter=3, batch_size=10, learning_rate=0.01, shuffle=False,
                                            gradients="ortflow").fit(X, y)
-    assert sorted(shapes[0][0] for shapes, _dtypes in trainer._rt_step._batches) == [5, 10]
+    assert sorted(trainer._rt_batches) == [5, 10]  # the batch loop built one step graph batch per size
     got = ortflow.get_initializers(trainer.get_trained_onnx())
     for name, value in runner.get_weights().items():
         np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)

@@ -1,6 +1,6 @@
-"""The walk-through "how to add a loss" of docs/DESIGN.md: a loss is one class; the registry links it to both
-trainers. The loss here is defined outside ortflow (in this test), so no other file of ortflow can be what makes
-it work."""
+"""The walk-throughs "how to add a loss" and "how to add a penalty" of docs/DESIGN.md: a loss or a penalty is one
+class; the registry links it to the trainers. The classes here are defined outside ortflow (in this test), so no
+other file of ortflow can be what makes them work."""
 
 from __future__ import annotations
 
@@ -10,13 +10,17 @@ from sklearn.linear_model import LinearRegression
 
 from ortflow import (
     BaseLearningLoss,
+    BaseLearningPenalty,
+    LearningRateSGD,
     OrtGradientForwardBackwardOptimizer,
     OrtGradientOptimizer,
     add_loss_output,
+    get_initializers,
+    make_trainable,
     to_onnx,
 )
 from ortflow.registry import Registered, names
-from tolerances import U32, float32_sum_atol
+from tolerances import TERM_ROUNDINGS, U32, assert_close, float32_sum_atol
 
 NAME = "half_squared_error_walkthrough"
 
@@ -68,3 +72,73 @@ def test_a_loss_defined_outside_ortflow_trains_in_both_trainers(half_square, reg
         assert losses[-1] < losses[0] / 2, losses  # it trains: the loss of the fitted start falls
         _check_losses(est, X, y)
     assert isinstance(fwbw._loss_object(), half_square)
+
+
+PENALTY = "quartic_walkthrough"
+
+
+@pytest.fixture
+def quartic():
+    """``c * sum(w ** 4)`` (gradient ``4 c w ** 3``), registered under PENALTY for the test only."""
+
+    class QuarticPenalty(BaseLearningPenalty):
+        names = (PENALTY,)
+
+        def __init__(self, c: float = 0.05):
+            self.c = c
+
+        def _value(self, ops, weight):
+            square = ops.mul(weight, weight)
+            return ops.mul(ops.sum(ops.mul(square, square)), ops.const(self.c))
+
+        def _gradient(self, ops, weight, grad):
+            return ops.add(grad, ops.mul(ops.mul(ops.mul(weight, weight), weight), ops.const(4.0 * self.c)))
+
+    yield QuarticPenalty
+    Registered._registry["penalty"].pop(PENALTY)
+
+
+def _one_step(kind: str, start, X, y, penalty, lr: float):
+    """One SGD step on every row of (X, y) (one batch, one epoch) from the weights of ``start``."""
+    common = dict(max_iter=1, batch_size=len(X), shuffle=False, random_state=0,
+                  learning_rate=LearningRateSGD(eta0=lr, learning_rate="constant"))
+    if kind == "full":
+        graph = add_loss_output(start, "squared_error", penalty=penalty)
+        return OrtGradientOptimizer(graph, **common).fit(X, y)
+    if kind == "fwbw":
+        return OrtGradientForwardBackwardOptimizer(start, learning_loss="squared_error",
+                                                   learning_penalty=penalty or "none", **common).fit(X, y)
+    pytest.importorskip("torch")
+    from ortflow.torch_trainer import TorchTrainer
+
+    return TorchTrainer(start, learning_loss="squared_error", learning_penalty=penalty or "none", **common).fit(X, y)
+
+
+@pytest.mark.parametrize("kind", ["full", "fwbw", "torch"])
+def test_a_penalty_defined_outside_ortflow_trains_in_every_trainer(quartic, regression_data, kind):
+    """The penalty moves each weight by ``-lr * 4c w0 ** 3`` more than the same step without it, and the recorded
+    loss grows by ``c * sum(w0 ** 4)``: its own rule, in full training (its value in the loss graph), forward-backward
+    training (its gradient in the update graph) and the torch trainer."""
+    X, y = regression_data
+    assert PENALTY in names("penalty")
+    start = to_onnx(LinearRegression().fit(X[:20], y[:20] * 3))  # weights far from the optimum and from 0
+    lr, c = 0.01, 0.05
+    free = _one_step(kind, start, X, y, None, lr)
+    penalized = _one_step(kind, start, X, y, quartic(c) if kind == "full" else PENALTY, lr)  # an instance, a name
+    w0 = {name: np.asarray(value, np.float64) for name, value in get_initializers(make_trainable(start)).items()}
+    n, moved = len(X), free.get_state()
+    coef, intercept = w0["coef"].ravel(), float(w0["intercept"].ravel()[0])
+    residual = X.astype(np.float64) @ coef + intercept - y
+    for name, value in penalized.get_state().items():
+        start_w, free_w = w0[name], moved[name].astype(np.float64)
+        pull = 4 * c * start_w**3
+        terms = (np.abs(residual)[:, None] * np.abs(X)).sum(axis=0).reshape(start_w.shape) if name == "coef" \
+            else np.abs(residual).sum().reshape(start_w.shape)
+        atol = (lr * float32_sum_atol(2 / n * terms, n)
+                + TERM_ROUNDINGS * U32 * (2 * np.abs(start_w) + 2 * np.abs(free_w - start_w) + lr * np.abs(pull)))
+        assert_close(value.astype(np.float64) - free_w, -lr * pull, rtol=0, atol=atol, err_msg=f"{kind} {name}")
+    added = c * sum(float((w**4).sum()) for w in w0.values())
+    loss_atol = 2 * float32_sum_atol((residual**2).sum() / n, n) + float32_sum_atol(added, 16)
+    delta = penalized.history_[-1]["train_loss"] - free.history_[-1]["train_loss"]
+    assert abs(delta - added) <= loss_atol, (kind, delta, added)
+    assert added > 100 * loss_atol  # the penalty is far above the roundings: the check can fail

@@ -48,7 +48,7 @@ def test_ctrl_c_mid_epoch_keeps_the_last_epoch_boundary(tmp_path, regression_dat
     reference = _make(cls, linear, **params).fit(X, y)
     ckpt = tmp_path / "ckpt"
     est = _make(cls, linear, callbacks=[Checkpoint(ckpt, every=1)], **params)
-    original = type(est)._train_epoch
+    original = type(est)._train_rows
     calls = []
 
     def interrupted(self, data, order, learning_rate):
@@ -58,7 +58,7 @@ def test_ctrl_c_mid_epoch_keeps_the_last_epoch_boundary(tmp_path, regression_dat
             raise KeyboardInterrupt
         return losses
 
-    est._train_epoch = interrupted.__get__(est)
+    est._train_rows = interrupted.__get__(est)
     with pytest.raises(KeyboardInterrupt):
         est.fit(X, y)
     with pytest.raises(RuntimeError, match="middle of an epoch"):

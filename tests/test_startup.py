@@ -1,7 +1,9 @@
 """Start-up: ``import ortflow`` loads no heavy dependency, and the trainers never import torch."""
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +35,14 @@ def test_every_public_name_and_submodule_resolves():
     assert set(ortflow.__all__) <= set(dir(ortflow))
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         ortflow.nothing  # noqa: B018
+
+
+def test_the_static_imports_repeat_the_one_list_of_public_names():
+    """ortflow/__init__.py's TYPE_CHECKING imports (for static analysis) name each public name from the module
+    ``_EXPORTS`` loads it from, and no other name."""
+    tree = ast.parse(Path(ortflow.__file__).read_text(encoding="utf-8"))
+    block = next(node for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", "") ==
+                 "TYPE_CHECKING")
+    static = {alias.name: node.module for node in block.body for alias in node.names}
+    assert static == ortflow._EXPORTS
+    assert ortflow.__all__ == sorted(ortflow._EXPORTS)

@@ -159,7 +159,7 @@ def test_an_exception_between_chunk_boundaries_keeps_the_last_checkpoint(folder,
     ckpt = tmp_path / "ckpt"
     space = _setup_namespace()
     est = space["make"]("fwbw", folder, [Checkpoint(ckpt, every_rows=1)])
-    original, calls = type(est)._train_epoch, []
+    original, calls = type(est)._train_rows, []
 
     def interrupted(self, data, order, learning_rate):
         losses = original(self, data, order, learning_rate)
@@ -168,7 +168,7 @@ def test_an_exception_between_chunk_boundaries_keeps_the_last_checkpoint(folder,
             raise _Stop
         return losses
 
-    est._train_epoch = interrupted.__get__(est)
+    est._train_rows = interrupted.__get__(est)
     with pytest.raises(_Stop):
         est.fit(space["source"](folder))
     assert est.in_epoch_

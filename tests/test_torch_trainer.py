@@ -9,7 +9,7 @@ from sklearn.base import clone
 from sklearn.neural_network import MLPRegressor
 
 from ortflow import (Checkpoint, ElasticLearningPenalty, LearningRateAdam, LearningRateAdamW,
-                     OrtGradientForwardBackwardOptimizer, to_onnx)
+                     OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer, add_loss_output, to_onnx)
 
 from tolerances import float32_sum_atol  # noqa: E402
 
@@ -73,6 +73,24 @@ def test_resume_equals_uninterrupted_run(tmp_path, regression_data, mlp):
     for name, value in full.get_state().items():
         np.testing.assert_array_equal(resumed.get_state()[name], value)
     np.testing.assert_array_equal(resumed.train_losses_, full.train_losses_)
+
+
+def test_the_optimizer_state_has_one_layout_in_every_trainer(regression_data, mlp):
+    """get_optimizer_state names Adam's moments ``m:<weight>``/``v:<weight>`` and counts the updates in ``step`` in
+    the three trainers (what their checkpoints hold), each moment shaped like its weight."""
+    X, y = regression_data
+    params = dict(learning_rate=LearningRateAdam(eta0=0.005), max_iter=2, batch_size=50, shuffle=False)
+    trainers = [TorchTrainer(mlp, **params), OrtGradientForwardBackwardOptimizer(mlp, **params),
+                OrtGradientOptimizer(add_loss_output(mlp, "squared_error"), **params)]
+    states = [t.fit(X, y).get_optimizer_state() for t in trainers]
+    weights = trainers[0].weights_to_train_
+    assert set(states[0]) == {f"{slot}:{w}" for slot in ("m", "v") for w in weights} | {"step"}
+    for state in states:
+        assert set(state) == set(states[0])
+        assert int(state["step"]) == 2 * len(X) // 50
+        for w in weights:
+            assert state[f"m:{w}"].shape == state[f"v:{w}"].shape == trainers[0].get_state()[w].shape
+            assert np.abs(state[f"v:{w}"]).max() > 0  # trained moments, not the zeros they start from
 
 
 def test_the_optimizer_comes_from_the_learning_rate_object():

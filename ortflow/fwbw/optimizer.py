@@ -1,10 +1,10 @@
 """``OrtGradientForwardBackwardOptimizer``: forward and backward passes in onnxruntime (its ``TrainingAgent`` or
 ortflow's own gradient graphs), the loss and the weight update in small ONNX graphs of their own.
 
-Per batch: copy the rows into the batch buffers, ``run_forward``, run the loss graph, ``run_backward``, run the
-update graph. Every tensor of that path lives in a buffer allocated once (per batch size) and every binding is
-built once, so a batch binds nothing: the weights alternate between two buffers and each parity has its own
-feeds and update binding.
+Per batch (the base trainer's loop copies the rows into the batch buffers): ``run_forward``, run the loss graph,
+then, for a finite loss, ``run_backward`` and the update graph. Every tensor of that path lives in a buffer allocated
+once (per batch size) and every binding is built once, so a batch binds nothing: the weights alternate between two
+buffers and each parity has its own feeds and update binding.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import numpy as np
 import onnx
 from sklearn.base import clone
 
-from .. import checkpoint
 from .. import graph as g
 from .._ort import OrtValueVector, backend
-from ..base import BaseTrainer, GraphSpec, TrainData, prediction_spec
+from ..base import BaseTrainer
+from ..graph_spec import GraphSpec, TrainData, prediction_spec
 from ..learning_rates import BaseLearningRate
 from ..onnx_builder import DEFAULT_OPSET
 from ..parameters import TRAINERS, init_from
@@ -28,7 +28,6 @@ from ..runtime import DeviceBuffer, OnnxFunction, make_session_options
 from ..validation import resolve_device
 from .forward_backward import OrtGradientForwardBackward
 
-STATE_FILE = "fwbw_state.npz"
 
 
 @dataclass
@@ -36,6 +35,7 @@ class _Batch:
     """Buffers, feeds and bindings of one batch size. The vectors and bindings hold C OrtValues, which do not own
     the numpy memory they point to: every buffer they use must stay referenced here."""
 
+    inputs: list  # the buffers the trainer's loop copies rows into: the data feeds', then the label's
     xs: dict  # name -> DeviceBuffer, one per data feed
     y: DeviceBuffer
     w: DeviceBuffer  # sample weights divided by n, shaped (n, 1, ...) like the label
@@ -49,6 +49,8 @@ class _Batch:
     agent: object  # the TrainingAgent of this batch size (static shapes) and its cache
     cache: object
     uniform: bool = False  # w holds 1 / n everywhere
+    rows: object = None  # the batch's row selection (set by the trainer's loop)
+    state: object = None  # the forward pass's state, which the backward pass reads
 
     def load_weight(self, weight: np.ndarray, rows, uniform: bool) -> None:
         """Put ``weight[rows] / n`` in ``w`` (the loss graph takes pre-scaled weights)."""
@@ -83,6 +85,7 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
     parameters = TRAINERS["OrtGradientForwardBackwardOptimizer"]
     __init__ = init_from(parameters)
     _runtime_parameters = ("learning_loss", "learning_penalty", "output_name", "weight_name", "gradients")
+    _state_file = "fwbw_state.npz"
 
     # --- hooks: graphs and runtime -------------------------------------------------------------------------
     def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
@@ -114,18 +117,18 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
             DEFAULT_OPSET, device, spec.weight_name, rank=rank, scaled_weight=True, width=width), device, small)
         self._rt_val_loss_fn = OnnxFunction(loss.build_onnx_function(
             DEFAULT_OPSET, device, spec.weight_name, rank=rank, width=width), device, small)
-        self._rt_batches: dict[int, _Batch] = {}
+        self._rt_run_loss, self._rt_new_state = self._rt_loss_fn.run_with_iobinding, fb.new_state
+        self._rt_penalty_value = rate.penalty_buffer_  # the penalty of the weights a step read (None: no penalty)
         self._rt_device = device
 
-    def _batch(self, n: int, data: TrainData) -> _Batch:
-        batch = self._rt_batches.get(n)
-        if batch is not None:
-            return batch
+    def _new_batch(self, n: int, arrays: list[np.ndarray]) -> _Batch:
         fb, rate, device = self._rt_fb, self._rt_rate, self._rt_device
-        xs = {name: DeviceBuffer((n,) + a.shape[1:], device, dtype=a.dtype) for name, a in data.feeds.items()}
-        y = DeviceBuffer((n,) + data.y.shape[1:], device)
-        w = DeviceBuffer((n,) + (1,) * (data.y.ndim - 1), device)
-        prediction = DeviceBuffer((n,) + data.y.shape[1:], device)
+        *features, label = arrays
+        xs = {name: DeviceBuffer((n,) + a.shape[1:], device, dtype=a.dtype) for name, a in zip(self._rt_feed_names,
+                                                                                                 features)}
+        y = DeviceBuffer((n,) + label.shape[1:], device)
+        w = DeviceBuffer((n,) + (1,) * (label.ndim - 1), device)
+        prediction = DeviceBuffer((n,) + label.shape[1:], device)
         loss, grad = DeviceBuffer((), device), DeviceBuffer(prediction.shape, device)
         feeds = []
         for parity in (0, 1):
@@ -140,54 +143,31 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         # epoch, spins against the main one on the next batches (measured: +15% per epoch on D-wide, 2 threads).
         single = make_session_options(1) if device == "cpu" and n != self.batch_size else None
         agent, cache = fb.static_agent([xs[name].shape for name in fb.input_names_], single)
-        batch = _Batch(xs, y, w, prediction, loss, grad, feeds, fetches, binding, bw_feeds, agent, cache)
-        self._rt_batches[n] = batch
-        return batch
+        return _Batch([*xs.values(), y], xs, y, w, prediction, loss, grad, feeds, fetches, binding, bw_feeds, agent,
+                      cache)
 
     # --- hooks: training -----------------------------------------------------------------------------------
-    def _epoch_learning_rate(self, samples_seen: int) -> float:
-        return self._rt_rate.value_at(samples_seen)
+    def _set_learning_rate(self, learning_rate: float) -> None:
+        self._rt_stepper = self._rt_rate.stepper(learning_rate)
 
-    def _train_epoch(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
-        feeds, y, w, n_samples = data.feeds, data.y, data.weight, self._unit_rows(data, order)
-        rate = self._rt_rate
-        run_loss, grads, batches = self._rt_loss_fn.run_with_iobinding, self._rt_grad_fetches, self._rt_batches
-        step = rate.stepper(learning_rate)
-        with_penalty = rate.penalty_buffer_ is not None
-        uniform = bool((w == 1).all())
-        on_cpu = self._rt_device == "cpu"
-        copyto, take, new_state = np.copyto, np.take, self._rt_fb.new_state
-        losses = np.empty(len(self._batch_sizes(n_samples)), dtype=np.float64)
-        for i, rows in enumerate(self._batches(n_samples, order)):
-            is_slice = rows.__class__ is slice
-            n = (min(rows.stop, n_samples) - rows.start) if is_slice else len(rows)
-            batch = batches.get(n) or self._batch(n, data)
-            if not on_cpu:
-                for name, x in batch.xs.items():
-                    x.gather(feeds[name], rows)
-                batch.y.gather(y, rows)
-            elif is_slice:
-                for name, x in batch.xs.items():
-                    copyto(x.array, feeds[name][rows])
-                copyto(batch.y.array, y[rows])
-            else:
-                for name, x in batch.xs.items():
-                    take(feeds[name], rows, axis=0, out=x.array)
-                take(y, rows, axis=0, out=batch.y.array)
-            if not (uniform and batch.uniform):
-                batch.load_weight(w, rows, uniform)
-            state = new_state()
-            batch.agent.run_forward(batch.fw_feeds[rate.parity_], batch.fw_fetches, state, batch.cache)
-            run_loss(batch.loss_binding, None)
-            loss = float(batch.loss.array) if on_cpu else batch.loss.scalar()
-            losses[i] = loss
-            if loss - loss != 0.0:  # NaN or infinite
-                return losses[: i + 1]
-            batch.agent.run_backward(batch.bw_feeds, grads, state)
-            step()
-            if with_penalty:
-                losses[i] += rate.penalty_buffer_.scalar()
-        return losses
+    def _row_arrays(self, data: TrainData) -> list[np.ndarray]:
+        self._rt_weight, self._rt_uniform = data.weight, bool((data.weight == 1).all())
+        self._rt_feed_names = list(data.feeds)  # the trainable part's inputs (a frozen prefix's outputs)
+        return [*data.feeds.values(), data.y]
+
+    def _step(self, batch: _Batch) -> float:
+        uniform = self._rt_uniform
+        if not (uniform and batch.uniform):
+            batch.load_weight(self._rt_weight, batch.rows, uniform)
+        state = batch.state = self._rt_new_state()
+        batch.agent.run_forward(batch.fw_feeds[self._rt_rate.parity_], batch.fw_fetches, state, batch.cache)
+        self._rt_run_loss(batch.loss_binding, None)
+        return batch.loss.scalar()
+
+    def _apply_step(self, batch: _Batch) -> float:
+        batch.agent.run_backward(batch.bw_feeds, self._rt_grad_fetches, batch.state)
+        self._rt_stepper()
+        return 0.0 if self._rt_penalty_value is None else self._rt_penalty_value.scalar()
 
     def _validation_loss(self, data: TrainData) -> float:
         fb, current = self._rt_fb, self._rt_rate.current()
@@ -214,28 +194,14 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
                 raise ValueError(f"set_state: {name!r} has shape {current[name].shape}, the value has {value.shape}")
         self._rt_rate.set_weights(state)
 
-    def get_optimizer_state(self) -> dict[str, np.ndarray]:
-        """The learning rate's state (velocities, moments, step) as numpy arrays."""
-        self._check_fitted()
+    def _optimizer_state(self) -> dict[str, np.ndarray]:
         return self._rt_rate.get_state()
 
-    def _prediction_graph(self) -> onnx.ModelProto:
-        return g.keep_outputs(self._model, self._spec.prediction_outputs)
+    def _set_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+        self._rt_rate.set_state(state)
 
     def _graphs(self) -> dict:
         graphs = dict(self._rt_fb.graphs())
         graphs["loss"] = self._rt_loss_fn.model
         graphs["update"] = self._rt_rate.function_.model
         return graphs
-
-    def _save_runtime_state(self, folder: str) -> None:
-        arrays = {f"weight:{k}": v for k, v in self.get_state().items()}
-        arrays.update({f"state:{k}": v for k, v in self._rt_rate.get_state().items()})
-        np.savez(os.path.join(folder, STATE_FILE), **arrays)
-
-    def _load_runtime_state(self, folder: str) -> None:
-        stored = checkpoint.load_arrays(folder, STATE_FILE, "forward-backward state")
-        weights = {k[len("weight:"):]: v for k, v in stored.items() if k.startswith("weight:")}
-        state = {k[len("state:"):]: v for k, v in stored.items() if k.startswith("state:")}
-        self._set_weights({k: v.astype(np.float32) for k, v in weights.items()})
-        self._rt_rate.set_state(state)

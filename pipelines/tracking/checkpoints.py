@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 
 import ortflow
 from ortflow.callbacks import Callback
-from ortflow.checkpoint import read_manifest, sha256
+from ortflow.checkpoint import file_digests, first_mismatch, read_manifest
 from ortflow.exceptions import CheckpointError  # no usable checkpoint where trainer.resume_from points
 
 from .. import tracking as tr
@@ -70,7 +70,7 @@ def _files(folder: Path) -> list[Path]:
 
 def write_manifest(folder: str | Path, epoch: int) -> Path:
     folder = Path(folder)
-    files = {p.relative_to(folder).as_posix(): sha256(p) for p in _files(folder) if p.name != MANIFEST}
+    files = file_digests(folder, [p for p in _files(folder) if p.name != MANIFEST])
     path = folder / MANIFEST
     path.write_text(json.dumps({"epoch": epoch, "files": files}, indent=1))
     return path
@@ -85,7 +85,7 @@ def check_folder(folder: str | Path) -> str:
         return "unverified" if (folder / META).is_file() else "missing"
     try:
         files = json.loads(manifest.read_text())["files"]
-        ok = all((folder / name).is_file() and sha256(folder / name) == digest for name, digest in files.items())
+        ok = first_mismatch(folder, files) is None
     except (ValueError, KeyError, TypeError):
         return "torn"
     return "ok" if ok else "torn"
