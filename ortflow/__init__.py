@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 #: public name -> the submodule that defines it
 _EXPORTS = {
-    **dict.fromkeys(["backend"], "_ort"),
+    **dict.fromkeys(["backend", "device_info"], "_ort"),
     **dict.fromkeys(["onnx_derivative"], "autodiff"),
     **dict.fromkeys(["BaseTrainer"], "base"),
     **dict.fromkeys(["Callback", "Checkpoint", "EarlyStopping", "ProgressBar"], "callbacks"),
@@ -32,7 +32,7 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads each name
-    from ._ort import backend
+    from ._ort import backend, device_info
     from .add_loss import add_loss_output
     from .autodiff import onnx_derivative
     from .base import BaseTrainer
@@ -106,6 +106,7 @@ __all__ = [
     "UnsupportedModelError",
     "add_loss_output",
     "backend",
+    "device_info",
     "get_initializers",
     "load_model",
     "onnx_derivative",

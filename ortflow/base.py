@@ -43,13 +43,13 @@ from .learning_rates import BaseLearningRate, LearningRateSGD
 from .ml_op_rewrites import make_trainable
 from .parameters import check_parameters
 from .registry import select
-from .runtime import THREADS_WORK_THRESHOLD, OnnxFunction, make_session_options, threads_for_work
+from .runtime import THREADS_WORK_THRESHOLD, OnnxFunction, make_session, make_session_options, threads_for_work
 from .convert import ESTIMATOR_METADATA, graph_classes
 from .frozen_prefix import FrozenPrefix
 from .prefetch import Prefetcher
 from .sources import is_source, replays_order, source_identity
 from .inputs import InputMapping
-from .validation import check_device, check_positive_int, check_targets, check_weights_to_train, encode_labels
+from .validation import check_positive_int, check_targets, check_weights_to_train, encode_labels
 
 logger = logging.getLogger("ortflow")
 
@@ -721,9 +721,7 @@ class BaseTrainer(BaseEstimator):
 
     def _run_feeds(self, feeds: dict[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:
         if self._predict_sess is None:
-            self._predict_sess = InferenceSession(
-                self.get_trained_onnx().SerializeToString(), self._session_options(), providers=self._providers()
-            )
+            self._predict_sess = make_session(self.get_trained_onnx(), self.device, self._session_options())
         names = names or self._spec.prediction_outputs
         return dict(zip(names, self._predict_sess.run(names, feeds)))
 
@@ -750,13 +748,11 @@ class BaseTrainer(BaseEstimator):
         raise NotImplementedError
 
     # --- helpers for subclasses ----------------------------------------------------------------------------
-    def _providers(self) -> list[str]:
-        return check_device(self.device)[1]
-
     def _session_options(self) -> SessionOptions:
-        """The training sessions' options: ``n_threads_`` intra-op threads, spinning as ``spinning`` says (None:
+        """The training sessions' options: ``n_threads_`` intra-op threads, ``precision`` on CUDA, spinning as ``spinning`` says (None:
         not in a streamed fit, where the reader thread needs a core)."""
-        options = make_session_options(getattr(self, "n_threads_", self.n_threads))
+        options = make_session_options(getattr(self, "n_threads_", self.n_threads),
+                                       getattr(self, "precision", "fp32"))  # absent in an older pickle
         if not self._spinning():
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         return options
