@@ -176,9 +176,9 @@ def cuda_help() -> str:
             "(onnxruntime.print_debug_info() lists what was found)")
 
 
-def gpu_name(index: int = 0) -> str | None:
-    """The name of GPU ``index`` from NVIDIA's management library (nvidia-ml-py, in the ``gpu`` extra), or None
-    when it or the GPU is absent."""
+def nvml(query, index: int = 0):
+    """``query(pynvml, handle of GPU index)`` through NVIDIA's management library (nvidia-ml-py, in the ``gpu``
+    extra), or None when it, the driver or the GPU is absent."""
     try:
         import pynvml
     except ImportError:
@@ -186,12 +186,17 @@ def gpu_name(index: int = 0) -> str | None:
     try:
         pynvml.nvmlInit()
         try:
-            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index))
+            return query(pynvml, pynvml.nvmlDeviceGetHandleByIndex(index))
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no driver, no such GPU: nothing to name
+    except Exception:  # noqa: BLE001 - no driver, no such GPU: nothing to say
         return None
-    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def gpu_name(index: int = 0) -> str | None:
+    """The name of GPU ``index`` (None when not known: see :func:`nvml`)."""
+    name = nvml(lambda nv, handle: nv.nvmlDeviceGetName(handle), index)
+    return name.decode() if isinstance(name, bytes) else name
 
 
 def device_info(gpu: int = 0) -> dict:
@@ -230,6 +235,7 @@ __all__ = [
     "device_info",
     "gpu_name",
     "max_ir_version",
+    "nvml",
     "package_name",
     "require_training",
     "runtime_name",

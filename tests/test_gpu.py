@@ -184,3 +184,30 @@ def test_cuda_layer_fp32_matches_cpu():
     out_c, out_g = cpu(torch.tensor(X)), gpu(torch.tensor(X).cuda())
     assert_close(out_g.detach().cpu().numpy(), out_c.detach().numpy(), rtol=0,
                  atol=2 * matmul_atol(X, np.reshape(coef, (32, -1))).ravel().reshape(out_c.shape))
+
+
+@pytest.mark.gpu
+def test_device_rows_on_cuda_are_the_copied_rows():
+    """ortflow.device_data on the GPU: rows shuffled and bound by address on the device, the loss written into a
+    device vector, equal to the same rows fed from the host (the same session: the same kernels)."""
+    from onnx import TensorProto, helper
+
+    from ortflow._ort import _C
+    from ortflow.device_data import DeviceLosses, DeviceRows
+    from ortflow.runtime import OnnxFunction
+
+    nodes = [helper.make_node("ReduceSumSquare", ["X"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 4])],
+                              [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])])
+    fn = OnnxFunction(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), "cuda")
+    X = np.random.default_rng(0).standard_normal((50, 4)).astype(np.float32)
+    permutation = np.random.default_rng(1).permutation(50)
+    rows, losses = DeviceRows([X], "cuda"), DeviceLosses(5, "cuda")
+    rows.shuffle(permutation)
+    binding = _C.SessionIOBinding(fn._sess)
+    for i in range(5):
+        rows.bind(binding, ["X"], slice(10 * i, 10 * i + 10))
+        losses.bind(binding, "loss", i)
+        fn.run_bound(binding)
+    expected = [float(fn.run(X[permutation][10 * i: 10 * i + 10])[0].numpy()) for i in range(5)]
+    np.testing.assert_array_equal(losses.read(5), expected)
