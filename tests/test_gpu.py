@@ -169,24 +169,6 @@ def test_cuda_precision_reaches_the_products():
 
 
 @pytest.mark.gpu
-def test_cuda_layer_fp32_matches_cpu():
-    """The torch layer on CUDA, torch's default precision (highest): forward and gradients within float32's bound."""
-    torch = pytest.importorskip("torch")
-    from ortflow.torch import OnnxModule
-
-    if not torch.cuda.is_available():
-        pytest.skip("torch has no CUDA here")
-    rng = np.random.default_rng(0)
-    X = rng.standard_normal((64, 32)).astype(np.float32)
-    graph = to_onnx(LinearRegression().fit(X, X @ rng.standard_normal(32)))
-    coef = next(v for k, v in ortflow.get_initializers(graph).items() if "coef" in k)
-    cpu, gpu = OnnxModule(graph), OnnxModule(graph).to("cuda")
-    out_c, out_g = cpu(torch.tensor(X)), gpu(torch.tensor(X).cuda())
-    assert_close(out_g.detach().cpu().numpy(), out_c.detach().numpy(), rtol=0,
-                 atol=2 * matmul_atol(X, np.reshape(coef, (32, -1))).ravel().reshape(out_c.shape))
-
-
-@pytest.mark.gpu
 def test_device_rows_on_cuda_are_the_copied_rows():
     """ortflow.device_data on the GPU: rows shuffled and bound by address on the device, the loss written into a
     device vector, equal to the same rows fed from the host (the same session: the same kernels)."""
