@@ -267,7 +267,8 @@ def markdown(results: list[dict], host: dict) -> str:
     lines = [f"Run: `python -m bench.gpu` on **{card}** ({host['device']}), {host['onnxruntime']} (CUDA build "
              f"{host['cuda_build']}), torch {host['torch']}, Python {host['python']}. ms per epoch, median of the "
              "repeats; ratio ortflow / PyTorch paired per repeat (median, min-max); goal: at most 1.0.", "",
-             "| case | precision | ortflow | PyTorch | ratio | last loss ortflow / PyTorch |", "|---|---|---|---|---|---|"]
+             "| case | precision | ortflow | PyTorch | ratio | last loss ortflow / PyTorch |",
+             "|---|---|---|---|---|---|"]
     for r in results:
         ms, ratio = r["ms_per_epoch"], r["ratio"]
         lines.append(f"| {r['title']} | {r['precision']} | {ms['ortflow']['median']:.1f} | "

@@ -749,8 +749,8 @@ class BaseTrainer(BaseEstimator):
 
     # --- helpers for subclasses ----------------------------------------------------------------------------
     def _session_options(self) -> SessionOptions:
-        """The training sessions' options: ``n_threads_`` intra-op threads, ``precision`` on CUDA, spinning as ``spinning`` says (None:
-        not in a streamed fit, where the reader thread needs a core)."""
+        """The training sessions' options: ``n_threads_`` intra-op threads, ``precision`` (CUDA products), spinning
+        as ``spinning`` says (None: not in a streamed fit, where the reader thread needs a core)."""
         options = make_session_options(getattr(self, "n_threads_", self.n_threads),
                                        getattr(self, "precision", "fp32"))  # absent in an older pickle
         if not self._spinning():

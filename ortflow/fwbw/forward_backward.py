@@ -155,7 +155,8 @@ class OrtGradientForwardBackward:
         except RuntimeError as exc:
             raise explain_gradient_failure(exc) from exc
         model = g.fused_matmul_for_double(onnx.load_from_string(builder.get_gradient_model()))
-        if check_device(self.device)[0] == "cpu" and input_shapes is not None:  # see g.row_sums_as_matmul
+        kind, _ = check_device(self.device)
+        if kind == "cpu" and input_shapes is not None:  # the bias gradients' row sums, see g.row_sums_as_matmul
             model = g.row_sums_as_matmul(model)
         sess = make_session(model, self.device, options)
         self._sessions.append(sess)
