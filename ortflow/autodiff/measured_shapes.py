@@ -5,7 +5,9 @@ An exported attention reshapes with shapes computed at run time (``Shape``, ``Ga
 gradient rules would sum broadcast axes found at run time (``NonZero``: on CUDA a device sync and a host copy each,
 a third of the transformer's step in issue 39). When every input's shape is fixed (``training_step(batch_rows=)``)
 and no shape in the graph depends on the *values* it is fed, one run on zeros gives every tensor's shape for
-every batch of that shape; :func:`with_measured_shapes` writes them into the graph's ``value_info``.
+every batch of that shape; :func:`with_measured_shapes` writes them into the graph's ``value_info``. The run is on
+the CPU and keeps the tensors it measures: one forward pass's memory at that batch size, once per batch size (full
+training caches its step graphs per process).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from onnx import helper
 #: ops whose output shape depends on their input values, not only on input shapes: a graph holding one is not
 #: measured (a run on zeros would give the shape of zeros)
 VALUE_SHAPED = {"NonZero", "Unique", "Compress", "NonMaxSuppression", "Loop", "If", "Scan", "StringSplit",
-                "RandomNormalLike", "Multinomial"}
+                "ImageDecoder", "MelWeightMatrix", "SequenceAt", "SequenceConstruct", "SequenceInsert",
+                "SequenceErase", "SplitToSequence", "ConcatFromSequence", "Optional", "OptionalGetElement"}
 #: ops whose output shape follows some inputs' values, by input position: measured only when those inputs are
 #: computed from constants, initializers and shapes alone
 SHAPE_INPUTS = {"Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "ConstantOfShape": (0,),
@@ -25,7 +28,8 @@ SHAPE_INPUTS = {"Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3
                 "Unsqueeze": (1,), "Split": (1,), "TopK": (1,), "Range": (0, 1, 2), "CenterCropPad": (1,),
                 "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,), "ReduceMin": (1,), "ReduceProd": (1,),
                 "ReduceL1": (1,), "ReduceL2": (1,), "ReduceLogSum": (1,), "ReduceLogSumExp": (1,),
-                "ReduceSumSquare": (1,)}
+                "ReduceSumSquare": (1,), "MaxUnpool": (2,), "Col2Im": (1, 2), "AffineGrid": (1,), "DFT": (1, 2),
+                "STFT": (1, 3)}
 
 
 def _fixed_inputs(model: onnx.ModelProto) -> dict[str, tuple[tuple[int, ...], np.dtype]] | None:
