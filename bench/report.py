@@ -394,12 +394,14 @@ def plots(results: dict, folder: Path) -> list[str]:
 
 
 # --- docs ----------------------------------------------------------------------------------------------------------
-def update_docs(path: Path, generated: str) -> None:
-    """Replace the block between the markers of ``path`` (created with a stub when missing)."""
-    block = f"{BEGIN}\n\n{generated.strip()}\n\n{END}"
-    text = path.read_text() if path.exists() else f"# Performance\n\n{BEGIN}\n{END}\n"
-    if BEGIN in text and END in text:
-        text = re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+def update_docs(path: Path, generated: str, begin: str = BEGIN, end: str = END,
+                heading: str = "Latest results") -> None:
+    """Replace the block between the markers ``begin`` and ``end`` of ``path`` (created with a stub when missing;
+    the block appended under ``heading`` when the file lacks the markers)."""
+    block = f"{begin}\n\n{generated.strip()}\n\n{end}"
+    text = path.read_text() if path.exists() else f"# Performance\n\n{begin}\n{end}\n"
+    if begin in text and end in text:
+        text = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _: block, text, flags=re.S)
     else:
-        text = text.rstrip() + "\n\n## Latest results\n\n" + block + "\n"
+        text = text.rstrip() + f"\n\n## {heading}\n\n" + block + "\n"
     path.write_text(text)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 #: public name -> the submodule that defines it: the one list of the public names (``__all__`` is its keys; the
 #: ``TYPE_CHECKING`` imports repeat it for static analysis, and tests/test_startup.py checks that they match it)
 _EXPORTS = {
-    **dict.fromkeys(["backend"], "_ort"),
+    **dict.fromkeys(["backend", "device_info"], "_ort"),
     **dict.fromkeys(["add_loss_output"], "add_loss"),
     **dict.fromkeys(["onnx_derivative"], "autodiff"),
     **dict.fromkeys(["BaseTrainer"], "base"),
@@ -37,7 +37,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads each name
-    from ._ort import backend
+    from ._ort import backend, device_info
     from .add_loss import add_loss_output
     from .autodiff import onnx_derivative
     from .base import BaseTrainer

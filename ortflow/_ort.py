@@ -138,6 +138,83 @@ def max_ir_version() -> int:
     return MAX_IR_VERSION  # pragma: no cover - an onnxruntime that words it otherwise: the safe value
 
 
+#: cuDNN's major version by the CUDA major version onnxruntime's CUDA provider is built for (onnxruntime's
+#: requirement table: CUDA 11.8 builds use cuDNN 8, CUDA 12 and 13 builds cuDNN 9)
+CUDNN_FOR_CUDA = {"11": "8", "12": "9", "13": "9"}
+
+
+def package_name() -> str:
+    """The installed onnxruntime's distribution: ``'onnxruntime'``, ``'onnxruntime-gpu'``,
+    ``'onnxruntime-training'``, ``'onnxruntime-training-cpu'``..."""
+    info = importlib.import_module("onnxruntime.capi.build_and_package_info")
+    return getattr(info, "package_name", "onnxruntime")
+
+
+def cuda_build() -> dict[str, str] | None:
+    """The CUDA and cuDNN this onnxruntime's CUDA provider was built for, and so looks for when it loads
+    (``{'cuda': '13.0', 'cudnn': '9'}``), or None for a build without the CUDA provider."""
+    info = importlib.import_module("onnxruntime.capi.build_and_package_info")
+    cuda = getattr(info, "cuda_version", None)
+    if not cuda or "CUDAExecutionProvider" not in ort.get_available_providers():
+        return None
+    return {"cuda": str(cuda), "cudnn": CUDNN_FOR_CUDA.get(str(cuda).split(".")[0], "?")}
+
+
+def cuda_help() -> str:
+    """What to do when the CUDA provider is absent or does not load, naming what this build looks for."""
+    build = cuda_build()
+    if build is None:
+        return (f"this onnxruntime build has no CUDA provider ({package_name()} {ort.__version__}, providers "
+                f"{ort.get_available_providers()}): install the GPU build "
+                "instead, pip install 'ortflow[gpu]' (onnxruntime-gpu >= 1.31 with NVIDIA's CUDA 13 and cuDNN 9 "
+                "wheels; uninstall onnxruntime/onnxruntime-training first, they share the module)")
+    major = build["cuda"].split(".")[0]
+    return (f"{package_name()} {ort.__version__} looks for CUDA {build['cuda']} (libcudart.so.{major}, "
+            f"libcublas.so.{major}) and cuDNN {build['cudnn']} (libcudnn.so.{build['cudnn']}): install NVIDIA's "
+            f"wheels (pip install 'onnxruntime-gpu[cuda,cudnn]', or 'ortflow[gpu]'), or put the system's on "
+            "LD_LIBRARY_PATH; an NVIDIA driver for that CUDA must be present "
+            "(onnxruntime.print_debug_info() lists what was found)")
+
+
+def nvml(query, index: int = 0):
+    """``query(pynvml, handle of GPU index)`` through NVIDIA's management library (nvidia-ml-py, in the ``gpu``
+    extra), or None when it, the driver or the GPU is absent."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        try:
+            return query(pynvml, pynvml.nvmlDeviceGetHandleByIndex(index))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no driver, no such GPU: nothing to say
+        return None
+
+
+def gpu_name(index: int = 0) -> str | None:
+    """The name of GPU ``index`` (None when not known: see :func:`nvml`)."""
+    name = nvml(lambda nv, handle: nv.nvmlDeviceGetName(handle), index)
+    return name.decode() if isinstance(name, bytes) else name
+
+
+def device_info(gpu: int = 0) -> dict:
+    """What ortflow runs on, for logs and bug reports: the onnxruntime build (``backend``, ``package``,
+    ``version``), its providers, the CUDA and cuDNN its CUDA provider looks for (None without one) and the name of
+    GPU ``gpu`` (None when not known)."""
+    build = cuda_build()
+    return {
+        "backend": backend(),
+        "package": package_name(),
+        "version": ort.__version__,
+        "providers": list(ort.get_available_providers()),
+        "cuda_version": build and build["cuda"],
+        "cudnn_version": build and build["cudnn"],
+        "gpu": gpu_name(gpu) if build else None,
+    }
+
+
 __all__ = [
     "MAX_IR_VERSION",
     "MAX_OPSET",
@@ -153,7 +230,13 @@ __all__ = [
     "TrainingAgent",
     "backend",
     "captured_native_stderr",
+    "cuda_build",
+    "cuda_help",
+    "device_info",
+    "gpu_name",
     "max_ir_version",
+    "nvml",
+    "package_name",
     "require_training",
     "runtime_name",
     "api",

@@ -56,7 +56,7 @@ from .rechunk import whole_batches
 from .registry import select
 from .runtime import THREADS_WORK_THRESHOLD, SessionOptions, threads_for_work, training_session_options
 from .sources import is_source, replays_order, source_identity
-from .validation import check_device, check_positive_int, check_targets, check_weights_to_train
+from .validation import check_positive_int, check_targets, check_weights_to_train
 
 __all__ = ["BaseTrainer", "GraphSpec", "TrainData", "prediction_spec"]  # the types stay importable from here
 
@@ -596,12 +596,11 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         return serialized if folder is None else g.save_graphs(serialized, folder)
 
     # --- helpers for subclasses ----------------------------------------------------------------------------
-    def _providers(self) -> list[str]:
-        return check_device(self.device)[1]
-
     def _session_options(self) -> SessionOptions:
-        """The training sessions' options: ``n_threads_`` intra-op threads, spinning as :meth:`_spinning` says."""
-        return training_session_options(getattr(self, "n_threads_", self.n_threads), self._spinning())
+        """The training sessions' options: ``n_threads_`` intra-op threads, spinning as :meth:`_spinning` says,
+        ``precision`` of CUDA's float32 products (absent in an older pickle: fp32)."""
+        return training_session_options(getattr(self, "n_threads_", self.n_threads), self._spinning(),
+                                        getattr(self, "precision", "fp32"))
 
     def _spinning(self) -> bool:
         """``spinning``, or, when None, spinning except in a streamed fit (where the reader thread needs a core)."""

@@ -147,6 +147,30 @@ class Emitter:
             self.info[grad] = self.info.get(operand, ValueInfo())
         return grad
 
+    def unbroadcast_batch(self, grad: str, operand: str, result: str) -> str:
+        """A batched ``MatMul``'s ``grad`` for ``operand`` (shaped like ``result`` but for its last two axes, which
+        are ``operand``'s own) summed over the batch axes ``operand`` was broadcast along. Decided from the shapes
+        when every batch axis of ``operand`` is settled: a fixed size other than 1, a 1 where ``result`` has a
+        fixed size, or the same symbol as ``result``'s (then equal at run time: no sum); else at run time."""
+        shape, out = self.info.get(operand, ValueInfo()).shape, self.info.get(result, ValueInfo()).shape
+        if shape is None or out is None or len(out) < len(shape) or len(shape) < 2:
+            return self.unbroadcast_at_run_time(grad, operand)
+        lead = len(out) - len(shape)
+        kept = []
+        for i, dim in enumerate(shape[:-2]):
+            other = out[i + lead]
+            if dim == 1 and isinstance(other, int):
+                if other != 1:
+                    kept.append(i + lead)
+            elif not (isinstance(dim, int) and dim > 1 or dim is not None and dim == other):
+                return self.unbroadcast_at_run_time(grad, operand)
+        if kept:
+            grad = self.reduce_sum(grad, kept, keepdims=True)
+        if lead:
+            grad = self.reduce_sum(grad, list(range(lead)), keepdims=False)
+        self.info[grad] = self.info.get(operand, ValueInfo())
+        return grad
+
     def unbroadcast_at_run_time(self, grad: str, operand: str) -> str:
         """Sum over the axes where the (left-padded) operand shape differs from the gradient's, found at run time."""
         shape = self.shape(operand)
@@ -179,6 +203,18 @@ def _others_follow(dim, axis_from_end: int, others: list) -> bool:
     return True
 
 
+def _inferred(model: onnx.ModelProto) -> onnx.GraphProto:
+    """``model``'s graph after onnx's shape inference with data propagation (a shape computed from ``Shape``,
+    ``Gather``, ``Concat``... feeding a ``Reshape``, as exported attention writes it, becomes the shape it is),
+    without it if that fails, else as declared (an op onnx does not know)."""
+    for data_prop in (True, False):
+        try:
+            return onnx.shape_inference.infer_shapes(model, data_prop=data_prop).graph
+        except Exception:  # noqa: BLE001 - the next, weaker inference
+            continue
+    return model.graph
+
+
 def value_infos(model: onnx.ModelProto) -> dict[str, ValueInfo]:
     """Element type and shape of every tensor of the main graph, from onnx's shape inference. Unnamed dims of the
     graph inputs get a symbol of their own first, so that inference carries them (``X``'s batch axis stays the
@@ -190,10 +226,7 @@ def value_infos(model: onnx.ModelProto) -> dict[str, ValueInfo]:
             for i, dim in enumerate(value.type.tensor_type.shape.dim):
                 if not dim.HasField("dim_value") and not dim.dim_param:
                     dim.dim_param = f"{value.name}__dim{i}"
-    try:
-        graph = onnx.shape_inference.infer_shapes(named).graph
-    except Exception:  # an op onnx does not know: keep what the graph declares
-        graph = named.graph
+    graph = _inferred(named)
     infos = {}
     for init in graph.initializer:
         infos[init.name] = ValueInfo(init.data_type, list(init.dims), _small_ints(init))

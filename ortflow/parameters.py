@@ -22,6 +22,7 @@ from .validation import (
     check_non_negative,
     check_positive_float,
     check_positive_int,
+    check_precision,
 )
 
 REQUIRED = inspect.Parameter.empty
@@ -138,6 +139,10 @@ SHARED = (
           "schedule of a float learning_rate: 'constant', 'invscaling' or 'optimal' (scikit-learn's)"),
     Param("power_t", 0.25, check_finite, "exponent of the 'invscaling' schedule"),
     Param("device", "cpu", lambda n, v: check_device(v), "'cpu', 'cuda', 'cuda:N' or 'auto'"),
+    Param("precision", "fp32", check_precision,
+          "float32 matrix products on CUDA: 'fp32' exact (PyTorch's default) or 'tf32' (TensorFloat-32 inputs, "
+          "faster on Ampere and later GPUs, about 1e-3 relative error); applied to every session of the trainer "
+          "(the CUDA provider's use_tf32), no effect on CPU"),
     Param("warm_start", False, check_bool, "a new fit continues from the current weights and optimizer state"),
     Param("verbose", 0, _non_negative_int, "1 or more: a progress bar over epochs"),
     Param("validation_every", 1, _validation_every,

@@ -8,16 +8,15 @@ import numpy as np
 from sklearn.utils.metaestimators import available_if
 
 from . import graph as g
-from ._ort import InferenceSession
 from .convert import graph_classes
 from .graph_spec import encoded_targets, fitted_names, fitted_width
-from .runtime import OnnxFunction
+from .runtime import OnnxFunction, make_session
 from .validation import check_targets
 
 
 class PredictionMixin:
     """What :class:`ortflow.base.BaseTrainer` predicts with, through its ``_spec``, ``get_trained_onnx``,
-    ``_session_options``, ``_providers`` and ``_loss_object``."""
+    ``_session_options``, ``device`` and ``_loss_object``."""
 
     def predict(self, X) -> np.ndarray:
         """Labels for a classifier graph, else the trained output (raveled when it has one column)."""
@@ -68,9 +67,7 @@ class PredictionMixin:
 
     def _run_feeds(self, feeds: dict[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:
         if self._predict_sess is None:
-            self._predict_sess = InferenceSession(
-                self.get_trained_onnx().SerializeToString(), self._session_options(), providers=self._providers()
-            )
+            self._predict_sess = make_session(self.get_trained_onnx(), self.device, self._session_options())
         names = names or self._spec.prediction_outputs
         return dict(zip(names, self._predict_sess.run(names, feeds)))
 

@@ -133,6 +133,15 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def torch_precision() -> str:
+    """torch's own float32 matrix-product precision as ortflow's (``'fp32'`` or ``'tf32'``): TF32 when
+    ``torch.backends.cuda.matmul.allow_tf32`` is set or ``torch.set_float32_matmul_precision`` asked for 'high' or
+    'medium'. A layer reads it when it first runs on a device, for the sessions it builds there."""
+    if torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "fp32"
+
+
 def _device_string(device: torch.device) -> str:
     if device.type == "cpu":
         return "cpu"
@@ -165,7 +174,7 @@ class _Runtime:
         self._inference: OnnxFunction | None = None
 
     def _options(self, threads: int) -> SessionOptions:
-        options = make_session_options(threads)
+        options = make_session_options(threads, torch_precision())
         # torch's and onnxruntime's thread pools take turns on the same cores: a pool spinning while it waits
         # for work steals them from the other (4x slower batches on case A of the bench with 2 threads each).
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.module.spinning else "0")

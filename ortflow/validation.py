@@ -9,7 +9,7 @@ from numbers import Integral, Real
 import numpy as np
 import onnx
 
-from ._ort import ort
+from ._ort import cuda_help, ort
 from .exceptions import DeviceError
 from .graph import FLOAT_TYPES, batch_norm_statistics
 
@@ -213,15 +213,20 @@ def check_device(device: str) -> tuple[str, list[str]]:
     if kind == "cpu" and not index:
         return "cpu", ["CPUExecutionProvider"]
     if kind == "cuda" and (not index or index.isdigit()):
-        available = ort.get_available_providers()
-        if "CUDAExecutionProvider" not in available:
-            raise DeviceError(
-                f"device={device!r} but this onnxruntime build has no CUDA provider (available: {available}); "
-                "install the CUDA build (pip install 'ortflow[cuda]', replacing onnxruntime-training-cpu) "
-                "or use device='cpu'"
-            )
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise DeviceError(f"device={device!r} but {cuda_help()}; or use device='cpu'")
         return "cuda", ["CUDAExecutionProvider", "CPUExecutionProvider"]
     raise DeviceError(f"device={device!r} is not understood; use 'cpu', 'cuda', 'cuda:N' or 'auto'")
+
+
+#: the float32 precisions of matrix products on CUDA: ``'fp32'`` exact float32 (PyTorch's default), ``'tf32'``
+#: TensorFloat-32 inputs (10-bit mantissa) with float32 accumulation, faster on Ampere and later
+PRECISIONS = ("fp32", "tf32")
+
+
+def check_precision(name: str, value) -> str:
+    """``value`` if it is one of :data:`PRECISIONS`, else a ValueError naming ``name`` and the allowed values."""
+    return check_choice(name, value, PRECISIONS)
 
 
 def device_index(device: str) -> int:

@@ -9,15 +9,43 @@ import pytest
 SHARED_SERVERS = {"postgres_server": "cluster", "ray_cluster": "cluster", "mlflow_server": "mlflow_server"}
 
 
+def cuda_unavailable() -> str | None:
+    """Why the ``gpu`` tests cannot run here (no CUDA provider in this onnxruntime, or it does not load: no GPU,
+    driver or CUDA libraries), or None when a session runs on CUDA."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return f"needs onnxruntime's CUDA provider ({ort.__version__} has {ort.get_available_providers()})"
+    from onnx import TensorProto, helper
+
+    from ortflow.runtime import make_session
+
+    value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [value],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    try:
+        make_session(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), "cuda")
+    except Exception as exc:  # noqa: BLE001 - DeviceError (the provider fell back to the CPU) or onnxruntime's own
+        return f"needs a GPU: {str(exc)[:300]}"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``training_build`` (onnxruntime's own gradients, TrainingAgent, generate_artifacts) are skipped
-    where the plain onnxruntime is installed; the tests of a shared server share an xdist group."""
+    where the plain onnxruntime is installed, tests marked ``gpu`` where no session runs on CUDA; the tests of a
+    shared server share an xdist group."""
     from ortflow import backend
 
     for item in items:
         groups = {SHARED_SERVERS[f] for f in getattr(item, "fixturenames", ()) if f in SHARED_SERVERS}
         if groups:
             item.add_marker(pytest.mark.xdist_group(sorted(groups)[0]))
+    if any("gpu" in item.keywords for item in items):
+        reason = cuda_unavailable()
+        if reason:
+            for item in items:
+                if "gpu" in item.keywords:
+                    item.add_marker(pytest.mark.skip(reason=reason))
     if backend() == "training":
         return
     skip = pytest.mark.skip(reason="needs onnxruntime-training; the plain onnxruntime is installed")

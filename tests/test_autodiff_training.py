@@ -154,3 +154,67 @@ def test_a_double_loss_over_float_weights_takes_plain_sgd_steps(rows):
     residual = (X @ W).astype(np.float64) - y
     assert loss == pytest.approx(float((residual ** 2).mean()))
     np.testing.assert_allclose(updated, W - 0.1 * 2 * X.T.astype(np.float64) @ residual / 3, rtol=1e-5)
+
+
+def test_transformer_step_with_fixed_rows_has_static_shapes_and_the_same_gradients():
+    """Issue 39: on CUDA the transformer's step spent a third of its time in 10 ``NonZero`` nodes (the broadcast
+    axes of the attention's batched MatMul gradients, found at run time: a device sync and a host copy each). With
+    the batch rows fixed every shape is settled, so the graph holds no NonZero, and its gradients are the symbolic
+    graph's: within float32's bound of a sum whose terms are the per-row gradients (derived from their magnitudes,
+    the batch's gradient being their mean)."""
+    import reference_data
+    from tolerances import assert_close, float32_sum_atol
+
+    ref = reference_data.load("transformer")
+    loss = ortflow.add_loss_output(ref.model, "log")
+    rows, tokens = 8, ref.inputs.shape[1]
+    fixed, symbolic = training_step(loss, batch_rows=rows), training_step(loss)
+    assert not [n.name for n in fixed.graph.node if n.op_type == "NonZero"]
+    weights = ortflow.get_initializers(loss)
+
+    def gradients(step, X, y):
+        """Every weight's gradient at the start (SGD at rate 1: the update is ``w - g``)."""
+        session = InferenceSession(step.SerializeToString(), providers=["CPUExecutionProvider"])
+        data = {"tokens": X, "label": y, "learning_rate": np.array(1.0, np.float32)}
+        feeds = {i.name: weights[i.name] if i.name in weights else data[i.name] for i in session.get_inputs()}
+        names = [o.name[: -len(UPDATED)] for o in step.graph.output[1:]]
+        return {n: weights[n].astype(np.float64) - u for n, u in zip(names, session.run(None, feeds)[1:])}
+
+    X, y = ref.inputs[:rows], ref.one_hot[:rows]
+    got, expected = gradients(fixed, X, y), gradients(symbolic, X, y)
+    per_row = [gradients(symbolic, X[i: i + 1], y[i: i + 1]) for i in range(rows)]
+    for name, value in expected.items():
+        terms = sum(np.abs(g[name]) for g in per_row) / rows
+        # the sum over rows and tokens, and the update's rounding of w on either side
+        atol = float32_sum_atol(terms, rows * tokens) + 4 * np.finfo(np.float32).eps * np.abs(weights[name])
+        assert_close(got[name], value, rtol=0, atol=atol, err_msg=name)
+
+
+def test_shapes_are_measured_only_where_values_do_not_decide_them():
+    """A reshape to a shape computed from the input's shape is measured (its value_info gets the fixed shape);
+    one to a shape fed as data is not (a run on zeros would measure the zeros' shape), nor a graph with NonZero."""
+    from onnx import TensorProto, helper
+
+    from ortflow.autodiff.measured_shapes import with_measured_shapes
+
+    def graph(shape_from_data: bool, nonzero: bool = False):
+        nodes = [helper.make_node("Shape", ["X"], ["s"]),
+                 helper.make_node("Div", ["s", "two"], ["half"]),  # onnx's data propagation stops at Div
+                 helper.make_node("Concat", ["half", "two"], ["target"], axis=0),
+                 helper.make_node("Reshape", ["X", "given" if shape_from_data else "target"], ["Y"]),
+                 helper.make_node("Relu", ["Y"], ["Z"])]
+        if nonzero:
+            nodes.append(helper.make_node("NonZero", ["X"], ["nz"]))
+        inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 6])]
+        if shape_from_data:
+            inputs.append(helper.make_tensor_value_info("given", TensorProto.INT64, [4]))
+        two = helper.make_tensor("two", TensorProto.INT64, [2], [2, 2])
+        outputs = [helper.make_tensor_value_info("Z", TensorProto.FLOAT, None)]
+        return helper.make_model(helper.make_graph(nodes, "g", inputs, outputs, [two]),
+                                 opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+    measured = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+                for v in with_measured_shapes(graph(False)).graph.value_info}
+    assert measured["Y"] == [2, 3, 2, 2]  # (4, 6) reshaped to (4/2, 6/2, 2, 2): what inference left open
+    for model in (graph(True), graph(False, nonzero=True)):
+        assert with_measured_shapes(model) is model

@@ -126,3 +126,26 @@ def test_bench_streaming_tiny_reports_every_engine(tmp_path):
     assert summary["mlp/memory"]["rows"] == summary["mlp/memory-sleeping"]["rows"] == 5000
     assert all(s["rows_per_second"] > 0 and s["peak_rss_mb"] > 0 for s in summary.values())
     assert (tmp_path / "table-none.parquet").exists()
+
+
+def test_bench_gpu_runs_its_code_on_cpu_and_refuses_without_a_gpu(tmp_path):
+    """``python -m bench.gpu --cpu-smoke``: both engines from the same start reach the same loss (the same problem
+    and batches), and the GPU block of a PERFORMANCE.md is written between its markers; without ``--cpu-smoke`` on
+    a machine without CUDA it exits with status 2, saying why."""
+    pytest.importorskip("torch")
+    from bench import gpu
+
+    doc = tmp_path / "PERFORMANCE.md"
+    doc.write_text(f"# Performance\n\nbefore\n\n{gpu.BEGIN}\nold\n{gpu.END}\n\nafter\n")
+    out = tmp_path / "gpu.json"
+    assert gpu.main(["--cpu-smoke", "--cases", "A", "--precisions", "fp32", "--doc", str(doc),
+                     "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["machine"]["device"] == "cpu"
+    (a,) = results["results"]
+    assert a["case"] == "A" and len(a["ms_per_epoch"]["ortflow"]["all"]) == a["repeats"] == 2
+    assert a["last_loss"]["ortflow"] == pytest.approx(a["last_loss"]["torch"], rel=1e-4)
+    text = doc.read_text()
+    assert "old" not in text and "before" in text and "after" in text and "| seed case A" in text
+    if gpu.gpu_missing():
+        assert gpu.main(["--no-docs"]) == 2

@@ -169,20 +169,6 @@ def test_other_models_go_through_skl2onnx(regression_data):
     np.testing.assert_allclose(_session(onx).run(None, {"X": X})[0], scaler.transform(X), atol=1e-5)
 
 
-def test_pipelines_default_penalty_follows_the_naming_rule(regression_data):
-    """The pipelines penalize every coefficient matrix by default: ``coef`` of a linear model, ``coef_<i>`` of an MLP."""
-    from omegaconf import OmegaConf
-
-    from pipelines.modeling.estimators import penalty_spec
-
-    X, y = regression_data
-    cfg = OmegaConf.create({"penalty": {"name": "elastic", "l1": 0.1, "l2": 0.2, "weights": None}})
-    linear = to_onnx(LinearRegression().fit(X, y))
-    mlp = to_onnx(_fit(MLPRegressor(hidden_layer_sizes=(3,), max_iter=2, random_state=0), X, y))
-    assert penalty_spec(cfg, linear) == {"coef": {"l1": 0.1, "l2": 0.2}}
-    assert list(penalty_spec(cfg, mlp)) == ["coef_0", "coef_1"]
-
-
 def test_binary_ridge_classifier_with_a_one_dimensional_coef_trains_and_predicts(classification_data):
     """A binary RidgeClassifier keeps ``coef_`` 1-D: converted as one score column, its graph predicts its labels
     before and after training (it was accepted, then failed in onnxruntime: "Concat head_scores: axis 1")."""

@@ -70,7 +70,7 @@ def _batch_norm_graph():
              helper.make_node("Add", ["B2", "var2"], ["Y"])]
     graph = helper.make_graph(nodes, "bn", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def test_batch_norm_statistics_are_not_trained_by_default():

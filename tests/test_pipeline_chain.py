@@ -67,6 +67,10 @@ def _check_chain(client, result, trainer):
     if trainer != "torch":  # ortflow's trainers choose their threads by the work: a batch of 8-unit MLP rows
         assert tr.data.params["trainer.n_threads_"] == "1"
     assert parent.data.params["trainer.name"] == trainer
+    # where it ran: the device, no GPU, the default precision, the onnxruntime build (issue 39)
+    assert tr.data.tags["ortflow.device"] == "cpu" and tr.data.tags["ortflow.gpu"] == "none"
+    assert tr.data.tags["ortflow.precision"] == "fp32"
+    assert f" {onnxruntime.__version__}" in tr.data.tags["ortflow.onnxruntime"]
     config = Path(mlflow.artifacts.download_artifacts(run_id=tr.info.run_id, artifact_path="config/config.yaml"))
     assert "max_iter: 3" in config.read_text()
 

@@ -225,6 +225,10 @@ def _tiny_linear():
      {"learning_rate": ("LearningRateAdam", {"eta0": 0.01})}),
     (["trainer=full", "trainer.gradients=ortflow"], "OrtGradientOptimizer", {"gradients": "ortflow"}),
     (["trainer=fwbw"], "OrtGradientForwardBackwardOptimizer", {"gradients": "auto"}),
+    # the GPU's settings (issue 39): auto resolves at fit, TF32 is opt-in, fp32 when unset
+    (["trainer=full", "trainer.device=auto", "trainer.precision=tf32"], "OrtGradientOptimizer",
+     {"device": "auto", "precision": "tf32"}),
+    (["trainer=fwbw"], "OrtGradientForwardBackwardOptimizer", {"precision": "fp32"}),
 ])
 def test_a_valid_setting_reaches_the_trainer(compose_pipeline, overrides, trainer, expected):
     import ortflow
@@ -352,3 +356,8 @@ def test_checkpoints_inside_an_epoch_are_for_a_streamed_table(compose_pipeline, 
                                   "trainer.checkpoint_every=1", "trainer.checkpoint_every_rows=0"))
     validate(compose_pipeline("data=parquet", f"data.path={tmp_path}", "data.target=y", "trainer.checkpoint_every=1",
                               "trainer.checkpoint_every_rows=100"))
+
+
+def test_an_unknown_precision_is_refused_naming_the_choices(compose_pipeline):
+    with pytest.raises(ConfigError, match=r"trainer.precision='fp16' is not one of \['fp32', 'tf32'\]"):
+        validate(compose_pipeline("trainer=full", "trainer.precision=fp16"))

@@ -62,3 +62,25 @@ def test_a_poisson_chain_answers_the_mean(compose_pipeline, clean_mlflow_env, tm
                            f"mlflow.root={tmp_path}", "stages=[convert,add_loss,train,evaluate]")
     metrics = run_chain(cfg, work_dir=tmp_path / "chain").metrics
     assert metrics["test_mae"] == pytest.approx(metrics["sklearn_test_mae"], rel=0.05)
+
+
+def test_pipelines_default_penalty_follows_the_naming_rule(regression_data):
+    """The pipelines penalize every coefficient matrix by default: ``coef`` of a linear model, ``coef_<i>`` of an MLP.
+    (In the pipeline tests: the core suite runs without omegaconf.)"""
+    import warnings
+
+    from omegaconf import OmegaConf
+    from sklearn.linear_model import LinearRegression
+    from sklearn.neural_network import MLPRegressor
+
+    from ortflow import to_onnx
+    from pipelines.modeling.estimators import penalty_spec
+
+    X, y = regression_data
+    cfg = OmegaConf.create({"penalty": {"name": "elastic", "l1": 0.1, "l2": 0.2, "weights": None}})
+    linear = to_onnx(LinearRegression().fit(X, y))
+    with warnings.catch_warnings():  # two iterations: the graph's names are what matters
+        warnings.simplefilter("ignore")
+        mlp = to_onnx(MLPRegressor(hidden_layer_sizes=(3,), max_iter=2, random_state=0).fit(X, y))
+    assert penalty_spec(cfg, linear) == {"coef": {"l1": 0.1, "l2": 0.2}}
+    assert list(penalty_spec(cfg, mlp)) == ["coef_0", "coef_1"]

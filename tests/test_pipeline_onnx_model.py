@@ -61,7 +61,7 @@ def test_a_graph_without_rules_is_refused_before_any_run_naming_every_node(compo
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 10])],
                               [w, axis, shape])
     path = tmp_path / "no_rules.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
     cfg = _compose(compose_pipeline, tmp_path, sqlite_uri, "model=onnx", f"model.path={path}", "data=digits_images")
     validate(cfg)
     with pytest.raises(ConfigError) as err:

@@ -350,7 +350,7 @@ def test_requirements_name_the_plain_onnxruntime_that_runs_the_graph_opsets():
 
     def graph(*opsets):
         return helper.make_model(helper.make_graph([], "g", [], []),
-                                 opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+                                 opset_imports=[helper.make_opsetid(d, v) for d, v in opsets], ir_version=8)
 
     assert onnxruntime_floor(graph(("", 17))) == "1.12"  # what ortflow's converters write
     assert onnxruntime_floor(graph(("", 15), ("ai.onnx.ml", 4))) == "1.15"

@@ -91,18 +91,27 @@ def test_fine_tuning_the_head(reference, kind):
 def test_committed_files_are_current(tmp_path):
     """A fresh export and torch run (``python -m tests.reference_models --write``) reproduce the committed files:
     the graph byte for byte, the data and settings exactly, torch's loss curve within the tolerance the trainers are
-    held to (it is float32 arithmetic, rounded differently on another CPU)."""
-    pytest.importorskip("torch")
+    held to (it is float32 arithmetic, rounded differently on another CPU). Another torch version exports another
+    graph (seen with torch 2.11: issue 39): the graph is compared only under the torch that wrote it (its
+    ``producer_version``), and the test says so as a skip once the rest is checked."""
+    torch = pytest.importorskip("torch")
     import reference_models
 
+    other_writer = []
     for name in NAMES:
         exported, arrays = reference_models.reference_run(name)
         committed = reference_data.load(name)
         hint = f"{name}: run `python -m tests.reference_models --write` and commit tests/data/reference"
-        assert exported.SerializeToString() == committed.model.SerializeToString(), hint
+        if torch.__version__.split("+")[0] == committed.model.producer_version:
+            assert exported.SerializeToString() == committed.model.SerializeToString(), hint
+        else:
+            other_writer.append(f"{name} (written by torch {committed.model.producer_version})")
         stored = np.load(reference_data.FOLDER / f"{name}.npz")
         assert sorted(stored.files) == sorted(arrays), hint
         for key, value in arrays.items():
             if key != "torch_losses":
                 np.testing.assert_array_equal(stored[key], value, err_msg=f"{key}; {hint}")
         assert_close(arrays["torch_losses"], stored["torch_losses"], rtol=LOSS_RTOL, err_msg=hint)
+    if other_writer:
+        pytest.skip(f"data, settings and losses checked; the exported graphs not compared: torch "
+                    f"{torch.__version__} is not the version that wrote {', '.join(other_writer)}")

@@ -328,9 +328,9 @@ def _matmul(n: NodeGrad):
         db = need_b and e.op("Gemm", [a, dy], like=b, transA=1)
     else:  # batched on both sides (rank of b > 2)
         if need_a:
-            da = e.unbroadcast_at_run_time(e.op("MatMul", [dy, _swap_last(e, b, rb)]), a)
+            da = e.unbroadcast_batch(e.op("MatMul", [dy, _swap_last(e, b, rb)]), a, n.y)
         if need_b:
-            db = e.unbroadcast_at_run_time(e.op("MatMul", [_swap_last(e, a, ra), dy]), b)
+            db = e.unbroadcast_batch(e.op("MatMul", [_swap_last(e, a, ra), dy]), b, n.y)
     return [da or None, db or None]
 
 

@@ -14,6 +14,7 @@ from ..registry import family, names
 from .builder import build_gradients, refuse_unreached
 from .derivative import assemble, pick_weights, value_info
 from ..onnx_builder import Emitter, ValueInfo
+from .measured_shapes import with_measured_shapes
 
 UPDATED = "_updated"
 
@@ -46,10 +47,14 @@ def training_step(
     ``loss_output`` defaults to the first output. Every input's first axis, when not fixed, is declared as one
     symbol ``batch``: a training batch slices all inputs by rows, and knowing it lets the gradient sum broadcast
     axes without run-time checks. With ``batch_rows`` that axis is fixed to this many rows: a graph for one batch
-    shape, whose shape computations (counts, broadcast shapes) are constants.
+    shape, whose shape computations (counts, broadcast shapes) are constants; the shapes onnx's inference cannot
+    settle (an exported attention's reshapes) are measured by one run (:mod:`.measured_shapes`), so no broadcast
+    axis is left to find at run time.
     """
     rate = _optimizer(optimizer, betas, epsilon, weight_decay)
     model = _one_batch_axis(load_model(loss_model), batch_rows)
+    if batch_rows is not None:  # every shape fixed: settle those onnx's inference leaves open (no NonZero after)
+        model = with_measured_shapes(model)
     weights = pick_weights(model, weights)
     if not weights:
         raise ValueError("training_step needs at least one float initializer to train")

@@ -37,7 +37,7 @@ from ..exceptions import (
     explain_gradient_failure,
     with_training_build_hint,
 )
-from ..runtime import DeviceBuffer, _c_value, c_session, make_session_options, ort_device, to_ortvalue
+from ..runtime import DeviceBuffer, _c_value, c_session, make_session, make_session_options, ort_device, to_ortvalue
 from ..validation import check_choice, check_device, check_weights_to_train, resolve_device
 from .own_graphs import ForwardState, build_own_graphs, free_inputs
 
@@ -155,10 +155,10 @@ class OrtGradientForwardBackward:
         except RuntimeError as exc:
             raise explain_gradient_failure(exc) from exc
         model = g.fused_matmul_for_double(onnx.load_from_string(builder.get_gradient_model()))
-        kind, providers = check_device(self.device)
+        kind, _ = check_device(self.device)
         if kind == "cpu" and input_shapes is not None:  # the bias gradients' row sums, see g.row_sums_as_matmul
             model = g.row_sums_as_matmul(model)
-        sess = InferenceSession(model.SerializeToString(), options, providers=providers)
+        sess = make_session(model, self.device, options)
         self._sessions.append(sess)
         info = builder.get_graph_info()
         dev = ort_device(self.device)
@@ -268,8 +268,7 @@ class OrtGradientForwardBackward:
             path = os.path.join(folder, "optimized.onnx")
             options = make_session_options()
             options.optimized_model_filepath = path
-            _, providers = check_device(self.device)
-            InferenceSession(self.gradient_model_.SerializeToString(), options, providers=providers)
+            make_session(self.gradient_model_, self.device, options)
             return onnx.load(path)
 
     def graphs(self) -> dict[str, onnx.ModelProto]:

@@ -296,7 +296,9 @@ class TrainerConfig:
     gradients: Optional[Gradients] = None
     max_iter: int = 20
     batch_size: int = 32
-    device: str = "cpu"  # trainer=torch: cpu only
+    device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N' or 'auto' (cuda when onnxruntime has it); trainer=torch: cpu only
+    # float32 matrix products on CUDA: 'fp32' (exact, the default) or 'tf32'; None: fp32
+    precision: Optional[str] = None
     # onnxruntime intra-op threads; None: the trainer picks them from a batch's work (logged as trainer.n_threads_)
     n_threads: Optional[int] = None
     seed: int = "${seed}"  # type: ignore[assignment]
@@ -709,7 +711,7 @@ OPTIMIZER_DEFAULTS = {"lr_schedule": "constant"}
 TRAINER_KEYS = {"max_iter": "max_iter", "batch_size": "batch_size", "device": "device", "n_threads": "n_threads",
                 "seed": "random_state", "shuffle": "shuffle", "early_stopping": "early_stopping",
                 "n_iter_no_change": "n_iter_no_change", "tol": "tol", "weights_to_train": "weights_to_train",
-                "gradients": "gradients"}
+                "gradients": "gradients", "precision": "precision"}
 
 
 def learning_rate(cfg: DictConfig) -> ortflow.BaseLearningRate:
@@ -772,7 +774,7 @@ def trainer_settings(cfg: DictConfig) -> dict[str, Any]:
             if value is not None:
                 raise ConfigError(f"trainer.{key}={_value(value)}: trainer={name} takes no {key}")
             continue
-        if value is None and param == "gradients":
+        if value is None and param in ("gradients", "precision"):
             continue
         args[param] = list(value) if key == "weights_to_train" and value else _value(value)
     return args

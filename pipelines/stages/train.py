@@ -64,6 +64,7 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
     if resume is not None and resume.run_id:
         trainer_callbacks.append(MarkResumed(ctx.tracking, resume.run_id, ctx.run_id))  # the killed run ends KILLED
     estimator = build_trainer(cfg, graph, trainer_callbacks)
+    ctx.set_tags(device_tags(estimator))
     if split.streamed:  # data=parquet: epochs and validation read the parts chunk by chunk, prepared as the sample
         parts = split.stream_parts()
         X, y = split.prepared(parts["train"]), None
@@ -128,6 +129,20 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
          "trainer": type(estimator).__name__}, indent=1, default=_json_default))
     ctx.log_file(ctx.work_dir / "train_summary.json", None, entry="train_summary")
     return ctx.metrics
+
+
+def device_tags(estimator) -> dict[str, str]:
+    """Where the trainer runs, as run tags: the device (``auto`` resolved), the GPU's name (``none`` on CPU or
+    when unknown: nvidia-ml-py names it), the float32 precision of CUDA products and the onnxruntime build."""
+    from ortflow.validation import device_index, resolve_device
+
+    device = resolve_device(estimator.device)
+    info = ortflow.device_info(device_index(device) if device.startswith("cuda") else 0)
+    build = f"{info['package']} {info['version']}"
+    if info["cuda_version"]:
+        build += f" (CUDA {info['cuda_version']}, cuDNN {info['cudnn_version']})"
+    return {"ortflow.device": device, "ortflow.gpu": (device != "cpu" and info["gpu"]) or "none",
+            "ortflow.precision": str(getattr(estimator, "precision", "fp32")), "ortflow.onnxruntime": build}
 
 
 @contextlib.contextmanager

@@ -1,0 +1,79 @@
+"""Training data on the device (ortflow.device_data, issue 39 item 3), on the CPU: batches bound by address and
+rows shuffled on the device give exactly what copying the rows gives; losses land in a device vector."""
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from ortflow._ort import _C
+from ortflow.device_data import DeviceLosses, DeviceRows, fits_on_device
+from ortflow.runtime import OnnxFunction
+
+
+@pytest.fixture(scope="module")
+def loss_function():
+    """loss = mean((X @ w - y)^2), X (N, 3), y (N, 1)."""
+    w = numpy_helper.from_array(np.array([[0.5], [-1.0], [2.0]], np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["X", "w"], ["p"]), helper.make_node("Sub", ["p", "y"], ["d"]),
+             helper.make_node("Mul", ["d", "d"], ["s"]), helper.make_node("ReduceMean", ["s"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "loss", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 3]),
+                                              helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 1])],
+                              [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], [w])
+    return OnnxFunction(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), "cpu")
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((23, 3)).astype(np.float32), rng.standard_normal((23, 1)).astype(np.float32)
+
+
+def _copied_loss(fn, X, y):
+    return float(fn.run(X, y)[0].numpy())
+
+
+def test_batches_bound_by_address_are_the_copied_rows(loss_function, data):
+    X, y = data
+    rows = DeviceRows([X, y.astype(np.float64)], "cpu")  # float64 becomes float32, as the trainers feed it
+    assert rows.nbytes == X.nbytes + y.nbytes and rows.n_rows == 23
+    binding = _C.SessionIOBinding(loss_function._sess)
+    binding.bind_output("loss", loss_function._device)
+    losses = DeviceLosses(3)
+    for i, start in enumerate(range(0, 23, 10)):  # 10, 10 and the last 3 rows
+        n = rows.bind(binding, ["X", "y"], slice(start, start + 10))
+        losses.bind(binding, "loss", i)
+        loss_function.run_bound(binding)
+        assert n == min(10, 23 - start)
+        assert losses.read(i + 1)[i] == _copied_loss(loss_function, X[start: start + 10], y[start: start + 10])
+    with pytest.raises(ValueError, match="consecutive rows"):
+        rows.bind(binding, ["X", "y"], slice(0, 10, 2))
+    with pytest.raises(IndexError, match="outside the 3"):
+        losses.bind(binding, "loss", 3)
+
+
+def test_rows_shuffled_on_the_device_are_the_permuted_rows(loss_function, data):
+    X, y = data
+    rows = DeviceRows([X, y], "cpu")
+    permutation = np.random.default_rng(1).permutation(23)
+    rows.shuffle(permutation)
+    np.testing.assert_array_equal(rows.read()[0], X[permutation])
+    binding = _C.SessionIOBinding(loss_function._sess)
+    binding.bind_output("loss", loss_function._device)
+    rows.bind(binding, ["X", "y"], slice(5, 15))
+    loss_function.run_bound(binding)
+    got = float(binding.get_outputs()[0].numpy())
+    assert got == _copied_loss(loss_function, X[permutation][5:15], y[permutation][5:15])
+    rows.unshuffle()
+    np.testing.assert_array_equal(rows.read()[1], y)
+    with pytest.raises(ValueError, match="permutation of 23 rows"):
+        rows.shuffle(np.arange(5))
+
+
+def test_data_goes_to_the_device_when_it_fits_twice_in_half_the_free_memory():
+    assert fits_on_device(10**12, "cpu")  # in memory already
+    assert fits_on_device(250, "cuda", free=1000) and not fits_on_device(251, "cuda", free=1000)
+    assert fits_on_device(500, "cuda", shuffled=False, free=1000)
+    from ortflow.device_data import free_device_memory
+
+    if free_device_memory("cuda") is None:  # no nvidia-ml-py or no GPU: unknown free memory, the loop copies
+        assert not fits_on_device(1, "cuda")
