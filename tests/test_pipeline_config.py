@@ -30,9 +30,9 @@ def _causes(exc: BaseException) -> str:
 
 def test_default_config_composes_small_defaults(compose_pipeline):
     cfg = compose_pipeline()
-    validate(cfg)  # model and loss follow data.task: linear and square for the default regression data
-    assert (str(cfg.data.name), str(cfg.model.name), str(cfg.loss.name), str(cfg.trainer.name)) == (
-        "regression", "linear", "square", "full")
+    validate(cfg)  # model follows data.task (linear for the default regression data), the loss is the model's own
+    assert (str(cfg.data.name), str(cfg.model.name), cfg.loss.name, str(cfg.trainer.name)) == (
+        "regression", "linear", None, "full")
     assert (cfg.data.n_samples, cfg.data.n_features, cfg.trainer.max_iter) == (1000, 20, 20)
     assert cfg.mlflow.registered_model_name == "ortflow-regression-linear"
     assert cfg.trainer.seed == cfg.seed == cfg.data.seed
@@ -281,18 +281,18 @@ def test_every_metric_evaluate_writes_is_a_valid_promotion_metric():
 # --- model and loss follow data.task; every problem at once; hints that name what exists (issue 27, item 3) ----
 
 
-@pytest.mark.parametrize("overrides,model,loss", [
-    (["data=iris"], "logistic", "log"),  # seen: data=iris alone failed on the default mlp_regressor
-    (["data=breast_cancer", "model=mlp_classifier"], "mlp_classifier", "log"),  # an explicit model wins
-    (["data=diabetes"], "linear", "square"),
-    (["data=file", "data.path=t.csv", "data.target=y", "data.task=classification"], "logistic", "log"),
+@pytest.mark.parametrize("overrides,model,loss", [  # loss None: the model's own (ortflow.estimator_loss)
+    (["data=iris"], "logistic", None),  # seen: data=iris alone failed on the default mlp_regressor
+    (["data=breast_cancer", "model=mlp_classifier"], "mlp_classifier", None),  # an explicit model wins
+    (["data=diabetes"], "linear", None),
+    (["data=file", "data.path=t.csv", "data.target=y", "data.task=classification"], "logistic", None),
     (["data=digits", "loss=log", "model.start_max_iter=3", "model.C=0.5"], "logistic", "log"),
     (["experiment=smoke"], "mlp_regressor", "square"),  # an experiment's choice is explicit
 ])
-def test_model_and_loss_follow_data_task_unless_given(compose_pipeline, overrides, model, loss):
+def test_model_follows_data_task_unless_given(compose_pipeline, overrides, model, loss):
     cfg = compose_pipeline(*overrides)
     validate(cfg)
-    assert (str(cfg.model.name), str(cfg.model.task), str(cfg.loss.name)) == (model, str(cfg.data.task), loss)
+    assert (str(cfg.model.name), str(cfg.model.task), cfg.loss.name) == (model, str(cfg.data.task), loss)
     if "model.C=0.5" in overrides:  # keys given without model= are kept on top of the option's file
         assert (cfg.model.start_max_iter, cfg.model.C) == (3, 0.5)
         assert cfg.mlflow.registered_model_name == "ortflow-digits-logistic"

@@ -234,21 +234,16 @@ class ModelConfig:
     start_max_iter: int = 50
     target_opset: int = 17
     l1_ratio: float = 0.5  # elastic_net
-    epsilon: float = 1.35  # huber
-    quantile: float = 0.5  # quantile
+    # the settings a model shares with a loss: None (unset) leaves the estimator's and the loss's own default. A loss
+    # chosen with loss.name takes them by name (loss.name=quantile model.quantile=0.9 trains the 0.9 quantile)
+    epsilon: Optional[float] = None  # huber (conf/model/huber.yaml: 1.35)
+    quantile: Optional[float] = None  # quantile (conf/model/quantile.yaml: 0.5)
     # sgd_regressor / sgd_classifier: scikit-learn's loss (None: squared_error / log_loss)
     sgd_loss: Optional[str] = None
     # model=onnx: the .onnx file to train (relative to the directory the command starts from) and the output to
     # train (the logits of a classifier, the prediction of a regressor; None: the graph's only output)
     path: Optional[str] = None
     output: Optional[str] = None
-
-
-@dataclass
-class LossConfig:
-    name: str = MISSING  # a name of ortflow's registry (family "loss")
-    l1_weight: float = 0.5
-    l2_weight: float = 0.5
 
 
 @dataclass
@@ -359,9 +354,11 @@ class SourceConfig:
 @dataclass
 class Config:
     data: DataConfig = MISSING
-    # model= and loss= left unchosen (conf/config.yaml): their options follow data.task (see follow_task)
+    # model= left unchosen (conf/config.yaml): its option follows data.task (see follow_task)
     model: ModelConfig = field(default_factory=ModelConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
+    # loss.name: a name of ortflow's registry (family "loss"), None: the model's own loss (ortflow.estimator_loss);
+    # the other keys are the settings of the loss's class (its constructor's parameters), checked by validate()
+    loss: Dict[str, Any] = field(default_factory=lambda: {"name": None})
     penalty: PenaltyConfig = MISSING
     trainer: TrainerConfig = MISSING
     mlflow: MlflowConfig = MISSING
@@ -393,30 +390,28 @@ class ConfigError(UserError, ValueError):
             f"({i}) {p}" for i, p in enumerate(problems, 1)), problems)
 
 
-#: the options model= and loss= take for each data.task when neither the command line nor an experiment picks one
-TASK_DEFAULTS = {"regression": {"model": "linear", "loss": "square"},
-                 "classification": {"model": "logistic", "loss": "log"}}
-_GROUP_SCHEMA = {"model": ModelConfig, "loss": LossConfig}
+#: the option model= takes for each data.task when neither the command line nor an experiment picks one
+TASK_MODEL = {"regression": "linear", "classification": "logistic"}
+#: the loss of a model with no estimator of its own (model=onnx) when loss.name is unset; every other model trains
+#: with its estimator's own loss (:func:`ortflow.estimator_loss.estimator_loss`)
+TASK_LOSS = {"regression": "square", "classification": "log"}
 
 
 def follow_task(cfg: DictConfig) -> dict[str, str]:
-    """Give ``model`` and ``loss`` their option of :data:`TASK_DEFAULTS` for ``data.task`` when none was chosen
-    (their ``name`` is missing): the option's file under ``conf/``, with the keys the command line or an experiment
-    set (those that differ from the schema's defaults) on top. An explicit choice is kept as it is, a
-    contradictory one is refused by :func:`validate` naming both. Returns the options it picked."""
+    """Give ``model`` its option of :data:`TASK_MODEL` for ``data.task`` when none was chosen (its ``name`` is
+    missing): the option's file under ``conf/``, with the keys the command line or an experiment set (those that
+    differ from the schema's defaults) on top. An explicit choice is kept as it is, a contradictory one is refused
+    by :func:`validate` naming both. Returns the options it picked."""
     picked: dict[str, str] = {}
-    if OmegaConf.is_missing(cfg.data, "task"):
+    if OmegaConf.is_missing(cfg.data, "task") or not OmegaConf.is_missing(cfg.model, "name"):
         return picked
-    for group, option in TASK_DEFAULTS[_value(cfg.data.task)].items():
-        node = cfg[group]
-        if not OmegaConf.is_missing(node, "name"):
-            continue
-        defaults = OmegaConf.to_container(OmegaConf.structured(_GROUP_SCHEMA[group]), resolve=False)
-        current = OmegaConf.to_container(node, resolve=False, enum_to_str=True)
-        given = {k: v for k, v in current.items() if v != "???" and v != _plain(defaults.get(k))}
-        cfg[group] = OmegaConf.merge(OmegaConf.structured(_GROUP_SCHEMA[group]),
-                                     OmegaConf.load(Path(CONFIG_DIR) / group / f"{option}.yaml"), given)
-        picked[group] = option
+    option = TASK_MODEL[_value(cfg.data.task)]
+    defaults = OmegaConf.to_container(OmegaConf.structured(ModelConfig), resolve=False)
+    current = OmegaConf.to_container(cfg.model, resolve=False, enum_to_str=True)
+    given = {k: v for k, v in current.items() if v != "???" and v != _plain(defaults.get(k))}
+    cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig),
+                                OmegaConf.load(Path(CONFIG_DIR) / "model" / f"{option}.yaml"), given)
+    picked["model"] = option
     return picked
 
 
@@ -510,6 +505,8 @@ def validate(cfg: DictConfig) -> None:
     trainer_ok = check(check_trainer, cfg, False)  # first the checks that need no registry (seconds of imports)
     registry_ok = {kind: check(_check_registry_name, cfg, key, kind) for key, kind in REGISTRY_KEYS.items()}
     check(check_task, cfg, registry_ok["loss"])
+    if registry_ok["loss"]:
+        check(check_loss, cfg)
     if trainer_ok and all(registry_ok.values()):
         check(check_trainer, cfg)
     check(_check_values, cfg)
@@ -521,6 +518,8 @@ def validate(cfg: DictConfig) -> None:
 
 def _check_registry_name(cfg: DictConfig, key: str, kind: str) -> None:
     value = OmegaConf.select(cfg, key)
+    if value is None and kind == "loss":  # the model's own loss
+        return
     if value not in names(kind):
         close = close_keys(str(value), names(kind))
         raise ConfigError(f"{key}={value!r} is not one of {names(kind)} (the names of ortflow's registry)"
@@ -550,20 +549,22 @@ def check_task(cfg: DictConfig, loss_known: bool = True) -> None:
         fitting = [m.value for m, t in MODEL_TASK.items() if t == data_task]
         problems.append(f"model={model.value} is a {MODEL_TASK[model].value} model but {data} is a "
                         f"{data_task.value} data set: pick {choice_hint('model', fitting)}, or leave model= out "
-                        f"(it follows data.task: model={TASK_DEFAULTS[data_task.value]['model']})")
+                        f"(it follows data.task: model={TASK_MODEL[data_task.value]})")
     elif _value(cfg.model.task) != data_task.value:
         problems.append(f"model.task={_value(cfg.model.task)} does not match data.task={data_task.value}")
     if model == ModelKind.poisson and cfg.data.standardize_target:
         problems.append("model=poisson predicts exp(score), a count or rate: its target must keep its units "
-                        "(data.standardize_target=false), and train with loss.name=poisson")
-    if loss_known:
-        chosen_loss = loss(cfg)
-        if chosen_loss.task != data_task.value:
-            fitting = sorted({select("loss", n).names[0] for n in names("loss")
-                              if select("loss", n).task == data_task.value})
-            problems.append(f"loss={_value(cfg.loss.name)} is a {chosen_loss.task} loss but {data} is a "
+                        "(data.standardize_target=false)")
+    if loss_known and cfg.loss.name is not None:
+        from ortflow.registry import family
+
+        classes = family("loss")
+        task = classes[cfg.loss.name].task
+        if task != data_task.value:
+            fitting = sorted({c.names[0] for c in classes.values() if c.task == data_task.value})
+            problems.append(f"loss={_value(cfg.loss.name)} is a {task} loss but {data} is a "
                             f"{data_task.value} data set: use {choice_hint('loss', fitting)}, or leave loss= out "
-                            f"(it follows data.task: loss={TASK_DEFAULTS[data_task.value]['loss']})")
+                            "(the model's own loss)")
     if problems:
         raise ConfigError.of(problems)
 
@@ -735,14 +736,102 @@ def learning_rate(cfg: DictConfig) -> ortflow.BaseLearningRate:
     return rate
 
 
-def loss(cfg: DictConfig) -> ortflow.BaseLearningLoss:
-    """``loss.name`` from the registry, with the ``loss`` settings its class takes (the group's defaults hold
-    l1_weight and l2_weight, the elastic loss's)."""
-    from ortflow.registry import family, settings_of
+def settings_from(cls: type, groups: Mapping[str, Any]) -> dict[str, tuple[str, Any]]:
+    """The settings of ``cls`` (its constructor's parameters, :func:`ortflow.registry.settings_of`) that the
+    config's ``groups`` (name -> node) set, looked up by name, the first group first: parameter -> (the key that set
+    it, its value). A key left None is unset: the class keeps its own default."""
+    from ortflow.registry import settings_of
 
-    name = _value(cfg.loss.name)
-    taken = settings_of(family("loss").get(name, object))
-    return select("loss", name, "loss", **{k: float(cfg.loss[k]) for k in ("l1_weight", "l2_weight") if k in taken})
+    found: dict[str, tuple[str, Any]] = {}
+    for group, node in groups.items():
+        for param in settings_of(cls):
+            if param not in found and param in node and node[param] is not None:
+                value = node[param]
+                value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else _value(value)
+                found[param] = (f"{group}.{param}", value)
+    return found
+
+
+def _unknown_settings(group: str, node: DictConfig, cls: type, name: str, fixed: tuple = ("name",)) -> None:
+    """The keys of ``group`` that are no setting of its class ``cls``: a ConfigError naming them and the class's."""
+    from ortflow.registry import settings_of
+
+    taken = settings_of(cls)
+    unknown = [f"{group}.{k}" for k in node if k not in fixed and k not in taken]
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)}: not a setting of {group}={name} ({cls.__name__} takes "
+                          f"{taken or 'no setting'})")
+
+
+def instance(kind: str, name: str, settings: dict[str, tuple[str, Any]], key: str) -> Any:
+    """The registry's class ``name`` of family ``kind`` with ``settings`` (:func:`settings_from`), checked: a
+    ConfigError naming the config's key of a bad value."""
+    built = select(kind, name, key, **{param: value for param, (_, value) in settings.items()})
+    try:
+        built.check()
+    except ValueError as exc:  # the message names the class's parameter: name the config's key instead
+        keys = {param: where for param, (where, _) in settings.items()}
+        message = re.sub(r"\b(\w+)=", lambda m: f"{keys[m[1]]}=" if m[1] in keys else m[0], str(exc))
+        raise ConfigError(f"{key}={name}: {message}") from None
+    return built
+
+
+def loss_settings(cfg: DictConfig) -> dict[str, tuple[str, Any]]:
+    """The settings of the chosen ``loss.name``: each parameter of its class from ``loss.<parameter>``, else from
+    ``model.<parameter>`` (a model's setting reaches its loss: ``model.quantile``, ``model.epsilon``). A key of
+    ``loss`` its class does not take is a ConfigError; so is any with ``loss.name`` unset (the model's own loss
+    takes the model's settings)."""
+    from ortflow.registry import family
+
+    name = cfg.loss.name
+    if name is None:
+        given = [f"loss.{k}" for k in cfg.loss if k != "name"]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: settings of a loss, but loss.name is unset (the model's own loss, "
+                              "which takes the model's settings): choose the loss with loss.name=<name> or "
+                              "loss=<option>")
+        return {}
+    cls = family("loss")[name]
+    _unknown_settings("loss", cfg.loss, cls, name)
+    return settings_from(cls, {"loss": cfg.loss, "model": cfg.model})
+
+
+def loss(cfg: DictConfig, graph: Any = None) -> ortflow.BaseLearningLoss:
+    """The loss to train: ``loss.name`` from the registry with :func:`loss_settings`; ``loss.name`` unset, the
+    model's own (:func:`ortflow.estimator_loss.estimator_loss` of the estimator ``graph`` records, with its settings:
+    HuberRegressor's epsilon and scale, QuantileRegressor's quantile...; :data:`TASK_LOSS` for a graph without
+    one)."""
+    if cfg.loss.name is not None:
+        return instance("loss", cfg.loss.name, loss_settings(cfg), "loss.name")
+    loss_settings(cfg)
+    name, settings = own_loss(graph, task_of(cfg))
+    return instance("loss", name, {k: (f"model.{k}", v) for k, v in settings.items()}, "loss.name")
+
+
+def check_loss(cfg: DictConfig) -> None:
+    """The ``loss`` group: its keys against the settings its class takes, their values against the class's checks
+    (a model's own loss is checked when its estimator is known, by ``add_loss``)."""
+    if cfg.loss.name is None:
+        loss_settings(cfg)
+    else:
+        loss(cfg)
+
+
+def own_loss(graph: Any, task: str) -> tuple[str, dict]:
+    """``(loss name, settings)`` of the estimator ``graph`` records (``ortflow.estimator_loss``, the one map of
+    estimators to losses), :data:`TASK_LOSS` of ``task`` for a graph without an estimator record. The estimator's
+    penalty is not taken: the ``penalty`` group says the penalty."""
+    import warnings
+
+    from ortflow.convert import estimator_record
+    from ortflow.estimator_loss import estimator_loss
+
+    if graph is None or not estimator_record(graph):
+        return TASK_LOSS[task], {}
+    with warnings.catch_warnings():  # the warning that its penalty needs n_samples: the penalty is not taken
+        warnings.simplefilter("ignore", UserWarning)
+        name, settings, _ = estimator_loss(graph)
+    return name, settings
 
 
 def _trainer_table(cfg: DictConfig) -> tuple:
@@ -770,15 +859,17 @@ def trainer_settings(cfg: DictConfig) -> dict[str, Any]:
 
 
 def trainer_arguments(cfg: DictConfig, callbacks: list | None = None) -> dict[str, Any]:
-    """The estimator's parameters from ``trainer`` (and ``loss`` for the trainers that add the loss themselves),
-    except the graph and the penalty (it needs the graph's weights)."""
+    """The estimator's parameters from ``trainer``, except the graph, the loss and the penalty (they need the
+    graph: :func:`adds_loss`)."""
     args = trainer_settings(cfg)
     args.update(learning_rate=learning_rate(cfg), verbose=trainer_verbose(cfg), callbacks=callbacks or [], exc=True)
-    if any(p.name == "learning_loss" for p in _trainer_table(cfg)):
-        args["learning_loss"] = loss(cfg)
-    else:
-        args["loss_output_name"] = "loss"
     return args
+
+
+def adds_loss(cfg: DictConfig) -> bool:
+    """Whether ``trainer.name`` adds the loss and penalty itself (``learning_loss``), else it trains the graph
+    ``add_loss`` wrote."""
+    return any(p.name == "learning_loss" for p in _trainer_table(cfg))
 
 
 def check_trainer(cfg: DictConfig, registry: bool = True) -> None:

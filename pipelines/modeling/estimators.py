@@ -55,9 +55,9 @@ def _linear_estimator(model: DictConfig, seed: int):
         "sgd_regressor": lambda: linear_model.SGDRegressor(loss=str(model.sgd_loss or "squared_error"), alpha=alpha,
                                                            fit_intercept=intercept, max_iter=iters,
                                                            random_state=seed),
-        "huber": lambda: linear_model.HuberRegressor(epsilon=float(model.epsilon), alpha=alpha,
+        "huber": lambda: linear_model.HuberRegressor(**set_only(epsilon=model.epsilon), alpha=alpha,
                                                      fit_intercept=intercept, max_iter=iters),
-        "quantile": lambda: linear_model.QuantileRegressor(quantile=float(model.quantile), alpha=alpha,
+        "quantile": lambda: linear_model.QuantileRegressor(**set_only(quantile=model.quantile), alpha=alpha,
                                                            fit_intercept=intercept, solver="highs"),
         "sgd_classifier": lambda: linear_model.SGDClassifier(loss=str(model.sgd_loss or "log_loss"), alpha=alpha,
                                                              fit_intercept=intercept, max_iter=iters,
@@ -66,6 +66,11 @@ def _linear_estimator(model: DictConfig, seed: int):
         "poisson": lambda: linear_model.PoissonRegressor(alpha=alpha, fit_intercept=intercept, max_iter=iters),
     }
     return builders[name]() if name in builders else None
+
+
+def set_only(**settings) -> dict:
+    """The settings that are not None (None: the estimator keeps its own default)."""
+    return {k: v for k, v in settings.items() if v is not None}
 
 
 def build_preprocessing(kinds: dict[str, str], treatments: dict[str, str] | None = None):

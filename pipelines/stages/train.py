@@ -27,7 +27,7 @@ import ortflow
 from ..modeling import plots
 from .. import tracking as tr
 from ..tracking.checkpoints import MarkResumed, MlflowCheckpoint, resume_point
-from ..base.config import TRAINERS, trainer_arguments
+from ..base.config import TRAINERS, adds_loss, loss, trainer_arguments
 from ..data.datasets import Split
 from ..execution.runner import StageContext
 from ..modeling.estimators import penalty_spec
@@ -38,11 +38,13 @@ def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
     its parameters from ``trainer`` (:func:`pipelines.base.config.trainer_arguments`), the loss and penalty from the
     registry for the trainers that add the loss themselves (full training has them in its graph already)."""
     params = trainer_arguments(cfg, callbacks)
-    if "learning_loss" in params:
-        spec = penalty_spec(cfg, graph)  # the same weights as the full trainer's penalty (default: every coef*)
-        if spec:
-            params["learning_penalty"] = ortflow.ElasticLearningPenalty(
-                l1=float(cfg.penalty.l1), l2=float(cfg.penalty.l2), weights=list(spec))
+    if not adds_loss(cfg):
+        return TRAINERS[str(cfg.trainer.name)](graph, loss_output_name="loss", **params)
+    params["learning_loss"] = loss(cfg, graph)
+    spec = penalty_spec(cfg, graph)  # the same weights as the full trainer's penalty (default: every coef*)
+    if spec:
+        params["learning_penalty"] = ortflow.ElasticLearningPenalty(
+            l1=float(cfg.penalty.l1), l2=float(cfg.penalty.l2), weights=list(spec))
     return TRAINERS[str(cfg.trainer.name)](graph, **params)
 
 
