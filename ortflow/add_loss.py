@@ -16,7 +16,7 @@ from .graph import (ModelLike, all_names, check_loadable, elem_type, load_model,
 from .losses import BaseLearningLoss
 from .ml_op_rewrites import holds_linear_ops, make_trainable
 from .onnx_builder import GraphBuilder
-from .penalties import ElasticLearningPenalty
+from .penalties import BaseLearningPenalty, ElasticLearningPenalty
 from .registry import family, select, settings_of
 
 PenaltySpec = Mapping[str, Union[float, Mapping[str, float]]]
@@ -31,7 +31,7 @@ def add_loss_output(
     loss_name: str = "loss",
     label_name: str = "label",
     weight_name: str | None = None,
-    penalty: PenaltySpec | None = None,
+    penalty: PenaltySpec | BaseLearningPenalty | None = None,
     output_index: int | str | None = None,
     l1_weight: float = 0.5,
     l2_weight: float = 0.5,
@@ -52,7 +52,8 @@ def add_loss_output(
     LogisticRegression). The choice is recorded in the graph's metadata (key :data:`LOSS_METADATA`).
 
     ``penalty`` maps initializer names to ``{'l1': a, 'l2': b}`` (or to ``b`` alone, meaning L2) and adds
-    ``a * sum|w| + b * sum(w**2)`` for each. ``output_index`` picks the prediction by position or name (default: the
+    ``a * sum|w| + b * sum(w**2)`` for each; or it is a penalty of :mod:`ortflow.penalties` (any class of the
+    registry's family), whose value on each float initializer it ``penalizes`` is added. ``output_index`` picks the prediction by position or name (default: the
     only output, or ``raw_score`` when the graph has one). The original outputs are kept after the loss.
 
     A graph straight from skl2onnx, whose ``ai.onnx.ml`` LinearRegressor / LinearClassifier keeps its weights in
@@ -121,14 +122,24 @@ def add_loss_output(
     return new
 
 
-def _recorded(penalty: PenaltySpec | None) -> dict:
-    """The penalty as the metadata records it: weight -> {'l1': a, 'l2': b}."""
+def _recorded(penalty: PenaltySpec | BaseLearningPenalty | None) -> dict:
+    """The penalty as the metadata records it: weight -> {'l1': a, 'l2': b}, or a penalty object's name and
+    settings."""
+    if isinstance(penalty, BaseLearningPenalty):
+        return {"name": penalty.names[0], "params": penalty.get_params()}
     return {name: ({k: float(v) for k, v in coef.items()} if isinstance(coef, Mapping) else {"l2": float(coef)})
             for name, coef in (penalty or {}).items()}
 
 
-def _penalty_terms(b: GraphBuilder, model: onnx.ModelProto, penalty: PenaltySpec) -> list[str]:
+def _penalty_terms(b: GraphBuilder, model: onnx.ModelProto, penalty: PenaltySpec | BaseLearningPenalty) -> list[str]:
     floats = {i.name for i in model.graph.initializer if i.data_type == TensorProto.FLOAT}
+    if isinstance(penalty, BaseLearningPenalty):
+        penalty.check()
+        unknown = sorted(set(getattr(penalty, "weights", None) or ()) - floats)
+        if unknown:
+            raise ValueError(f"penalty names {unknown}, which are not float32 initializers; candidates: {sorted(floats)}")
+        values = [penalty.add_value(b, name) for name in sorted(floats) if penalty.penalizes(name)]
+        return [v for v in values if v is not None]
     terms = []
     for name, coef in penalty.items():
         if name not in floats:

@@ -173,14 +173,15 @@ def test_pipelines_default_penalty_follows_the_naming_rule(regression_data):
     """The pipelines penalize every coefficient matrix by default: ``coef`` of a linear model, ``coef_<i>`` of an MLP."""
     from omegaconf import OmegaConf
 
-    from pipelines.modeling.estimators import penalty_spec
+    from pipelines.base.config import penalty
 
     X, y = regression_data
     cfg = OmegaConf.create({"penalty": {"name": "elastic", "l1": 0.1, "l2": 0.2, "weights": None}})
     linear = to_onnx(LinearRegression().fit(X, y))
     mlp = to_onnx(_fit(MLPRegressor(hidden_layer_sizes=(3,), max_iter=2, random_state=0), X, y))
-    assert penalty_spec(cfg, linear) == {"coef": {"l1": 0.1, "l2": 0.2}}
-    assert list(penalty_spec(cfg, mlp)) == ["coef_0", "coef_1"]
+    built = penalty(cfg, [i.name for i in linear.graph.initializer])
+    assert (type(built).__name__, built.l1, built.l2, built.weights) == ("ElasticLearningPenalty", 0.1, 0.2, ["coef"])
+    assert penalty(cfg, [i.name for i in mlp.graph.initializer]).weights == ["coef_0", "coef_1"]
 
 
 def test_binary_ridge_classifier_with_a_one_dimensional_coef_trains_and_predicts(classification_data):

@@ -11,6 +11,7 @@ import onnxruntime
 import pytest
 from mlflow import MlflowClient
 
+from ortflow.penalties import BaseLearningPenalty
 from pipelines.base.config import ConfigError, validate
 from pipelines.data.datasets import Split
 from pipelines.orchestration.chain import run_chain
@@ -87,3 +88,59 @@ def test_a_setting_its_loss_does_not_take_is_refused(compose_pipeline):
         validate(compose_pipeline("+loss.l1_weight=1"))
     with pytest.raises(ConfigError, match=r"model\.quantile=1\.5 must be in \(0, 1\)"):
         validate(compose_pipeline("loss.name=quantile", "model.quantile=1.5"))
+
+
+class PullToOne(BaseLearningPenalty):
+    """``strength * sum((w - 1) ** 2)``: a penalty defined here only, registered under its name as any class of the
+    family, with a setting of its own."""
+
+    names = ("test_pull_to_one",)
+
+    def __init__(self, strength: float = 0.0, weights=None):
+        self.strength = strength
+        self.weights = weights
+
+    def is_null(self):
+        return not self.strength
+
+    def add_value(self, b, weight):
+        gap = b.node("Sub", [weight, b.const(1.0)])
+        return b.node("Mul", [b.node("ReduceSum", [b.node("Mul", [gap, gap])], keepdims=0), b.const(self.strength)])
+
+    def add_gradient(self, b, weight, grad):
+        gap = b.node("Sub", [weight, b.const(1.0)])
+        return b.node("Add", [grad, b.node("Mul", [gap, b.const(2.0 * self.strength)])])
+
+
+@pytest.mark.parametrize("trainer", ["full", "fwbw"])
+def test_a_penalty_class_defined_outside_the_pipelines_trains_from_penalty_name(
+        compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri, trainer):
+    """Seen: the train stage built ElasticLearningPenalty whatever penalty.name said. A penalty defined here trains
+    through the chain with its own formula: the trained weights solve mean((X w + b - y) ** 2) + s * |w - 1|^2 (the
+    least-squares normal equations with s (w - 1) added; the intercept is not penalized)."""
+    s = 0.5
+    _chain(compose_pipeline, tmp_path, sqlite_uri, "p", "data.n_samples=300", "data.n_features=4", "loss=square",
+           f"trainer={trainer}", "penalty.name=test_pull_to_one", f"+penalty.strength={s}", "trainer.max_iter=60",
+           "trainer.learning_rate=0.01", "trainer.batch_size=16", "stages=[convert,add_loss,train]")
+    split = Split.load(tmp_path / "p" / "convert" / "split.npz")
+    X, y = split.X_train.astype(np.float64), split.y_train.astype(np.float64)
+    n, d = X.shape
+    A = np.hstack([X, np.ones((n, 1))])
+    lhs, rhs = A.T @ A / n, A.T @ y / n
+    lhs[:d, :d] += s * np.eye(d)
+    rhs[:d] += s
+    expected = np.linalg.solve(lhs, rhs)
+    trained = {i.name: onnx.numpy_helper.to_array(i) for i in
+               onnx.load(tmp_path / "p" / "train" / "graphs" / "trained_model.onnx").graph.initializer}
+    free = np.linalg.lstsq(A, y, rcond=None)[0]  # the weights without the penalty, for scale
+    assert np.abs(expected - free).max() > 0.1  # the penalty moves the optimum visibly
+    # constant-rate SGD ends within a few step sizes of the optimum: lr * |gradient| per step, a few 0.01
+    np.testing.assert_allclose(trained["coef"].ravel(), expected[:d], atol=0.03)
+    np.testing.assert_allclose(trained["intercept"].ravel(), expected[d:], atol=0.03)
+
+
+def test_a_setting_its_penalty_does_not_take_is_refused(compose_pipeline):
+    with pytest.raises(ConfigError, match=r"penalty\.strength: not a setting of penalty=elastic"):
+        validate(compose_pipeline("penalty=elastic", "+penalty.strength=1"))
+    with pytest.raises(ConfigError, match=r"penalty=elastic adds nothing"):
+        validate(compose_pipeline("penalty=elastic", "penalty.l1=0", "penalty.l2=0"))

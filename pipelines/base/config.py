@@ -26,7 +26,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 import ortflow
-from ortflow.registry import names, select
+from ortflow.registry import names, select, settings_of
 from ortflow.schedules import SCHEDULES
 
 from .errors import CLOSE_KEYS, UserError
@@ -246,15 +246,6 @@ class ModelConfig:
     output: Optional[str] = None
 
 
-@dataclass
-class PenaltyConfig:
-    name: str = "none"  # a name of ortflow's registry (family "penalty")
-    l1: float = 0.0
-    l2: float = 0.0
-    # initializers the penalty applies to; None means the weight matrices (coef, coef_<i>), not the intercepts
-    weights: Optional[List[str]] = None
-
-
 class Gradients(_Choice):
     """Who builds the gradient graphs (trainer=full and fwbw; see ortflow.parameters.GRADIENTS)."""
 
@@ -359,7 +350,9 @@ class Config:
     # loss.name: a name of ortflow's registry (family "loss"), None: the model's own loss (ortflow.estimator_loss);
     # the other keys are the settings of the loss's class (its constructor's parameters), checked by validate()
     loss: Dict[str, Any] = field(default_factory=lambda: {"name": None})
-    penalty: PenaltyConfig = MISSING
+    # penalty.name: a name of ortflow's registry (family "penalty"); the other keys are the settings of its class
+    # (``weights``, when its class takes it and it is unset: the graph's weight matrices, coef or every coef_<i>)
+    penalty: Dict[str, Any] = field(default_factory=lambda: {"name": "none"})
     trainer: TrainerConfig = MISSING
     mlflow: MlflowConfig = MISSING
     promotion: PromotionConfig = MISSING
@@ -507,6 +500,8 @@ def validate(cfg: DictConfig) -> None:
     check(check_task, cfg, registry_ok["loss"])
     if registry_ok["loss"]:
         check(check_loss, cfg)
+    if registry_ok["penalty"]:
+        check(penalty, cfg)
     if trainer_ok and all(registry_ok.values()):
         check(check_trainer, cfg)
     check(_check_values, cfg)
@@ -570,7 +565,7 @@ def check_task(cfg: DictConfig, loss_known: bool = True) -> None:
 
 
 def _check_values(cfg: DictConfig) -> None:
-    """The numeric ranges of ``data``, ``mlflow`` and ``penalty``."""
+    """The numeric ranges of ``data`` and ``mlflow``."""
     problems = []
     for key in ("data.test_size", "data.validation_fraction"):
         value = OmegaConf.select(cfg, key)
@@ -596,8 +591,6 @@ def _check_values(cfg: DictConfig) -> None:
             problems.append(f"trainer.checkpoint_every_rows={every_rows}: checkpoints inside an epoch are for a "
                             "streamed table (data=parquet) with trainer.checkpoint_every >= 1; an in-memory "
                             "epoch checkpoints at its end")
-    if str(cfg.penalty.name) == "elastic" and cfg.penalty.l1 <= 0 and cfg.penalty.l2 <= 0:
-        problems.append("penalty=elastic needs penalty.l1 > 0 or penalty.l2 > 0")
     if problems:
         raise ConfigError.of(problems)
 
@@ -898,12 +891,24 @@ def trainer_verbose(cfg: DictConfig) -> int:
     return int(verbose) if verbose is not None else int(sys.stdout.isatty())
 
 
-def penalty_weights(cfg: DictConfig, names_in_graph: list[str]) -> list[str]:
-    """The weights ``penalty`` applies to: ``penalty.weights``, or the graph's weight matrices (``coef`` of a
-    linear model, ``coef_<i>`` of an MLP; not the intercepts)."""
-    if cfg.penalty.weights:
-        return list(cfg.penalty.weights)
-    return [n for n in names_in_graph if n == "coef" or n.startswith("coef_")]
+def penalty(cfg: DictConfig, weights: list[str] | None = None) -> ortflow.BaseLearningPenalty:
+    """``penalty.name`` from the registry with the ``penalty`` settings its class takes (a key it does not take is
+    a ConfigError naming it). ``weights``: the initializers of the graph trained; a class taking ``weights`` that
+    the config leaves unset applies to the weight matrices among them (``coef`` of a linear model, ``coef_<i>`` of
+    an MLP; not the intercepts). A named penalty that adds nothing with its settings is a ConfigError."""
+    from ortflow.registry import family
+
+    name = cfg.penalty.name
+    cls = family("penalty")[name]
+    _unknown_settings("penalty", cfg.penalty, cls, name)
+    settings = settings_from(cls, {"penalty": cfg.penalty})
+    if "weights" in settings_of(cls) and "weights" not in settings and weights is not None:
+        settings["weights"] = ("penalty.weights", [n for n in weights if n == "coef" or n.startswith("coef_")])
+    built = instance("penalty", name, settings, "penalty.name")
+    if name != "none" and built.is_null():
+        raise ConfigError(f"penalty={name} adds nothing with its settings ({built!r}): set them (penalty.l1, "
+                          "penalty.l2, ...) or use penalty=none")
+    return built
 
 
 def _value(value: Any) -> Any:

@@ -244,13 +244,3 @@ def with_mean(onx: onnx.ModelProto, model_name: str | None = None, output_name: 
     model.graph.node.append(helper.make_node("Exp", [inner], [output_name], name="link_mean"))
     onnx.checker.check_model(model)
     return model
-
-
-def penalty_spec(cfg: DictConfig, onx: onnx.ModelProto) -> dict | None:
-    """``{weight: {'l1': a, 'l2': b}}`` for ``add_loss_output`` (default weights: every ``coef*``)."""
-    if str(cfg.penalty.name) == "none":
-        return None
-    from ..base.config import penalty_weights
-
-    weights = penalty_weights(cfg, [i.name for i in onx.graph.initializer])
-    return {name: {"l1": float(cfg.penalty.l1), "l2": float(cfg.penalty.l2)} for name in weights}

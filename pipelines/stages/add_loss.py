@@ -16,8 +16,7 @@ from omegaconf import DictConfig
 
 import ortflow
 
-from ..base.config import loss
-from ..modeling.estimators import penalty_spec
+from ..base.config import loss, penalty
 from ..execution.runner import StageContext
 
 
@@ -25,7 +24,7 @@ def with_loss(cfg: DictConfig, onx: onnx.ModelProto, chosen: ortflow.BaseLearnin
     """``onx`` with the configured loss (``chosen``, else built from the config) and penalty as its first output
     ``loss``: what ``trainer=full`` trains."""
     return ortflow.add_loss_output(onx, score_name=chosen or loss(cfg, onx), loss_name="loss", label_name="label",
-                                   penalty=penalty_spec(cfg, onx))
+                                   penalty=penalty(cfg, [i.name for i in onx.graph.initializer]))
 
 
 def add_loss(ctx: StageContext) -> dict:

@@ -27,10 +27,9 @@ import ortflow
 from ..modeling import plots
 from .. import tracking as tr
 from ..tracking.checkpoints import MarkResumed, MlflowCheckpoint, resume_point
-from ..base.config import TRAINERS, adds_loss, loss, trainer_arguments
+from ..base.config import TRAINERS, adds_loss, loss, penalty, trainer_arguments
 from ..data.datasets import Split
 from ..execution.runner import StageContext
-from ..modeling.estimators import penalty_spec
 
 
 def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
@@ -40,11 +39,8 @@ def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
     params = trainer_arguments(cfg, callbacks)
     if not adds_loss(cfg):
         return TRAINERS[str(cfg.trainer.name)](graph, loss_output_name="loss", **params)
-    params["learning_loss"] = loss(cfg, graph)
-    spec = penalty_spec(cfg, graph)  # the same weights as the full trainer's penalty (default: every coef*)
-    if spec:
-        params["learning_penalty"] = ortflow.ElasticLearningPenalty(
-            l1=float(cfg.penalty.l1), l2=float(cfg.penalty.l2), weights=list(spec))
+    # the same loss and penalty as add_loss writes into the full trainer's graph
+    params.update(learning_loss=loss(cfg, graph), learning_penalty=penalty(cfg, [i.name for i in graph.graph.initializer]))
     return TRAINERS[str(cfg.trainer.name)](graph, **params)
 
 
