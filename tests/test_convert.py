@@ -173,7 +173,7 @@ def test_pipelines_default_penalty_follows_the_naming_rule(regression_data):
     """The pipelines penalize every coefficient matrix by default: ``coef`` of a linear model, ``coef_<i>`` of an MLP."""
     from omegaconf import OmegaConf
 
-    from pipelines.base.config import penalty
+    from pipelines.base.builders import penalty
 
     X, y = regression_data
     cfg = OmegaConf.create({"penalty": {"name": "elastic", "l1": 0.1, "l2": 0.2, "weights": None}})

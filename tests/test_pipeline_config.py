@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 
 from pipelines.tracking import promotion
 from pipelines.execution.bundle import Bundle, MissingInputError
-from pipelines.base.config import ConfigError, validate
+from pipelines.base.checks import validate
+from pipelines.base.schema import ConfigError
 from pipelines.modeling.estimators import with_scaling
 from pipelines.tracking import flatten, is_transient, resolve_tracking_uri
 
@@ -263,7 +264,7 @@ def test_torch_trainer_fits_with_the_settings_it_was_given(compose_pipeline):
 def test_every_metric_evaluate_writes_is_a_valid_promotion_metric():
     import numpy as np
 
-    from pipelines.base.config import check_promotion_metric
+    from pipelines.base.checks import check_promotion_metric
     from pipelines.modeling.metrics import classification_metrics, regression_metrics
 
     y = np.array([0.0, 1.0, 2.0])
@@ -352,3 +353,19 @@ def test_checkpoints_inside_an_epoch_are_for_a_streamed_table(compose_pipeline, 
                                   "trainer.checkpoint_every=1", "trainer.checkpoint_every_rows=0"))
     validate(compose_pipeline("data=parquet", f"data.path={tmp_path}", "data.target=y", "trainer.checkpoint_every=1",
                               "trainer.checkpoint_every_rows=100"))
+
+
+def test_a_command_validates_once(compose_pipeline, monkeypatch):
+    """Seen: each command validated its config twice (the entry point, then the chain or the stage's runner)."""
+    from pipelines.base import checks
+
+    calls = []
+    known = checks.check_known_keys
+    monkeypatch.setattr(checks, "check_known_keys", lambda cfg: calls.append(1) or known(cfg))
+    cfg = compose_pipeline("data=diabetes", "trainer.max_iter=7")
+    validate(cfg)
+    validate(cfg)
+    assert len(calls) == 1
+    cfg.trainer.max_iter = 8  # another config is checked again
+    validate(cfg)
+    assert len(calls) == 2

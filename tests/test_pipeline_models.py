@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime
 import pytest
 
-from pipelines.base.config import validate
+from pipelines.base.checks import validate
 from pipelines.data.datasets import make_split
 from pipelines.modeling.estimators import sklearn_predict, with_mean
 from pipelines.modeling.predictions import onnx_predict
@@ -31,7 +31,7 @@ def test_the_configs_cover_the_estimators_of_the_issue():
 
 
 def test_poisson_keeps_its_target_s_units(compose_pipeline):
-    from pipelines.base.config import ConfigError
+    from pipelines.base.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"model=poisson .*data.standardize_target=false"):
         validate(compose_pipeline("data=diabetes", "model=poisson", "loss.name=poisson"))
@@ -62,3 +62,22 @@ def test_a_poisson_chain_answers_the_mean(compose_pipeline, clean_mlflow_env, tm
                            f"mlflow.root={tmp_path}", "stages=[convert,add_loss,train,evaluate]")
     metrics = run_chain(cfg, work_dir=tmp_path / "chain").metrics
     assert metrics["test_mae"] == pytest.approx(metrics["sklearn_test_mae"], rel=0.05)
+
+
+def test_the_table_of_models_and_the_conf_files_agree():
+    """One table of models: each conf/model/<name>.yaml has its line (and no line lacks its file), with the same
+    task, and every setting its file sets is one its class receives."""
+    from omegaconf import OmegaConf
+
+    from pipelines.base.schema import MODEL_TASK, ModelKind
+    from pipelines.modeling.models import MODELS
+
+    files = {p.stem: OmegaConf.load(p) for p in (Path(__file__).resolve().parent.parent / "conf" / "model").glob("*.yaml")}
+    assert set(files) == {m.name for m in MODELS} == {k.value for k in ModelKind}
+    for model in MODELS:
+        if model.task is None:  # model=onnx: the data's task, no estimator
+            assert ModelKind(model.name) not in MODEL_TASK and model.estimator is None
+            continue
+        assert files[model.name].task == model.task == MODEL_TASK[ModelKind(model.name)].value
+        unused = set(files[model.name]) - {"name", "task", "target_opset", *model.settings}
+        assert not unused, f"conf/model/{model.name}.yaml sets {unused}, which its class never receives"

@@ -12,7 +12,8 @@ import pytest
 from mlflow import MlflowClient
 
 from ortflow.penalties import BaseLearningPenalty
-from pipelines.base.config import ConfigError, validate
+from pipelines.base.checks import validate
+from pipelines.base.schema import ConfigError
 from pipelines.data.datasets import Split
 from pipelines.orchestration.chain import run_chain
 
@@ -65,7 +66,7 @@ def test_model_huber_trains_its_own_loss_with_its_epsilon(compose_pipeline, clea
 def test_the_loss_follows_epsilon(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
     """A different model.epsilon trains a different loss: the same start graph scored by the two loss graphs
     (the start's fit also depends on epsilon, so the loss graphs are compared on one graph)."""
-    from pipelines.base.config import loss
+    from pipelines.base.builders import loss
     from pipelines.stages.add_loss import with_loss
 
     _chain(compose_pipeline, tmp_path, sqlite_uri, "h", "data=diabetes", "model=huber", "stages=[convert]")

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from ortflow.validation import check_positive_int, check_weights_to_train
 
-from ..base.config import ConfigError
+from ..base.schema import ConfigError
 
 
 def check_training_settings(cfg: DictConfig) -> None:

@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 import ortflow
 
-from ..base.config import loss, penalty
+from ..base.builders import loss, penalty
 from ..execution.runner import StageContext
 
 

@@ -22,7 +22,7 @@ import onnxruntime
 import pandas as pd
 
 from .. import tracking as tr
-from ..base.config import RegisterPolicy
+from ..base.schema import RegisterPolicy
 from ..data.datasets import Split
 from ..tracking import promotion
 from ..tracking.lineage import logged_model_name

@@ -27,14 +27,15 @@ import ortflow
 from ..modeling import plots
 from .. import tracking as tr
 from ..tracking.checkpoints import MarkResumed, MlflowCheckpoint, resume_point
-from ..base.config import TRAINERS, adds_loss, loss, penalty, trainer_arguments
+from ..base.builders import adds_loss, loss, penalty, trainer_arguments
+from ..base.schema import TRAINERS
 from ..data.datasets import Split
 from ..execution.runner import StageContext
 
 
 def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
-    """The estimator of ``trainer.name`` (:data:`pipelines.base.config.TRAINERS`), built the same way for the three:
-    its parameters from ``trainer`` (:func:`pipelines.base.config.trainer_arguments`), the loss and penalty from the
+    """The estimator of ``trainer.name`` (:data:`pipelines.base.schema.TRAINERS`), built the same way for the three:
+    its parameters from ``trainer`` (:func:`pipelines.base.builders.trainer_arguments`), the loss and penalty from the
     registry for the trainers that add the loss themselves (full training has them in its graph already)."""
     params = trainer_arguments(cfg, callbacks)
     if not adds_loss(cfg):
