@@ -132,9 +132,9 @@ SHARED = (
     Param("max_iter", 100, check_positive_int, "number of epochs"),
     Param("batch_size", 10, check_positive_int, "samples per batch (at most the number of training samples)"),
     Param("learning_rate", 0.01, _learning_rate,
-          "a positive float (SGD at that rate, following lr_schedule and power_t), a learning-rate name "
-          "('sgd', 'nesterov', 'adam', 'adamw' or the seed's 'SGD', 'SGDNesterov', 'Adam': that class with its "
-          "defaults) or a BaseLearningRate instance"),
+          "a positive float (SGD at that rate, following lr_schedule and power_t), an optimizer name of the "
+          "registry (ortflow.registry.names('optimizer'): that class with its defaults) or a BaseLearningRate "
+          "instance"),
     Param("lr_schedule", "constant", lambda n, v: check_choice(n, v, SCHEDULES),
           "schedule of a float learning_rate: 'constant', 'invscaling' or 'optimal' (scikit-learn's)"),
     Param("power_t", 0.25, check_finite, "exponent of the 'invscaling' schedule"),

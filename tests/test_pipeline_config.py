@@ -134,6 +134,10 @@ def test_promotion_rules():
     assert promotion.default_direction("test_r2") == "maximize"
     assert promotion.default_direction("test_roc_auc") == "maximize"
     assert promotion.default_direction("test_mse") == "minimize"
+    # seen: the names ending in _macro or _class_<label> were minimized (an endswith test on 'f1', 'recall'...)
+    assert promotion.default_direction("test_f1_macro") == "maximize"
+    assert promotion.default_direction("test_recall_class_setosa") == "maximize"
+    assert promotion.default_direction("sklearn_test_log_loss") == "minimize"
     assert promotion.better(1.0, 2.0, "minimize") and not promotion.better(2.0, 2.0, "minimize")
     assert promotion.better(0.9, 0.8, "maximize") and not promotion.better(0.8, 0.9, "maximize")
 
