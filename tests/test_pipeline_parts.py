@@ -190,3 +190,16 @@ def test_the_trainer_files_repeat_no_default_of_the_schema():
     for path in (ROOT / "conf" / "trainer").glob("*.yaml"):
         own = OmegaConf.to_container(OmegaConf.load(path))
         assert not {k for k, v in own.items() if k != "name" and defaults.get(k) == v}, path
+
+
+def test_the_docs_name_every_loss_and_every_model():
+    """docs/LOSSES.md's table of the loss family names every loss of the registry, and docs/PIPELINES.md's `model`
+    row every model of the table (what docs/DESIGN.md's walk-throughs say a new one adds)."""
+    from pipelines.modeling.models import MODELS
+
+    losses = (ROOT / "docs" / "LOSSES.md").read_text()
+    table = {name for line in losses.splitlines() if line.startswith("| `") for name in re.findall(r"`(\w+)`", line)}
+    assert not {cls.names[0] for cls in family("loss").values()} - table
+    row = next(line for line in (ROOT / "docs" / "PIPELINES.md").read_text().splitlines()
+               if line.startswith("| `model` |")).split(" | ")[1]
+    assert not {m.name for m in MODELS} - set(re.findall(r"`(\w+)`", row))
