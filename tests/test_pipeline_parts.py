@@ -203,3 +203,15 @@ def test_the_docs_name_every_loss_and_every_model():
     row = next(line for line in (ROOT / "docs" / "PIPELINES.md").read_text().splitlines()
                if line.startswith("| `model` |")).split(" | ")[1]
     assert not {m.name for m in MODELS} - set(re.findall(r"`(\w+)`", row))
+
+
+def test_a_loss_setting_of_its_own_is_a_loss_key(compose_pipeline):
+    """log_cosh's scale, a setting no other loss has, is set as loss.scale with nothing in the pipelines for it."""
+    from pipelines.base.builders import loss
+
+    cfg = compose_pipeline("loss=log_cosh", "loss.scale=0.5")
+    validate(cfg)
+    built = loss(cfg)
+    assert (built.names[0], built.scale) == ("log_cosh", 0.5)
+    with pytest.raises(ConfigError, match=r"loss\.name=log_cosh: .*loss\.scale=-1"):
+        validate(compose_pipeline("loss=log_cosh", "loss.scale=-1"))
