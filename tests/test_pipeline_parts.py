@@ -215,3 +215,15 @@ def test_a_loss_setting_of_its_own_is_a_loss_key(compose_pipeline):
     assert (built.names[0], built.scale) == ("log_cosh", 0.5)
     with pytest.raises(ConfigError, match=r"loss\.name=log_cosh: .*loss\.scale=-1"):
         validate(compose_pipeline("loss=log_cosh", "loss.scale=-1"))
+
+
+def test_model_linear_svr_trains_its_own_loss(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
+    """A model added as a line of the table and a file of conf/model: its chain trains the estimator's own loss
+    (ortflow.estimator_loss: epsilon-insensitive) at the model's epsilon."""
+    result = _chain(compose_pipeline, tmp_path, sqlite_uri, "svr", "data=diabetes", "model=linear_svr",
+                    "model.epsilon=0.2", "model.start_max_iter=3", "trainer.max_iter=10",
+                    "stages=[convert,add_loss,train]")
+    tags = MlflowClient(sqlite_uri).get_run(result.stage_run_ids["add_loss"]).data.tags
+    assert (tags["ortflow.loss"], json.loads(tags["ortflow.loss_settings"])) == ("epsilon_insensitive", {"epsilon": 0.2})
+    history = json.loads((tmp_path / "svr" / "train" / "history.json").read_text())
+    assert history[-1]["train_loss"] < history[0]["train_loss"]

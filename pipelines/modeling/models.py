@@ -64,6 +64,7 @@ MODELS: tuple[Model, ...] = (
     Model("sgd_classifier", "sklearn.linear_model.SGDClassifier", "classification",
           (*_ITERATIVE, "sgd_loss", "seed"), {"loss": "log_loss"}),
     Model("linear_svc", "sklearn.svm.LinearSVC", "classification", ("C", "fit_intercept", "start_max_iter")),
+    Model("linear_svr", "sklearn.svm.LinearSVR", "regression", ("C", "epsilon", "fit_intercept", "start_max_iter")),
     Model("poisson", "sklearn.linear_model.PoissonRegressor", "regression", _ITERATIVE, log_link=True),
     Model("onnx", None, None),  # your own ONNX graph (model.path): no scikit-learn model, the task is the data's
 )
