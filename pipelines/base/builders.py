@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 import ortflow
 from ortflow.registry import family, names, select, settings_of
 
-from .schema import TASK_LOSS, TRAINERS, ConfigError, TrainerConfig, _value, task_of
+from .schema import TASK_LOSS, TRAINERS, ConfigError, TrainerConfig, plain_value, task_of
 
 
 #: the keys of the ``trainer`` group named otherwise than the optimizer parameter they set: the rate is an
@@ -64,7 +64,7 @@ def settings_from(cls: type, groups: Mapping[str, Any]) -> dict[str, tuple[str, 
         for param in settings_of(cls):
             if param not in found and param in node and node[param] is not None:
                 value = node[param]
-                value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else _value(value)
+                value = OmegaConf.to_container(value) if OmegaConf.is_config(value) else plain_value(value)
                 found[param] = (f"{group}.{param}", value)
     return found
 
@@ -159,14 +159,14 @@ def penalty(cfg: DictConfig, weights: list[str] | None = None) -> ortflow.BaseLe
 def learning_rate(cfg: DictConfig) -> ortflow.BaseLearningRate:
     """``trainer.optimizer`` from the registry, built with the ``trainer`` settings (:func:`optimizer_keys`) that
     were set and that its class takes; a set one that it does not take is a :class:`ConfigError` naming it."""
-    t, name = cfg.trainer, _value(cfg.trainer.optimizer)
+    t, name = cfg.trainer, plain_value(cfg.trainer.optimizer)
     if name not in names("optimizer"):
         raise ConfigError(f"trainer.optimizer={name!r} is not one of {names('optimizer')} (the names of "
                           "ortflow's registry)")
     taken, keys = settings_of(family("optimizer")[name]), optimizer_keys()
     settings = {}
     for key, param in keys.items():
-        value = _value(t[key])
+        value = plain_value(t[key])
         if value is None and param in taken:
             value = OPTIMIZER_DEFAULTS.get(key)
         if value is None:
@@ -178,27 +178,27 @@ def learning_rate(cfg: DictConfig) -> ortflow.BaseLearningRate:
     return instance("optimizer", name, settings, "trainer.optimizer")
 
 
-def _trainer_table(cfg: DictConfig) -> tuple:
+def trainer_table(cfg: DictConfig) -> tuple:
     from ortflow.parameters import TRAINERS as TABLES
 
-    return TABLES[TRAINERS._names[_value(cfg.trainer.name)]]
+    return TABLES[TRAINERS._names[plain_value(cfg.trainer.name)]]
 
 
 def trainer_settings(cfg: DictConfig) -> dict[str, Any]:
     """The trainer's parameters set by the ``trainer`` group (:func:`trainer_keys`; no registry needed); a set key
     the chosen trainer does not take is a ConfigError."""
-    t, name = cfg.trainer, _value(cfg.trainer.name)
-    taken = {p.name for p in _trainer_table(cfg)}
+    t, name = cfg.trainer, plain_value(cfg.trainer.name)
+    taken = {p.name for p in trainer_table(cfg)}
     args: dict[str, Any] = {}
     for key, param in trainer_keys().items():
         value = t[key]
         if param not in taken:
             if value is not None:
-                raise ConfigError(f"trainer.{key}={_value(value)}: trainer={name} takes no {key}")
+                raise ConfigError(f"trainer.{key}={plain_value(value)}: trainer={name} takes no {key}")
             continue
         if value is None and param == "gradients":
             continue
-        args[param] = list(value) if key == "weights_to_train" and value else _value(value)
+        args[param] = list(value) if key == "weights_to_train" and value else plain_value(value)
     return args
 
 
@@ -213,7 +213,7 @@ def trainer_arguments(cfg: DictConfig, callbacks: list | None = None) -> dict[st
 def adds_loss(cfg: DictConfig) -> bool:
     """Whether ``trainer.name`` adds the loss and penalty itself (``learning_loss``), else it trains the graph
     ``add_loss`` wrote."""
-    return any(p.name == "learning_loss" for p in _trainer_table(cfg))
+    return any(p.name == "learning_loss" for p in trainer_table(cfg))
 
 
 def trainer_verbose(cfg: DictConfig) -> int:

@@ -16,10 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from ortflow.registry import family, names
 
-from .builders import (_trainer_table, learning_rate, loss, loss_settings, penalty, trainer_keys,
-                       trainer_settings)
-from .schema import (ARRAY_LOADERS, COLUMN_TREATMENTS, CONFIG_DIR, DATA_NAME, MODEL_TASK, TASK_MODEL, Config, ConfigError, DataKind,
-                     ModelKind, PreprocessKind, Task, _value, close_keys, data_loader, follow_task, schema_keys)
+from .builders import learning_rate, loss, loss_settings, penalty, trainer_keys, trainer_settings, trainer_table
+from .schema import (ARRAY_LOADERS, COLUMN_TREATMENTS, CONFIG_DIR, DATA_NAME, MODEL_TASK, TASK_MODEL, Config,
+                     ConfigError, DataKind, ModelKind, PreprocessKind, Task, close_keys, data_loader, follow_task,
+                     plain_value, schema_keys)
 from ..modeling.models import BY_NAME
 from ..stages import names as stage_names
 
@@ -56,7 +56,7 @@ def validate(cfg: DictConfig) -> None:
 
     check(check_known_keys, cfg)
     check(validate_data, cfg.data)
-    check(check_promotion_metric, cfg.promotion.metric, _value(cfg.data.task))
+    check(check_promotion_metric, cfg.promotion.metric, plain_value(cfg.data.task))
     trainer_ok = check(check_trainer, cfg, False)  # first the checks that need no registry (seconds of imports)
     registry_ok = {kind: check(_check_registry_name, cfg, key, kind) for key, kind in REGISTRY_KEYS.items()}
     check(check_task, cfg, registry_ok["loss"])
@@ -125,14 +125,14 @@ def _check_registry_name(cfg: DictConfig, key: str, kind: str) -> None:
 def check_task(cfg: DictConfig, loss_known: bool = True) -> None:
     """``model`` and ``loss`` against ``data.task``: a contradictory choice is a ConfigError naming both sides
     (``loss_known``: ``loss.name`` is a registry name, else its task is not checked)."""
-    data_task = Task(_value(cfg.data.task))
-    data = f"data={_value(cfg.data.name)}" + (f" (data.task={data_task.value})"
-                                                if _value(cfg.data.name) != data_task.value else "")
+    data_task = Task(plain_value(cfg.data.task))
+    data = f"data={plain_value(cfg.data.name)}" + (f" (data.task={data_task.value})"
+                                                if plain_value(cfg.data.name) != data_task.value else "")
     problems = []
-    model = ModelKind(_value(cfg.model.name))
+    model = ModelKind(plain_value(cfg.model.name))
     if model == ModelKind.onnx:  # the user's graph takes the data's task; its outputs are checked against the data
-        if _value(cfg.model.task) != data_task.value:
-            problems.append(f"model.task={_value(cfg.model.task)} does not match data.task={data_task.value} "
+        if plain_value(cfg.model.task) != data_task.value:
+            problems.append(f"model.task={plain_value(cfg.model.task)} does not match data.task={data_task.value} "
                             "(model=onnx follows the data: leave model.task out)")
         loader = data_loader(cfg.data)
         if (loader in (DataKind.file.value, DataKind.parquet.value)
@@ -146,8 +146,8 @@ def check_task(cfg: DictConfig, loss_known: bool = True) -> None:
         problems.append(f"model={model.value} is a {MODEL_TASK[model].value} model but {data} is a "
                         f"{data_task.value} data set: pick {choice_hint('model', fitting)}, or leave model= out "
                         f"(it follows data.task: model={TASK_MODEL[data_task.value]})")
-    elif _value(cfg.model.task) != data_task.value:
-        problems.append(f"model.task={_value(cfg.model.task)} does not match data.task={data_task.value}")
+    elif plain_value(cfg.model.task) != data_task.value:
+        problems.append(f"model.task={plain_value(cfg.model.task)} does not match data.task={data_task.value}")
     if BY_NAME[model.value].log_link and cfg.data.standardize_target:
         problems.append(f"model={model.value} predicts exp(score), a count or rate: its target must keep its units "
                         "(data.standardize_target=false)")
@@ -156,7 +156,7 @@ def check_task(cfg: DictConfig, loss_known: bool = True) -> None:
         task = classes[cfg.loss.name].task
         if task != data_task.value:
             fitting = sorted({c.names[0] for c in classes.values() if c.task == data_task.value})
-            problems.append(f"loss={_value(cfg.loss.name)} is a {task} loss but {data} is a "
+            problems.append(f"loss={plain_value(cfg.loss.name)} is a {task} loss but {data} is a "
                             f"{data_task.value} data set: use {choice_hint('loss', fitting)}, or leave loss= out "
                             "(the model's own loss)")
     if problems:
@@ -189,7 +189,7 @@ def check_trainer(cfg: DictConfig, registry: bool = True) -> None:
     if registry:
         args["learning_rate"] = learning_rate(cfg)
     keys = {param: key for key, param in trainer_keys().items()}
-    for param in _trainer_table(cfg):
+    for param in trainer_table(cfg):
         if param.name not in args or param.check is None:
             continue
         key = f"trainer.{keys.get(param.name, param.name)}"
@@ -223,7 +223,7 @@ def _check_values(cfg: DictConfig) -> None:
     if every_rows is not None:
         if every_rows < 1:
             problems.append(f"trainer.checkpoint_every_rows={every_rows} must be a positive number of rows")
-        if _value(cfg.data.loader) != DataKind.parquet.value or cfg.trainer.checkpoint_every < 1:
+        if plain_value(cfg.data.loader) != DataKind.parquet.value or cfg.trainer.checkpoint_every < 1:
             problems.append(f"trainer.checkpoint_every_rows={every_rows}: checkpoints inside an epoch are for a "
                             "streamed table (data=parquet) with trainer.checkpoint_every >= 1; an in-memory "
                             "epoch checkpoints at its end")

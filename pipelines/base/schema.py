@@ -364,10 +364,10 @@ def follow_task(cfg: DictConfig) -> dict[str, str]:
     picked: dict[str, str] = {}
     if OmegaConf.is_missing(cfg.data, "task") or not OmegaConf.is_missing(cfg.model, "name"):
         return picked
-    option = TASK_MODEL[_value(cfg.data.task)]
+    option = TASK_MODEL[plain_value(cfg.data.task)]
     defaults = OmegaConf.to_container(OmegaConf.structured(ModelConfig), resolve=False)
     current = OmegaConf.to_container(cfg.model, resolve=False, enum_to_str=True)
-    given = {k: v for k, v in current.items() if v != "???" and v != _value(defaults.get(k))}
+    given = {k: v for k, v in current.items() if v != "???" and v != plain_value(defaults.get(k))}
     cfg.model = OmegaConf.merge(OmegaConf.structured(ModelConfig),
                                 OmegaConf.load(Path(CONFIG_DIR) / "model" / f"{option}.yaml"), given)
     picked["model"] = option
@@ -407,7 +407,7 @@ def file_stem(path: str) -> str:
 
 def data_loader(data: DictConfig) -> str:
     """The loader of ``data``: ``data.loader``, else the one named like ``data.name``; a ConfigError otherwise."""
-    loader = _value(data.loader) if data.loader is not None else str(data.name)
+    loader = plain_value(data.loader) if data.loader is not None else str(data.name)
     if loader not in {k.value for k in DataKind}:
         raise ConfigError(f"data.name={data.name!r} is not a built-in data set ({[k.value for k in DataKind]}) and "
                           "data.loader is not set: for your own table use data=file data.path=<file> "
@@ -415,7 +415,7 @@ def data_loader(data: DictConfig) -> str:
     return loader
 
 
-def _value(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     return value.value if isinstance(value, Enum) else value
 
 
@@ -425,4 +425,4 @@ def to_container(cfg: DictConfig) -> dict:
 
 
 def task_of(cfg: DictConfig) -> str:
-    return _value(cfg.data.task)
+    return plain_value(cfg.data.task)

@@ -41,7 +41,8 @@ def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
     if not adds_loss(cfg):
         return TRAINERS[str(cfg.trainer.name)](graph, loss_output_name="loss", **params)
     # the same loss and penalty as add_loss writes into the full trainer's graph
-    params.update(learning_loss=loss(cfg, graph), learning_penalty=penalty(cfg, [i.name for i in graph.graph.initializer]))
+    weights = [i.name for i in graph.graph.initializer]
+    params.update(learning_loss=loss(cfg, graph), learning_penalty=penalty(cfg, weights))
     return TRAINERS[str(cfg.trainer.name)](graph, **params)
 
 
