@@ -141,6 +141,9 @@ def _penalty_terms(b: GraphBuilder, model: onnx.ModelProto, penalty: PenaltySpec
     if isinstance(penalty, (str, BaseLearningPenalty)):
         chosen = select("penalty", penalty, "penalty")
         chosen.check()
+        unknown = sorted(set(getattr(chosen, "weights", None) or ()) - floats)
+        if unknown:
+            raise ValueError(f"penalty names {unknown}, which are not float32 initializers; candidates: {sorted(floats)}")
         values = (chosen.add_value(b, name) for name in trainable_initializers(model)
                   if name in floats and chosen.penalizes(name))
         return [v for v in values if v is not None]

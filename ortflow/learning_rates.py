@@ -518,3 +518,27 @@ class LearningRateRMSProp(BaseLearningRate):
         square = ops.add(ops.mul(state["square"], ops.const(rho)), ops.mul(ops.mul(grad, grad), ops.const(1.0 - rho)))
         step = ops.div(ops.mul(grad, derived[LEARNING_RATE]), ops.add(ops.sqrt(square), ops.const(float(self.epsilon))))
         return {"weight": ops.sub(weight, step), "square": square}
+
+
+class LearningRateAdagrad(BaseLearningRate):
+    """Adagrad (Duchi et al.; ``torch.optim.Adagrad`` without decay): ``s = s + grad ** 2``, then
+    ``w -= lr * grad / (sqrt(s) + epsilon)`` with ``lr = eta0``, ``s`` starting at 0."""
+
+    names = ("adagrad", "Adagrad")
+    slots = ("weight", "sum")
+
+    def __init__(self, eta0: float = 0.01, epsilon: float = 1e-10):
+        self.eta0 = eta0
+        self.epsilon = epsilon
+
+    def check(self) -> None:
+        check_positive_float("eta0", self.eta0)
+        check_positive_float("epsilon", self.epsilon)
+
+    def value_at(self, samples_seen: int) -> float:
+        return float(self.eta0)
+
+    def _update(self, ops, weight, grad, state, derived):
+        total = ops.add(state["sum"], ops.mul(grad, grad))
+        step = ops.div(ops.mul(grad, derived[LEARNING_RATE]), ops.add(ops.sqrt(total), ops.const(float(self.epsilon))))
+        return {"weight": ops.sub(weight, step), "sum": total}

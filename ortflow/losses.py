@@ -14,6 +14,7 @@ To add a loss: subclass :class:`BaseLearningLoss`, declare ``names`` (registry n
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import onnx
@@ -200,6 +201,34 @@ class ElasticLearningLoss(BaseLearningLoss):
         return b.node("Add", [l1, b.node("Mul", [diff, b.const(2.0 * self.l2_weight)])])
 
 
+class LogCoshLearningLoss(BaseLearningLoss):
+    """``l = scale ** 2 * log(cosh(r / scale))``, ``r = prediction - label``: ``r ** 2 / 2`` near 0 and
+    ``scale * |r|`` far from it (a smooth Huber loss, ``scale`` its threshold); derivative ``scale * tanh(r / scale)``.
+    Written ``|x| + log(1 + exp(-2 |x|)) - log 2`` for ``log(cosh(x))``, which overflows nowhere."""
+
+    names = ("log_cosh",)
+
+    def __init__(self, scale: float = 1.0):
+        self.scale = scale
+
+    def check(self) -> None:
+        _check_non_negative(self, "scale")
+        if not self.scale > 0:
+            raise ValueError(f"{type(self).__name__}: scale={self.scale!r} must be > 0")
+
+    def _per_sample(self, b, pred, label):
+        c = float(self.scale)
+        x = b.node("Abs", [b.node("Mul", [b.node("Sub", [pred, label]), b.const(1.0 / c)])])
+        soft = b.node("Log", [b.node("Add", [b.const(1.0), b.node("Exp", [b.node("Mul", [x, b.const(-2.0)])])])])
+        log_cosh = b.node("Sub", [b.node("Add", [x, soft]), b.const(math.log(2.0))])
+        return b.node("Mul", [log_cosh, b.const(c * c)])
+
+    def _derivative(self, b, pred, label):
+        c = float(self.scale)
+        return b.node("Mul", [b.node("Tanh", [b.node("Mul", [b.node("Sub", [pred, label]), b.const(1.0 / c)])]),
+                              b.const(c)])
+
+
 class NegLogLearningLoss(BaseLearningLoss):
     """Log loss of raw scores ``s`` (before the sigmoid or softmax).
 
@@ -249,8 +278,6 @@ def _multiclass(rank: int, width: int | None) -> bool:
 
 
 def _check_non_negative(obj: Any, *names: str) -> None:
-    import math
-
     for name in names:
         value = getattr(obj, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

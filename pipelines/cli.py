@@ -85,14 +85,16 @@ def app(name: str) -> Callable[[], Any]:
     quiet_third_party()  # before MLflow is imported: it reads its logging level once
     import hydra
 
-    from .base.config import CONFIG_DIR, HELP_APP, register_configs
+    from .base.resolvers import HELP_APP, register_configs
+
+    from .base.schema import CONFIG_DIR
     from .overrides import guarded
 
     register_configs()
     HELP_APP["name"] = name  # --help shows this app's keys
 
     def task(cfg: DictConfig) -> float | None:
-        from .base.config import follow_task
+        from .base.schema import follow_task
 
         quiet_third_party()  # again: a launcher's worker process (joblib, Ray) starts here
         follow_task(cfg)  # model= and loss= left unchosen follow data.task, before anything reads them
@@ -186,9 +188,10 @@ def run_main(cfg: DictConfig) -> float | None:
 
 def check_inputs(cfg: DictConfig, stages: list[str]) -> None:
     """The checks that need no MLflow and no training: the config's combinations, and the table that ``convert``
-    would read, with its labels for a classifier (raises :class:`~pipelines.base.config.ConfigError` or
+    would read, with its labels for a classifier (raises :class:`~pipelines.base.schema.ConfigError` or
     :class:`~pipelines.base.errors.DataError`; a bundled set's labels are checked by the chain's precheck)."""
-    from .base.config import DataKind, data_loader, validate, validate_data
+    from .base.checks import validate, validate_data
+    from .base.schema import DataKind, data_loader
 
     validate_data(cfg.data)
     if "convert" in stages and data_loader(cfg.data) == DataKind.file.value:

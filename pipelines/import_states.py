@@ -44,7 +44,8 @@ def compose(overrides: list[str]) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from .base.config import CONFIG_DIR, follow_task, register_configs
+    from .base.resolvers import register_configs
+    from .base.schema import CONFIG_DIR, follow_task
 
     register_configs()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):

@@ -18,7 +18,7 @@ Every entry point declares one parameter, ``overrides``, and takes any key of th
 ``mlflow run . -P trainer.max_iter=5 -P data=iris`` (MLflow records the key as a parameter of its run, then
 appends ``--trainer.max_iter 5`` to the command; :func:`accepted_parameters` turns each such pair into the Hydra
 override ``trainer.max_iter=5``, after those of ``overrides``). A key that is neither a key of the schema
-(:func:`pipelines.base.config.schema_keys`), a config group (``data``, ``experiment``...) nor a ``hydra`` key is
+(:func:`pipelines.base.schema.schema_keys`), a config group (``data``, ``experiment``...) nor a ``hydra`` key is
 refused before anything runs (:class:`MlflowRunParameterError`: one line naming it, the schema keys close to it,
 status 2), and since MLflow offers no way to refuse it before its run exists, mlflow run's run is marked
 (:func:`pipelines.tracking.mark_refused_mlflow_run`: named ``refused-parameters``, FAILED, the reason as its
@@ -76,7 +76,7 @@ def is_config_key(key: str) -> bool:
     """Whether ``-P key=value`` names a key of the config schema (or a key inside one of its dicts, such as
     ``mlflow.tags.team``), a config group (``data``, ``hydra/launcher``) or a ``hydra.`` key; the overrides
     guard (:mod:`pipelines.overrides`) still checks what they hold."""
-    from .base.config import schema_keys
+    from .base.schema import schema_keys
     from .overrides import _GROUPS
 
     keys = schema_keys()
@@ -97,7 +97,7 @@ def accepted_parameters(stage: str, argv: list[str], environ: dict = os.environ)
         return []
     pairs = [(key[2:], value) for key, value in zip(extra[::2], extra[1::2] + [""] * (len(extra) % 2))]
     unknown = [key for key, _ in pairs if not is_config_key(key)]
-    from .base.config import close_keys, schema_keys
+    from .base.schema import close_keys, schema_keys
 
     if not unknown:  # a key inside one of the schema's dicts (mlflow.tags.team) is added: ++
         keys = set(schema_keys())

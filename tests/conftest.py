@@ -224,7 +224,9 @@ def compose_pipeline():
     ``loss`` left unchosen get the options of ``data.task``, as the entry points give them)."""
     from hydra import compose, initialize_config_dir
 
-    from pipelines.base.config import follow_task, register_configs
+    from pipelines.base.resolvers import register_configs
+
+    from pipelines.base.schema import follow_task
 
     register_configs()
 
@@ -245,7 +247,7 @@ def run_chain_clean():
     import mlflow
     from hydra import compose, initialize_config_dir
 
-    from pipelines.base.config import register_configs
+    from pipelines.base.resolvers import register_configs
     from pipelines.orchestration.chain import run_chain
 
     register_configs()

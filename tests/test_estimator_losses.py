@@ -88,10 +88,15 @@ def _scaled_huber(epsilon, sigma):
             lambda y, p: np.array([one(a, b)[1][-2] for a, b in zip(y, p)]))
 
 
+def _log_cosh(scale):
+    return (lambda y, p: scale**2 * np.log(np.cosh((p - y) / scale)), lambda y, p: scale * np.tanh((p - y) / scale))
+
+
 # (registry name, settings, labels: 'real' | 'positive' | 'binary', scikit-learn's (value, derivative) of (y, p),
 #  y as scikit-learn's function takes it)
 CASES = [
     ("half_squared_error", {}, "real", _python_loss(HalfSquaredError())),
+    ("log_cosh", {"scale": 0.7}, "real", _log_cosh(0.7)),  # not scikit-learn's: its numpy formula
     ("huber", {"epsilon": 0.7}, "real", _python_loss(HuberLoss(delta=0.7))),
     ("scaled_huber", {"epsilon": 1.35, "scale": 0.8}, "real", _scaled_huber(1.35, 0.8)),
     ("epsilon_insensitive", {"epsilon": 0.3}, "real", _sgd(EpsilonInsensitive, 0.3)),
@@ -139,6 +144,27 @@ def test_loss_matches_scikit_learn_and_finite_differences(name, settings, kind, 
     up, down = (_run64(per_sample, pred + s * h, label)[0] for s in (1, -1))
     # central differences of a function smooth away from its kinks (random points lie at least h from them)
     np.testing.assert_allclose((up - down) / (2 * h), grad * n, rtol=1e-5, atol=1e-6)
+
+
+def test_log_cosh_trains_in_both_trainers_and_its_scale_matters(regression_data):
+    """A loss with a setting of its own trains in full and forward-backward training, the two taking the same steps
+    (the same loss, written once); a smaller scale is a different loss, weighing large residuals less."""
+    from sklearn.linear_model import LinearRegression
+
+    X, y = regression_data
+    X, y = X[:200].astype(np.float32), ((y[:200] - y[:200].mean()) / y[:200].std()).astype(np.float32)
+    onx = to_onnx(LinearRegression().fit(X, -y))  # a start far from the weights
+    common = dict(max_iter=10, batch_size=20, learning_rate=0.2, shuffle=False)
+    finals = {}
+    for scale in (1.0, 0.2):
+        loss = select("loss", "log_cosh", scale=scale)
+        full = OrtGradientOptimizer(add_loss_output(onx, score_name=loss), gradients="ortflow", **common).fit(X, y)
+        fwbw = OrtGradientForwardBackwardOptimizer(onx, learning_loss=loss, gradients="ortflow", **common).fit(X, y)
+        losses = [r["train_loss"] for r in full.history_]
+        assert losses[-1] < 0.01 * losses[0]
+        np.testing.assert_allclose(losses, [r["train_loss"] for r in fwbw.history_], rtol=1e-4)
+        finals[scale] = losses[-1]
+    assert finals[1.0] != finals[0.2]
 
 
 def test_classification_losses_refuse_several_columns_and_bad_settings():

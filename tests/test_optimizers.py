@@ -20,6 +20,7 @@ from ortflow import (
     add_loss_output,
     to_onnx,
 )
+from ortflow.learning_rates import LearningRateAdagrad
 from tolerances import assert_close, float32_sum_atol
 
 OPTIMIZERS = {
@@ -28,6 +29,7 @@ OPTIMIZERS = {
     "adam": lambda: LearningRateAdam(eta0=0.01, beta1=0.8, beta2=0.95),
     "adamw": lambda: LearningRateAdamW(eta0=0.01, weight_decay=0.2),
     "rmsprop": lambda: LearningRateRMSProp(eta0=0.005, rho=0.9),
+    "adagrad": lambda: LearningRateAdagrad(eta0=0.02),
 }
 EPOCHS, BATCH = 3, 20
 
@@ -100,20 +102,30 @@ def test_the_update_graph_equals_the_numpy_reference(name):
                          err_msg=f"{name} step {step} {k}")
 
 
-def test_rmsprop_is_torchs_rmsprop():
+#: optimizers whose rule is torch's own optimizer: (our class's settings, torch's class and settings)
+TORCH_TWINS = {
+    "rmsprop": (lambda: LearningRateRMSProp(eta0=0.01, rho=0.9, epsilon=1e-8), "RMSprop", dict(lr=0.01, alpha=0.9, eps=1e-8)),
+    "adagrad": (lambda: LearningRateAdagrad(eta0=0.05, epsilon=1e-10), "Adagrad", dict(lr=0.05, eps=1e-10)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TORCH_TWINS))
+def test_the_rule_is_torchs_own_optimizer(name):
     torch = pytest.importorskip("torch")
+    from ortflow.torch import RuleOptimizer
+
+    ours_rate, theirs_class, theirs_settings = TORCH_TWINS[name]
     rng = np.random.default_rng(1)
     start = rng.normal(size=(5,)).astype(np.float32)
     ours, theirs = (torch.nn.Parameter(torch.from_numpy(start.copy())) for _ in range(2))
-    rate = LearningRateRMSProp(eta0=0.01, rho=0.9, epsilon=1e-8)
-    from ortflow.torch import RuleOptimizer
-
-    optimizers = [RuleOptimizer([ours], rate), torch.optim.RMSprop([theirs], lr=0.01, alpha=0.9, eps=1e-8)]
-    for _ in range(5):
+    optimizers = [RuleOptimizer([ours], ours_rate()), getattr(torch.optim, theirs_class)([theirs], **theirs_settings)]
+    steps, lr = 5, theirs_settings["lr"]
+    for _ in range(steps):
         grad = torch.from_numpy(rng.normal(size=(5,)).astype(np.float32))
         for param, optimizer in zip((ours, theirs), optimizers):
             param.grad = grad.clone()
             optimizer.step()
+    # each step moves a weight by at most a few lr (the gradient over its running magnitude): steps roundings of that
     assert_close(ours.detach().numpy(), theirs.detach().numpy(), rtol=1e-6,
-                 atol=float32_sum_atol(np.abs(start) + 0.05, 5))
+                 atol=float32_sum_atol(np.abs(start) + 5 * steps * lr, steps))
     assert not np.allclose(ours.detach().numpy(), start)

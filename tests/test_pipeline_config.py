@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 
 from pipelines.tracking import promotion
 from pipelines.execution.bundle import Bundle, MissingInputError
-from pipelines.base.config import ConfigError, validate
+from pipelines.base.checks import validate
+from pipelines.base.schema import ConfigError
 from pipelines.modeling.estimators import with_scaling
 from pipelines.tracking import flatten, is_transient, resolve_tracking_uri
 
@@ -30,9 +31,9 @@ def _causes(exc: BaseException) -> str:
 
 def test_default_config_composes_small_defaults(compose_pipeline):
     cfg = compose_pipeline()
-    validate(cfg)  # model and loss follow data.task: linear and square for the default regression data
-    assert (str(cfg.data.name), str(cfg.model.name), str(cfg.loss.name), str(cfg.trainer.name)) == (
-        "regression", "linear", "square", "full")
+    validate(cfg)  # model follows data.task (linear for the default regression data), the loss is the model's own
+    assert (str(cfg.data.name), str(cfg.model.name), cfg.loss.name, str(cfg.trainer.name)) == (
+        "regression", "linear", None, "full")
     assert (cfg.data.n_samples, cfg.data.n_features, cfg.trainer.max_iter) == (1000, 20, 20)
     assert cfg.mlflow.registered_model_name == "ortflow-regression-linear"
     assert cfg.trainer.seed == cfg.seed == cfg.data.seed
@@ -133,6 +134,10 @@ def test_promotion_rules():
     assert promotion.default_direction("test_r2") == "maximize"
     assert promotion.default_direction("test_roc_auc") == "maximize"
     assert promotion.default_direction("test_mse") == "minimize"
+    # seen: the names ending in _macro or _class_<label> were minimized (an endswith test on 'f1', 'recall'...)
+    assert promotion.default_direction("test_f1_macro") == "maximize"
+    assert promotion.default_direction("test_recall_class_setosa") == "maximize"
+    assert promotion.default_direction("sklearn_test_log_loss") == "minimize"
     assert promotion.better(1.0, 2.0, "minimize") and not promotion.better(2.0, 2.0, "minimize")
     assert promotion.better(0.9, 0.8, "maximize") and not promotion.better(0.8, 0.9, "maximize")
 
@@ -267,7 +272,7 @@ def test_torch_trainer_fits_with_the_settings_it_was_given(compose_pipeline):
 def test_every_metric_evaluate_writes_is_a_valid_promotion_metric():
     import numpy as np
 
-    from pipelines.base.config import check_promotion_metric
+    from pipelines.base.checks import check_promotion_metric
     from pipelines.modeling.metrics import classification_metrics, regression_metrics
 
     y = np.array([0.0, 1.0, 2.0])
@@ -285,18 +290,18 @@ def test_every_metric_evaluate_writes_is_a_valid_promotion_metric():
 # --- model and loss follow data.task; every problem at once; hints that name what exists (issue 27, item 3) ----
 
 
-@pytest.mark.parametrize("overrides,model,loss", [
-    (["data=iris"], "logistic", "log"),  # seen: data=iris alone failed on the default mlp_regressor
-    (["data=breast_cancer", "model=mlp_classifier"], "mlp_classifier", "log"),  # an explicit model wins
-    (["data=diabetes"], "linear", "square"),
-    (["data=file", "data.path=t.csv", "data.target=y", "data.task=classification"], "logistic", "log"),
+@pytest.mark.parametrize("overrides,model,loss", [  # loss None: the model's own (ortflow.estimator_loss)
+    (["data=iris"], "logistic", None),  # seen: data=iris alone failed on the default mlp_regressor
+    (["data=breast_cancer", "model=mlp_classifier"], "mlp_classifier", None),  # an explicit model wins
+    (["data=diabetes"], "linear", None),
+    (["data=file", "data.path=t.csv", "data.target=y", "data.task=classification"], "logistic", None),
     (["data=digits", "loss=log", "model.start_max_iter=3", "model.C=0.5"], "logistic", "log"),
     (["experiment=smoke"], "mlp_regressor", "square"),  # an experiment's choice is explicit
 ])
-def test_model_and_loss_follow_data_task_unless_given(compose_pipeline, overrides, model, loss):
+def test_model_follows_data_task_unless_given(compose_pipeline, overrides, model, loss):
     cfg = compose_pipeline(*overrides)
     validate(cfg)
-    assert (str(cfg.model.name), str(cfg.model.task), str(cfg.loss.name)) == (model, str(cfg.data.task), loss)
+    assert (str(cfg.model.name), str(cfg.model.task), cfg.loss.name) == (model, str(cfg.data.task), loss)
     if "model.C=0.5" in overrides:  # keys given without model= are kept on top of the option's file
         assert (cfg.model.start_max_iter, cfg.model.C) == (3, 0.5)
         assert cfg.mlflow.registered_model_name == "ortflow-digits-logistic"
@@ -361,3 +366,19 @@ def test_checkpoints_inside_an_epoch_are_for_a_streamed_table(compose_pipeline, 
 def test_an_unknown_precision_is_refused_naming_the_choices(compose_pipeline):
     with pytest.raises(ConfigError, match=r"trainer.precision='fp16' is not one of \['fp32', 'tf32'\]"):
         validate(compose_pipeline("trainer=full", "trainer.precision=fp16"))
+
+
+def test_a_command_validates_once(compose_pipeline, monkeypatch):
+    """Seen: each command validated its config twice (the entry point, then the chain or the stage's runner)."""
+    from pipelines.base import checks
+
+    calls = []
+    known = checks.check_known_keys
+    monkeypatch.setattr(checks, "check_known_keys", lambda cfg: calls.append(1) or known(cfg))
+    cfg = compose_pipeline("data=diabetes", "trainer.max_iter=7")
+    validate(cfg)
+    validate(cfg)
+    assert len(calls) == 1
+    cfg.trainer.max_iter = 8  # another config is checked again
+    validate(cfg)
+    assert len(calls) == 2

@@ -6,7 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.base.config import ConfigError, validate
+from pipelines.base.checks import validate
+
+from pipelines.base.schema import ConfigError
 from pipelines.data.datasets import load_dataset
 from pipelines.base.errors import DataError
 from pipelines.tracking.lineage import logged_model_name

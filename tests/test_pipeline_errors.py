@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.base.config import trainer_verbose
+from pipelines.base.builders import trainer_verbose
 
 
 _NO_CUDA = "CUDAExecutionProvider" not in __import__("onnxruntime").get_available_providers()

@@ -8,7 +8,7 @@ import numpy as np
 import onnxruntime
 import pytest
 
-from pipelines.base.config import validate
+from pipelines.base.checks import validate
 from pipelines.data.datasets import make_split
 from pipelines.modeling.estimators import sklearn_predict, with_mean
 from pipelines.modeling.predictions import onnx_predict
@@ -31,7 +31,7 @@ def test_the_configs_cover_the_estimators_of_the_issue():
 
 
 def test_poisson_keeps_its_target_s_units(compose_pipeline):
-    from pipelines.base.config import ConfigError
+    from pipelines.base.schema import ConfigError
 
     with pytest.raises(ConfigError, match=r"model=poisson .*data.standardize_target=false"):
         validate(compose_pipeline("data=diabetes", "model=poisson", "loss.name=poisson"))
@@ -74,7 +74,7 @@ def test_pipelines_default_penalty_follows_the_naming_rule(regression_data):
     from sklearn.neural_network import MLPRegressor
 
     from ortflow import to_onnx
-    from pipelines.modeling.estimators import penalty_spec
+    from pipelines.base.builders import penalty
 
     X, y = regression_data
     cfg = OmegaConf.create({"penalty": {"name": "elastic", "l1": 0.1, "l2": 0.2, "weights": None}})
@@ -82,5 +82,25 @@ def test_pipelines_default_penalty_follows_the_naming_rule(regression_data):
     with warnings.catch_warnings():  # two iterations: the graph's names are what matters
         warnings.simplefilter("ignore")
         mlp = to_onnx(MLPRegressor(hidden_layer_sizes=(3,), max_iter=2, random_state=0).fit(X, y))
-    assert penalty_spec(cfg, linear) == {"coef": {"l1": 0.1, "l2": 0.2}}
-    assert list(penalty_spec(cfg, mlp)) == ["coef_0", "coef_1"]
+    built = penalty(cfg, [i.name for i in linear.graph.initializer])
+    assert (type(built).__name__, built.l1, built.l2, built.weights) == ("ElasticLearningPenalty", 0.1, 0.2, ["coef"])
+    assert penalty(cfg, [i.name for i in mlp.graph.initializer]).weights == ["coef_0", "coef_1"]
+
+
+def test_the_table_of_models_and_the_conf_files_agree():
+    """One table of models: each conf/model/<name>.yaml has its line (and no line lacks its file), with the same
+    task, and every setting its file sets is one its class receives."""
+    from omegaconf import OmegaConf
+
+    from pipelines.base.schema import MODEL_TASK, ModelKind
+    from pipelines.modeling.models import MODELS
+
+    files = {p.stem: OmegaConf.load(p) for p in (Path(__file__).resolve().parent.parent / "conf" / "model").glob("*.yaml")}
+    assert set(files) == {m.name for m in MODELS} == {k.value for k in ModelKind}
+    for model in MODELS:
+        if model.task is None:  # model=onnx: the data's task, no estimator
+            assert ModelKind(model.name) not in MODEL_TASK and model.estimator is None
+            continue
+        assert files[model.name].task == model.task == MODEL_TASK[ModelKind(model.name)].value
+        unused = set(files[model.name]) - {"name", "task", "target_opset", *model.settings}
+        assert not unused, f"conf/model/{model.name}.yaml sets {unused}, which its class never receives"

@@ -16,7 +16,9 @@ import pytest
 from mlflow import MlflowClient
 from onnx import TensorProto, helper, numpy_helper
 
-from pipelines.base.config import ConfigError, validate
+from pipelines.base.checks import validate
+
+from pipelines.base.schema import ConfigError
 from pipelines.data.datasets import make_split
 from pipelines.orchestration.chain import run_chain
 from pipelines.orchestration.precheck import check_training_settings

@@ -110,7 +110,9 @@ def registry(tmp_path_factory, new_sqlite_store):
 def _registry(folder: Path):
     from hydra import compose, initialize_config_dir
 
-    from pipelines.base.config import CONFIG_DIR, register_configs
+    from pipelines.base.resolvers import register_configs
+
+    from pipelines.base.schema import CONFIG_DIR
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "ORTFLOW_"))}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent) + os.pathsep + env.get("PYTHONPATH", "")

@@ -71,7 +71,8 @@ def test_a_number_beyond_float32_is_refused_naming_it(compose_pipeline, tmp_path
 
 
 def test_a_treatment_outside_the_list_is_refused(compose_pipeline, tmp_path):
-    from pipelines.base.config import ConfigError, check_preprocess
+    from pipelines.base.checks import check_preprocess
+    from pipelines.base.schema import ConfigError
 
     cfg = compose_pipeline("+preprocess.columns.city=embed")
     with pytest.raises(ConfigError, match=r"preprocess.columns \{'city': 'embed'\}: each column's treatment is one"):

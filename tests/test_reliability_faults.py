@@ -131,7 +131,7 @@ def test_a_feature_beyond_float32_fails_the_run_and_registers_nothing(compose_pi
 def test_training_settings_the_data_or_graph_refuse_fail_before_the_first_stage(compose_pipeline, clean_mlflow_env,
                                                                                 tmp_path, store_uri):
     from pipelines.orchestration.chain import run_chain
-    from pipelines.base.config import ConfigError
+    from pipelines.base.schema import ConfigError
 
     uri = store_uri
     base = ("experiment=smoke", f"mlflow.tracking_uri={uri}", f"mlflow.root={tmp_path}",

@@ -66,7 +66,7 @@ def test_no_stage_module_imports_another():
 def toy_stage(tmp_path):
     """A stage ``toy`` (a module in tmp_path plus one line of the table), for one test; the schema (whose default
     ``stages`` is the table's) stored again without it afterwards."""
-    from pipelines.base.config import register_configs
+    from pipelines.base.resolvers import register_configs
 
     (tmp_path / "toy_stage.py").write_text(TOY_MODULE)
     sys.path.insert(0, str(tmp_path))
@@ -85,7 +85,9 @@ def toy_stage(tmp_path):
 def test_a_new_stage_is_its_module_plus_one_table_line(toy_stage, tmp_path, monkeypatch, compose_pipeline,
                                                        sqlite_uri, clean_mlflow_env, capsys):
     from pipelines.execution.bundle import FILES, PRODUCER, Bundle
-    from pipelines.base.config import ConfigError, check_stages, stage_listing
+    from pipelines.base.checks import check_stages
+    from pipelines.base.resolvers import stage_listing
+    from pipelines.base.schema import ConfigError
     from pipelines.tracking.lineage import STAGE_INPUTS
 
     # the config: the default stages, their check, the --help listing

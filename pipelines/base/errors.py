@@ -113,7 +113,7 @@ def _close_key_hint(exc: BaseException) -> str:
     return f"did you mean {' or '.join(close)}? " if close else ""
 
 
-#: ``find(key)``: the schema's keys close to ``key`` (set by :func:`pipelines.base.config.register_configs`; this
+#: ``find(key)``: the schema's keys close to ``key`` (set by :func:`pipelines.base.resolvers.register_configs`; this
 #: module imports nothing of the config)
 CLOSE_KEYS: dict = {"find": None}
 

@@ -10,6 +10,10 @@ PER_CLASS = ("precision", "recall", "f1")
 #: the trained model (``test_``), the scikit-learn reference fitted to convergence (``sklearn_test_``) and the start,
 #: the under-trained scikit-learn fit training began from (``start_test_``)
 PREFIXES = ("test_", "sklearn_test_", "start_test_")
+#: the metrics where larger is better (promotion maximizes them); the others are errors, minimized
+MAXIMIZED = ("r2", "accuracy", "f1_macro", "roc_auc", *PER_CLASS)
+#: the metric promotion compares by default, per task
+DEFAULT = {"regression": "test_mse", "classification": "test_log_loss"}
 
 
 def metric_names(task: str) -> list[str]:
@@ -24,3 +28,14 @@ def is_metric(name: str, task: str) -> bool:
     if name in metric_names(task):
         return True
     return task == "classification" and any(name.startswith(f"test_{m}_class_") for m in PER_CLASS)
+
+
+def direction(name: str) -> str:
+    """``'maximize'`` for a metric of :data:`MAXIMIZED` (``test_r2``, ``sklearn_test_accuracy``,
+    ``test_f1_class_3``...), else ``'minimize'``."""
+    base = name.lower()
+    for prefix in PREFIXES:
+        if base.startswith(prefix):
+            base = base[len(prefix):]
+            break
+    return "maximize" if base.split("_class_")[0] in MAXIMIZED else "minimize"

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
-from ..base.config import data_loader
+from ..base.schema import data_loader
 from ..base.errors import DataError
 from .labels import class_labels, target_description
 

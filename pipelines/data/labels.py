@@ -24,7 +24,7 @@ _REGRESSION_HINT = "for a continuous target set data.task=regression (and a regr
 
 def target_description(data: DictConfig) -> str:
     """How messages name the target: ``data.target='y' of table.csv`` or ``the target of data=iris``."""
-    from ..base.config import data_loader
+    from ..base.schema import data_loader
 
     if data_loader(data) == "file":
         from .tables import table_path

@@ -21,7 +21,9 @@ from omegaconf import DictConfig
 
 from .. import tracking as tr
 from .bundle import Bundle
-from ..base.config import register_configs, task_of, validate
+from ..base.checks import validate
+from ..base.resolvers import register_configs
+from ..base.schema import task_of
 from ..base.handoff import JOB_RUN_FILE, SWEEP_RUN_ENV, SWEEP_RUN_FILE
 from ..data.datasets import Split
 from ..tracking.lineage import STAGE_INPUTS, log_split_inputs

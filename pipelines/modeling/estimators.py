@@ -15,57 +15,16 @@ import onnx
 from omegaconf import DictConfig
 from onnx import helper, numpy_helper
 
+from .models import BY_NAME, LOG_LINK, LOG_LINK_MODELS, estimator_arguments
+
 
 def build_estimator(model: DictConfig, seed: int):
-    from sklearn.linear_model import LinearRegression, LogisticRegression, Ridge
-    from sklearn.neural_network import MLPClassifier, MLPRegressor
+    """The scikit-learn estimator of ``model.name`` (:data:`pipelines.modeling.models.MODELS`) with its settings."""
+    import importlib
 
-    name = str(model.name)
-    if name == "linear":
-        if model.alpha > 0:
-            return Ridge(alpha=model.alpha, fit_intercept=model.fit_intercept)
-        return LinearRegression(fit_intercept=model.fit_intercept)
-    if name == "logistic":
-        return LogisticRegression(C=model.C, fit_intercept=model.fit_intercept, max_iter=model.start_max_iter)
-    linear = _linear_estimator(model, seed)
-    if linear is not None:
-        return linear
-    common = dict(hidden_layer_sizes=tuple(model.hidden_layer_sizes), activation=str(model.activation),
-                  alpha=model.alpha, max_iter=model.start_max_iter, random_state=seed)
-    if name == "mlp_regressor":
-        return MLPRegressor(**common)
-    if name == "mlp_classifier":
-        return MLPClassifier(**common)
-    raise ValueError(f"model.name={name!r} is unknown")  # pragma: no cover - the schema's enum rejects it
-
-
-def _linear_estimator(model: DictConfig, seed: int):
-    """The linear models of ``model=ridge|lasso|elastic_net|sgd_regressor|huber|quantile|sgd_classifier|
-    linear_svc|poisson`` (None for another name); each trains with the configured ``loss`` (docs/LOSSES.md pairs each
-    estimator with its own)."""
-    from sklearn import linear_model, svm
-
-    name, alpha, iters = str(model.name), float(model.alpha), int(model.start_max_iter)
-    intercept = bool(model.fit_intercept)
-    builders = {
-        "ridge": lambda: linear_model.Ridge(alpha=alpha, fit_intercept=intercept),
-        "lasso": lambda: linear_model.Lasso(alpha=alpha, fit_intercept=intercept, max_iter=iters),
-        "elastic_net": lambda: linear_model.ElasticNet(alpha=alpha, l1_ratio=float(model.l1_ratio),
-                                                       fit_intercept=intercept, max_iter=iters),
-        "sgd_regressor": lambda: linear_model.SGDRegressor(loss=str(model.sgd_loss or "squared_error"), alpha=alpha,
-                                                           fit_intercept=intercept, max_iter=iters,
-                                                           random_state=seed),
-        "huber": lambda: linear_model.HuberRegressor(epsilon=float(model.epsilon), alpha=alpha,
-                                                     fit_intercept=intercept, max_iter=iters),
-        "quantile": lambda: linear_model.QuantileRegressor(quantile=float(model.quantile), alpha=alpha,
-                                                           fit_intercept=intercept, solver="highs"),
-        "sgd_classifier": lambda: linear_model.SGDClassifier(loss=str(model.sgd_loss or "log_loss"), alpha=alpha,
-                                                             fit_intercept=intercept, max_iter=iters,
-                                                             random_state=seed),
-        "linear_svc": lambda: svm.LinearSVC(C=float(model.C), fit_intercept=intercept, max_iter=iters),
-        "poisson": lambda: linear_model.PoissonRegressor(alpha=alpha, fit_intercept=intercept, max_iter=iters),
-    }
-    return builders[name]() if name in builders else None
+    entry = BY_NAME[str(model.name)]
+    module, _, name = entry.estimator.rpartition(".")
+    return getattr(importlib.import_module(module), name)(**estimator_arguments(entry, model, seed))
 
 
 def build_preprocessing(kinds: dict[str, str], treatments: dict[str, str] | None = None):
@@ -213,19 +172,10 @@ def with_scaling(onx: onnx.ModelProto, x_mean: np.ndarray, x_scale: np.ndarray, 
     return model
 
 
-#: estimators whose graph outputs the linear predictor of a log link (ortflow's GLM losses train on it): the mean
-#: scikit-learn predicts is its exponential
-LOG_LINK = ("PoissonRegressor", "GammaRegressor")
-
-
-#: ``model.name`` of the pipelines' log-link GLMs
-LOG_LINK_MODELS = ("poisson",)
-
-
 def with_mean(onx: onnx.ModelProto, model_name: str | None = None, output_name: str = "variable") -> onnx.ModelProto:
     """``onx`` answering the mean scikit-learn predicts: ``exp`` of ``output_name`` for a log-link GLM
-    (:data:`LOG_LINK`, read from the graph's estimator record; a trained graph has none, so ``model_name``, the
-    config's ``model.name``, says it too), else ``onx`` unchanged."""
+    (:data:`pipelines.modeling.models.LOG_LINK`, read from the graph's estimator record; a trained graph has none,
+    so ``model_name``, the config's ``model.name``, says it too), else ``onx`` unchanged."""
     from ortflow.convert import estimator_record
 
     if estimator_record(onx).get("class") not in LOG_LINK and model_name not in LOG_LINK_MODELS:
@@ -239,13 +189,3 @@ def with_mean(onx: onnx.ModelProto, model_name: str | None = None, output_name: 
     model.graph.node.append(helper.make_node("Exp", [inner], [output_name], name="link_mean"))
     onnx.checker.check_model(model)
     return model
-
-
-def penalty_spec(cfg: DictConfig, onx: onnx.ModelProto) -> dict | None:
-    """``{weight: {'l1': a, 'l2': b}}`` for ``add_loss_output`` (default weights: every ``coef*``)."""
-    if str(cfg.penalty.name) == "none":
-        return None
-    from ..base.config import penalty_weights
-
-    weights = penalty_weights(cfg, [i.name for i in onx.graph.initializer])
-    return {name: {"l1": float(cfg.penalty.l1), "l2": float(cfg.penalty.l2)} for name in weights}

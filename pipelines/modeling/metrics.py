@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..base.metric_names import CLASSIFICATION, PER_CLASS
+
 
 def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray, prefix: str = "test_") -> dict[str, float]:
     from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
@@ -18,9 +20,6 @@ def regression_metrics(y_true: np.ndarray, y_pred: np.ndarray, prefix: str = "te
     }
 
 
-from ..base.metric_names import CLASSIFICATION, PER_CLASS, PREFIXES, REGRESSION, is_metric, metric_names  # noqa: F401
-
-
 def classification_metrics(y_true: np.ndarray, proba: np.ndarray, classes: np.ndarray, prefix: str = "test_",
                            per_class: bool = False) -> dict[str, float]:
     """Accuracy, macro F1, log loss and ROC AUC (one-vs-rest, macro, for k > 2) of class probabilities.
@@ -33,9 +32,9 @@ def classification_metrics(y_true: np.ndarray, proba: np.ndarray, classes: np.nd
     y_true, proba, classes = np.asarray(y_true), np.asarray(proba, dtype=np.float64), np.asarray(classes)
     if proba.ndim != 2 or proba.shape != (len(y_true), len(classes)):
         raise ValueError(f"probabilities of shape {proba.shape} for {len(y_true)} rows and {len(classes)} classes")
-    names = ["accuracy", "f1_macro", "log_loss", "roc_auc"]
+    names = list(CLASSIFICATION)
     if per_class:
-        names += [f"{m}_{metric_suffix(c)}" for c in classes for m in ("precision", "recall", "f1")]
+        names += [f"{m}_{metric_suffix(c)}" for c in classes for m in PER_CLASS]
     if not np.isfinite(proba).all():
         return {f"{prefix}{n}": float("nan") for n in names}
     y_pred = classes[np.argmax(proba, axis=1)]
@@ -203,9 +202,9 @@ class ClassificationTally:
         return 0.5 * max(shares)
 
     def result(self, prefix: str = "test_", per_class: bool = False) -> dict[str, float]:
-        names = ["accuracy", "f1_macro", "log_loss", "roc_auc"]
+        names = list(CLASSIFICATION)
         if per_class:
-            names += [f"{m}_{metric_suffix(c)}" for c in self.classes for m in ("precision", "recall", "f1")]
+            names += [f"{m}_{metric_suffix(c)}" for c in self.classes for m in PER_CLASS]
         if not self.finite or not self.n:
             return {f"{prefix}{n}": float("nan") for n in names}
         precision = np.divide(self.correct, self.predicted, out=np.zeros(len(self.classes)),

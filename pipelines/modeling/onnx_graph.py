@@ -25,7 +25,7 @@ import onnx
 from omegaconf import DictConfig, OmegaConf
 from onnx import TensorProto, helper
 
-from ..base.config import ConfigError
+from ..base.schema import ConfigError
 
 #: the element type a split's array feeds (float32 images or features, int64 tokens)
 _ELEMENT = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.int64): TensorProto.INT64}

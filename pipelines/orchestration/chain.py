@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from .. import tracking as tr
 from ..execution.bundle import Bundle
 from ..stages import stage_function
-from ..base.config import task_of
+from ..base.schema import task_of
 from .precheck import check_training_settings
 from ..execution.runner import (
     execute_stage,

@@ -1,8 +1,8 @@
 """Checks of the training settings against the data and the graph, before the chain's first stage runs.
 
 ``trainer.batch_size`` larger than the training rows, or a ``trainer.weights_to_train`` naming no initializer,
-used to fail in ``train``, after ``convert`` and ``add_loss`` had run and logged; ``model=onnx``'s graph (its input
-against the data, its output, a gradient rule for every node) used to fail in ``convert``. :func:`check_training_settings`
+would fail in ``train``, after ``convert`` and ``add_loss`` had run and logged; ``model=onnx``'s graph (its input
+against the data, its output, a gradient rule for every node) would fail in ``convert``. :func:`check_training_settings`
 builds what those stages would (the split, and the graph from a scikit-learn fit of one iteration when
 ``weights_to_train`` is set) and applies ortflow's own checks (``ortflow.validation``) to them.
 """
@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from ortflow.validation import check_positive_int, check_weights_to_train
 
-from ..base.config import ConfigError
+from ..base.schema import ConfigError
 
 
 def check_training_settings(cfg: DictConfig) -> None:

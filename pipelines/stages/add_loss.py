@@ -9,28 +9,33 @@ is still written for reference.
 
 from __future__ import annotations
 
+import json
+
 import onnx
 from omegaconf import DictConfig
 
 import ortflow
 
-from ..base.config import loss
-from ..modeling.estimators import penalty_spec
+from ..base.builders import loss, penalty
 from ..execution.runner import StageContext
 
 
-def with_loss(cfg: DictConfig, onx: onnx.ModelProto) -> onnx.ModelProto:
-    """``onx`` with the configured loss (and penalty) as its first output ``loss``: what ``trainer=full`` trains."""
-    return ortflow.add_loss_output(onx, score_name=loss(cfg), loss_name="loss", label_name="label",
-                                   penalty=penalty_spec(cfg, onx))
+def with_loss(cfg: DictConfig, onx: onnx.ModelProto, chosen: ortflow.BaseLearningLoss | None = None) -> onnx.ModelProto:
+    """``onx`` with the configured loss (``chosen``, else built from the config) and penalty as its first output
+    ``loss``: what ``trainer=full`` trains."""
+    return ortflow.add_loss_output(onx, score_name=chosen or loss(cfg, onx), loss_name="loss", label_name="label",
+                                   penalty=penalty(cfg, [i.name for i in onx.graph.initializer]))
 
 
 def add_loss(ctx: StageContext) -> dict:
     cfg = ctx.cfg
-    with_loss_graph = with_loss(cfg, ctx.bundle.load_onnx("model", ctx.name))
+    graph = ctx.bundle.load_onnx("model", ctx.name)
+    chosen = loss(cfg, graph)
+    with_loss_graph = with_loss(cfg, graph, chosen)
     path = ctx.work_dir / "model_with_loss.onnx"
     onnx.save(with_loss_graph, path)
     ctx.log_file(path, "graphs", entry="model_with_loss")
-    ctx.set_tags({"ortflow.loss": str(cfg.loss.name), "ortflow.penalty": str(cfg.penalty.name),
+    ctx.set_tags({"ortflow.loss": chosen.names[0], "ortflow.loss_settings": json.dumps(chosen.get_params()),
+                  "ortflow.penalty": str(cfg.penalty.name),
                   "ortflow.loss_graph_used_for_training": str(str(cfg.trainer.name) == "full").lower()})
     return ctx.metrics

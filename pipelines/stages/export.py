@@ -30,7 +30,8 @@ import pandas as pd
 import ortflow
 
 from .. import tracking as tr
-from ..base.config import RegisterPolicy, trainer_arguments
+from ..base.builders import trainer_arguments
+from ..base.schema import RegisterPolicy
 from ..data.datasets import Split
 from ..tracking import promotion
 from ..tracking.lineage import logged_model_name

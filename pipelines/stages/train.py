@@ -27,22 +27,22 @@ import ortflow
 from ..modeling import plots
 from .. import tracking as tr
 from ..tracking.checkpoints import MarkResumed, MlflowCheckpoint, resume_point
-from ..base.config import TRAINERS, trainer_arguments
+from ..base.builders import adds_loss, loss, penalty, trainer_arguments
+from ..base.schema import TRAINERS
 from ..data.datasets import Split
 from ..execution.runner import StageContext
-from ..modeling.estimators import penalty_spec
 
 
 def build_trainer(cfg: DictConfig, graph: onnx.ModelProto, callbacks: list):
-    """The estimator of ``trainer.name`` (:data:`pipelines.base.config.TRAINERS`), built the same way for the three:
-    its parameters from ``trainer`` (:func:`pipelines.base.config.trainer_arguments`), the loss and penalty from the
+    """The estimator of ``trainer.name`` (:data:`pipelines.base.schema.TRAINERS`), built the same way for the three:
+    its parameters from ``trainer`` (:func:`pipelines.base.builders.trainer_arguments`), the loss and penalty from the
     registry for the trainers that add the loss themselves (full training has them in its graph already)."""
     params = trainer_arguments(cfg, callbacks)
-    if "learning_loss" in params:
-        spec = penalty_spec(cfg, graph)  # the same weights as the full trainer's penalty (default: every coef*)
-        if spec:
-            params["learning_penalty"] = ortflow.ElasticLearningPenalty(
-                l1=float(cfg.penalty.l1), l2=float(cfg.penalty.l2), weights=list(spec))
+    if not adds_loss(cfg):
+        return TRAINERS[str(cfg.trainer.name)](graph, loss_output_name="loss", **params)
+    # the same loss and penalty as add_loss writes into the full trainer's graph
+    weights = [i.name for i in graph.graph.initializer]
+    params.update(learning_loss=loss(cfg, graph), learning_penalty=penalty(cfg, weights))
     return TRAINERS[str(cfg.trainer.name)](graph, **params)
 
 

@@ -38,7 +38,7 @@ from ortflow.checkpoint import file_digests, first_mismatch, read_manifest
 from ortflow.exceptions import CheckpointError  # no usable checkpoint where trainer.resume_from points
 
 from .. import tracking as tr
-from ..base.config import to_container
+from ..base.schema import to_container
 from .records import download_artifacts
 
 _log = logging.getLogger("pipelines.checkpoints")

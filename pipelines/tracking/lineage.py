@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from omegaconf import DictConfig
 
-from ..base.config import DataKind, data_loader
+from ..base.schema import DataKind, data_loader
 from ..stages import DATA_PARTS
 
 if TYPE_CHECKING:

@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass
 from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
+from ..base import metric_names
 from .locks import file_lock, lock_path, sqlite_path
 from .records import is_finite, log_metrics, set_tags
 from .store import Tracking
 
-MAXIMIZED = ("r2", "accuracy", "roc_auc", "auc", "f1", "precision", "recall")
 TAG = "ortflow.promotion."
 FINGERPRINT_TAG = "ortflow.data_fingerprint"
 SETTLE_ROUNDS = 5
@@ -125,12 +125,11 @@ def register(tracking: Tracking, candidate: Candidate, sweep: bool = False) -> t
 
 
 def default_metric(task: str) -> str:
-    return "test_log_loss" if task == "classification" else "test_mse"
+    return metric_names.DEFAULT[task]
 
 
 def default_direction(metric: str) -> str:
-    name = metric.lower()
-    return "maximize" if any(name.endswith(m) for m in MAXIMIZED) else "minimize"
+    return metric_names.direction(metric)
 
 
 def better(candidate: float, holder: float, direction: str) -> bool:

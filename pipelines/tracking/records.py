@@ -13,7 +13,7 @@ import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from omegaconf import DictConfig, OmegaConf
 
-from ..base.config import to_container
+from ..base.schema import to_container
 from .store import Tracking
 
 MAX_PARAM_LENGTH = 6000
