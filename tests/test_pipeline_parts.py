@@ -107,16 +107,15 @@ class PullToOne(BaseLearningPenalty):
     def is_null(self):
         return not self.strength
 
-    def add_value(self, b, weight):
-        gap = b.node("Sub", [weight, b.const(1.0)])
-        return b.node("Mul", [b.node("ReduceSum", [b.node("Mul", [gap, gap])], keepdims=0), b.const(self.strength)])
+    def _value(self, ops, weight):  # the rule once: graphs (full, fwbw) and tensors (torch) follow from it
+        gap = ops.add(weight, ops.const(-1.0))
+        return ops.mul(ops.sum(ops.mul(gap, gap)), ops.const(self.strength))
 
-    def add_gradient(self, b, weight, grad):
-        gap = b.node("Sub", [weight, b.const(1.0)])
-        return b.node("Add", [grad, b.node("Mul", [gap, b.const(2.0 * self.strength)])])
+    def _gradient(self, ops, weight, grad):
+        return ops.add(grad, ops.mul(ops.add(weight, ops.const(-1.0)), ops.const(2.0 * self.strength)))
 
 
-@pytest.mark.parametrize("trainer", ["full", "fwbw"])
+@pytest.mark.parametrize("trainer", ["full", "fwbw", "torch"])
 def test_a_penalty_class_defined_outside_the_pipelines_trains_from_penalty_name(
         compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri, trainer):
     """Seen: the train stage built ElasticLearningPenalty whatever penalty.name said. A penalty defined here trains
