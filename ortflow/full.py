@@ -220,6 +220,8 @@ class OrtGradientOptimizer(BaseTrainer):
 
     def _release_training_data(self) -> None:
         self._rt_device_rows = None
+        if self._rt_step is not None:
+            self._rt_step.release_device_state()
 
     def _step(self, batch) -> float:
         if self._rt_step is not None:

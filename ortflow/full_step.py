@@ -173,6 +173,10 @@ class StepGraphRuntime:
             device.losses, device.steps = DeviceLosses(count, self.device), DeviceScalars(count, self.device)
         return device
 
+    def release_device_state(self) -> None:
+        """Free what the passes over device rows hold (the state's copy, the loss vectors, their bindings)."""
+        self._on_device = None
+
     def set_learning_rate(self, learning_rate: float) -> None:
         if learning_rate != self._rate:
             self._scalars[LEARNING_RATE].write(np.float32(learning_rate))

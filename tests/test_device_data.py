@@ -109,14 +109,14 @@ def test_device_loop_trains_as_the_host_loop(regression_data, regression_graph, 
     params = dict(max_iter=3, batch_size=48, shuffle=shuffle, learning_rate=rate, random_state=0)
     host = _fitted(regression_graph, X, y, False, **params).fit(X, y)
     device = _fitted(regression_graph, X, y, True, **params).fit(X, y)
-    assert host._rt_step._on_device is None and device._rt_step._on_device is not None  # which loop ran
+    assert host._rt_batches and not device._rt_batches  # which loop ran: the host loop's batch buffers
     assert device.train_losses_ == host.train_losses_
     assert device.train_losses_[-1] < device.train_losses_[0]
     for name, value in host.get_state().items():
         np.testing.assert_array_equal(device.get_state()[name], value, err_msg=name)
     for name, value in host.get_optimizer_state().items():
         np.testing.assert_array_equal(device.get_optimizer_state()[name], value, err_msg=name)
-    assert device._rt_device_rows is None
+    assert device._rt_device_rows is None and device._rt_step._on_device is None  # freed when the fit ends
     device.partial_fit(X[:100], y[:100])  # a new call's rows, copied for it
     host.partial_fit(X[:100], y[:100])
     np.testing.assert_array_equal(device.get_state()["coef"], host.get_state()["coef"])
@@ -141,7 +141,7 @@ def test_device_loop_names_the_divergence_and_keeps_the_host_loops_weights(regre
             with pytest.warns(RuntimeWarning, match="weights of the last finite epoch are kept") as record:
                 est.fit(X * 100, y)
             messages.append(str(record[0].message))
-        assert est.diverged_
+        assert est.diverged_ and bool(est._rt_batches) is not on_device
         states.append((est.get_state(), est._rt_step.steps))
     assert messages[1] == messages[0]
     (host, host_steps), (device, device_steps) = states

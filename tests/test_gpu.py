@@ -213,7 +213,7 @@ def test_cuda_device_loop_trains_as_the_host_loop(linear, shuffle):
         est._device_data = on_device
         fitted.append(est.fit(X, y))
     host, device = fitted
-    assert host._rt_step._on_device is None and device._rt_step._on_device is not None
+    assert host._rt_batches and not device._rt_batches  # which loop ran: the host loop's batch buffers
     assert device.train_losses_ == host.train_losses_
     for name, value in host.get_state().items():
         np.testing.assert_array_equal(device.get_state()[name], value, err_msg=name)
