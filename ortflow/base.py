@@ -18,7 +18,9 @@ Parameters are declared once in :mod:`ortflow.parameters` (``parameters`` of eac
   the trainer's buffers for batches of ``n`` rows (built once per size; ``inputs``: one
   :class:`~ortflow.runtime.DeviceBuffer` per array); ``_step(batch) -> float``, one training step on the rows copied
   into ``batch.inputs`` (``batch.rows`` says which), its loss, the update not yet applied; ``_apply_step(batch) ->
-  float``, the update applied (only after a finite loss), returning what it adds to the batch's recorded loss.
+  float``, the update applied (only after a finite loss), returning what it adds to the batch's recorded loss;
+  optionally ``_train_rows_on_device(data, order, rate)`` (a loop over the data kept on the device: full training's)
+  and ``_release_training_data()``.
 - ``_validation_loss(data) -> float``.
 - ``get_state()``, ``_set_weights(state)``; ``_optimizer_state()``, ``_set_optimizer_state(state)`` (keys
   ``<slot>:<weight>`` and ``step``, the same in every trainer); ``_state_file``, the file they are saved in.
@@ -317,6 +319,7 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
                 if self.stop_training_:
                     break
         finally:
+            self._release_training_data()
             for cb in callbacks:
                 cb.on_train_end(self)
         return self
@@ -459,7 +462,11 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         """Train the rows of one unit ``(data, order)`` (``order``: indices into ``data``; None: every row as
         stored) in batches of ``batch_size``, the one batch loop of every trainer: per batch its rows copied into
         the buffers of its size, one :meth:`_step`, its loss checked, :meth:`_apply_step`. The loss of every
-        batch, ending at the first non-finite one, whose step is not applied."""
+        batch, ending at the first non-finite one, whose step is not applied. A trainer that keeps the data on the
+        device trains the unit there instead (:meth:`_train_rows_on_device`), with the same result."""
+        on_device = self._train_rows_on_device(data, order, learning_rate)
+        if on_device is not None:
+            return on_device
         n_rows = self._unit_rows(data, order)
         self._set_learning_rate(learning_rate)
         arrays = self._row_arrays(data)
@@ -491,6 +498,14 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
                 return losses[: i + 1]
             losses[i] = loss + apply(batch)
         return losses
+
+    def _train_rows_on_device(self, data: TrainData, order, learning_rate: float) -> np.ndarray | None:
+        """What :meth:`_train_rows` returns, from a loop over the data copied to the device once, or None where the
+        trainer has none (the default) or does not use it for this unit."""
+        return None
+
+    def _release_training_data(self) -> None:
+        """Drop what the trainer keeps of the training data between units (its device copy), when training ends."""
 
     def _epoch_learning_rate(self, samples_seen: int) -> float:
         """The rate of the coming epoch: the optimizer's schedule after ``samples_seen`` samples."""

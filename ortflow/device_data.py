@@ -10,12 +10,14 @@ where they are tested):
   allocation). A shuffled epoch first permutes the rows on the device (one ``Gather`` into a second buffer; the
   permutation, ``n`` int64, is the only host-to-device copy of the epoch), then slices them in order.
 - :class:`DeviceLosses`: a device vector the step ``i`` writes its loss into (``bind_output`` at the address of
-  element ``i``), read back once, when the epoch ends or a callback needs the losses.
-- :func:`fits_on_device`: whether the data (twice, for the shuffled copy) fits in the device's free memory.
+  element ``i``), read back once, when the epoch ends; :class:`DeviceScalars`, its base, also binds element ``i``
+  as a step's scalar input (full training's step numbers, written once per epoch).
+- :func:`fits_on_device`: whether the data (twice, for the shuffled copy) fits in the device's free memory (in
+  :data:`DEVICE_DATA_LIMIT` bytes where that is not known).
 
-A loop using them (the runtime classes, e.g. :class:`ortflow.full_step.StepGraphRuntime`) binds the batch feeds and
-the loss output per step instead of copying rows into bound buffers and reading the loss; the non-finite-loss
-check then happens when the losses are read (see docs/DESIGN.md, "The GPU").
+Full training's loop over them is :meth:`ortflow.full_step.StepGraphRuntime.train_device_rows`: it binds the batch
+feeds and the loss output per step instead of copying rows into bound buffers and reading the loss; the
+non-finite-loss check happens when the losses are read (see docs/DESIGN.md, "The epoch loop").
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ from .validation import device_index, resolve_device
 
 #: the share of the device's free memory the data may take (it is held twice when shuffled)
 DEVICE_DATA_FRACTION = 0.5
+#: the bytes the data may take on a GPU whose free memory is not known (twice the data when shuffled): 1 GiB,
+#: a small share of any GPU onnxruntime-gpu supports, beside the weights and the activations of a batch
+DEVICE_DATA_LIMIT = 1 << 30
 
 
 def free_device_memory(device: str) -> int | None:
@@ -43,14 +48,17 @@ def free_device_memory(device: str) -> int | None:
     return None if free is None else int(free)
 
 
-def fits_on_device(nbytes: int, device: str, shuffled: bool = True, free: int | None = None) -> bool:
+def fits_on_device(nbytes: int, device: str, shuffled: bool = True, free: int | None = None,
+                   limit: int = DEVICE_DATA_LIMIT) -> bool:
     """Whether ``nbytes`` of training data (twice when ``shuffled``) fit in :data:`DEVICE_DATA_FRACTION` of the
     free memory of ``device`` (``free`` bytes, default :func:`free_device_memory`); always on the CPU, where the
-    data is in memory already. Unknown free memory on a GPU: no (the loop keeps copying batches)."""
+    data is in memory already. Where the free memory is not known (no nvidia-ml-py; onnxruntime's Python API does
+    not report it), in ``limit`` bytes (:data:`DEVICE_DATA_LIMIT`)."""
     if resolve_device(device) == "cpu":
         return True
     free = free_device_memory(device) if free is None else free
-    return free is not None and nbytes * (2 if shuffled else 1) <= DEVICE_DATA_FRACTION * free
+    held = nbytes * (2 if shuffled else 1)
+    return held <= (limit if free is None else DEVICE_DATA_FRACTION * free)
 
 
 def _gather_rows_model(dtype: np.dtype, rank: int) -> onnx.ModelProto:
@@ -120,20 +128,32 @@ class DeviceRows:
         return [np.array(v.numpy()) for v in self._current]
 
 
-class DeviceLosses:
-    """A float32 vector of ``capacity`` losses on ``device``; step ``i`` writes element ``i`` (:meth:`bind`)."""
+class DeviceScalars:
+    """A float32 vector of ``capacity`` scalars on ``device``, element ``i`` bound (by address) to a scalar input or
+    output of step ``i``: the losses a loop writes (:class:`DeviceLosses`), the step numbers it reads."""
 
     def __init__(self, capacity: int, device: str = "cpu"):
         self.buffer = DeviceBuffer((int(capacity),), device)
         self._device = ort_device(device)
         self._address = self.buffer.c.data_ptr()
 
+    def _at(self, index: int) -> int:
+        if not 0 <= index < self.buffer.shape[0]:
+            raise IndexError(f"scalar {index} is outside the {self.buffer.shape[0]} kept")
+        return self._address + 4 * index
+
     def bind(self, binding, name: str, index: int) -> None:
         """Bind the scalar output ``name`` of ``binding`` to element ``index``."""
-        if not 0 <= index < self.buffer.shape[0]:
-            raise IndexError(f"loss {index} is outside the {self.buffer.shape[0]} kept")
-        binding.bind_output(name, self._device, np.float32, [], self._address + 4 * index)
+        binding.bind_output(name, self._device, np.float32, [], self._at(index))
+
+    def bind_input(self, binding, name: str, index: int) -> None:
+        """Bind the scalar input ``name`` of ``binding`` to element ``index``."""
+        binding.bind_input(name, self._device, np.float32, [], self._at(index))
 
     def read(self, count: int) -> np.ndarray:
-        """The first ``count`` losses (one device-to-host copy)."""
+        """The first ``count`` values (one device-to-host copy), as float64."""
         return self.buffer.read()[:count].astype(np.float64)
+
+
+class DeviceLosses(DeviceScalars):
+    """A float32 vector of ``capacity`` losses on ``device``; step ``i`` writes element ``i`` (:meth:`bind`)."""

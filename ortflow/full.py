@@ -13,6 +13,7 @@ import onnx
 from . import graph as g
 from ._ort import TRAINING, OrtValueVector, api, artifacts, backend, captured_native_stderr, require_training
 from .add_loss import LOSS_METADATA
+from .device_data import DeviceRows, fits_on_device
 from .artifact_cache import TRAINING_ARTIFACTS
 from .base import BaseTrainer
 from .graph_spec import GraphSpec, TrainData
@@ -56,6 +57,11 @@ class OrtGradientOptimizer(BaseTrainer):
     __init__ = init_from(parameters)
     _runtime_parameters = ("loss_output_name", "label_name", "sample_weight_name", "gradients")
     _state_file = "step_state.npz"  # ortflow's step graph; onnxruntime's artifacts save their own checkpoint
+    #: whether ortflow's step graph trains on data kept on the device (:mod:`ortflow.device_data`, copied once per
+    #: fit, :meth:`StepGraphRuntime.train_device_rows`): None, when ``device`` is CUDA and the data fits
+    #: (:func:`~ortflow.device_data.fits_on_device`); True, on any device where it fits (the CPU included: how the
+    #: tests run that loop); False, never. A private switch, not a parameter: the CPU's host loop is faster there.
+    _device_data: bool | None = None
 
     # --- hooks ---------------------------------------------------------------------------------------------
     def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
@@ -95,6 +101,7 @@ class OrtGradientOptimizer(BaseTrainer):
     def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec, rate: BaseLearningRate) -> None:
         self._rt_rate = rate
         self._rt_step = None
+        self._rt_device_rows = None  # (the TrainData, its DeviceRows or None where it does not fit)
         self.backend_ = backend()
         loss_graph = g.keep_outputs(model, [self.loss_output_name])
         self.weights_to_train_ = self._check_weights(model, loss_graph, self.loss_output_name)
@@ -186,6 +193,35 @@ class OrtGradientOptimizer(BaseTrainer):
         if self._rt_step is not None:
             return self._rt_step.new_batch(n, arrays)
         return StepBatch([DeviceBuffer((n, *a.shape[1:]), "cpu", dtype=a.dtype) for a in arrays], None, [])
+
+    def _train_rows_on_device(self, data: TrainData, order, learning_rate: float) -> np.ndarray | None:
+        if self._rt_step is None or getattr(self, "_streamed_fit", False):
+            return None  # onnxruntime's artifacts, or a stream's chunks (each trained once): the host loop
+        device = resolve_device(self.device)
+        if not (device != "cpu" if self._device_data is None else self._device_data):
+            return None
+        if order is not None and len(order) != data.n_samples:
+            return None  # DeviceRows shuffles whole permutations
+        kept = self._rt_device_rows
+        if kept is None or kept[0] is not data:  # a new fit's data (an epoch trains the same TrainData again)
+            arrays = self._arrays(data)
+            nbytes = sum(a.size * (4 if a.dtype == np.float64 else a.itemsize) for a in arrays)
+            fits = fits_on_device(nbytes, device, shuffled=order is not None)
+            kept = self._rt_device_rows = (data, DeviceRows(arrays, device) if fits else None)
+        rows = kept[1]
+        if rows is None:
+            return None
+        if order is None:
+            rows.unshuffle()
+        else:
+            rows.shuffle(order)
+        self._set_learning_rate(learning_rate)
+        return self._rt_step.train_device_rows(rows, self.batch_size)
+
+    def _release_training_data(self) -> None:
+        self._rt_device_rows = None
+        if self._rt_step is not None:
+            self._rt_step.release_device_state()
 
     def _step(self, batch) -> float:
         if self._rt_step is not None:

@@ -8,6 +8,12 @@ written to the other by two IO bindings used in turn; each batch size has its se
 two bindings, built once, so a batch copies its rows into the batch buffers and binds nothing. A step whose loss is not
 finite is not applied (:meth:`StepGraphRuntime.apply`): the state stays the one read (the buffers it wrote are the
 next step's outputs).
+
+With the data on the device (:meth:`StepGraphRuntime.train_device_rows`, a :class:`~ortflow.device_data.DeviceRows`),
+a batch's feeds are bound by address into the rows already there, its step number read from a device vector
+written once per pass, and its loss written into a :class:`~ortflow.device_data.DeviceLosses` read once when the
+pass ends: every step runs and is applied, and a non-finite loss found then rolls the state back to the pass's start
+(a device copy kept) and replays the steps before it, leaving the state the host loop leaves.
 """
 
 from __future__ import annotations
@@ -17,11 +23,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper
 
 from . import graph as g
 from .artifact_cache import STEP_GRAPHS
 from .autodiff import training_step
 from .autodiff.training import LEARNING_RATE, STEP, UPDATED
+from .device_data import DeviceLosses, DeviceRows, DeviceScalars
 from .learning_rates import BaseLearningRate, slot_name
 from .runtime import DeviceBuffer, OnnxFunction, SessionOptions
 
@@ -70,6 +78,7 @@ class StepGraphRuntime:
         self.parity = 0
         self.steps = 0
         self._rate = None
+        self._on_device: _DeviceState | None = None  # passes over device rows (train_device_rows), built on first use
         eval_graph = g.keep_outputs(g.initializers_as_inputs(loss_graph, self.weights), [loss_name])
         self.eval_function = OnnxFunction(eval_graph, device, options)
 
@@ -99,6 +108,74 @@ class StepGraphRuntime:
             entry = (model, None if rows is None else OnnxFunction(model, self.device, self._options))
             STEP_GRAPHS.put(key, entry)
         return entry
+
+    # --- training on data kept on the device ---
+    def train_device_rows(self, rows: DeviceRows, batch_size: int) -> np.ndarray:
+        """One pass over every row of ``rows`` in their current order, in batches of ``batch_size`` (the last one
+        shorter): each batch's feeds bound by address, every step applied, the losses read once at the end (one
+        device-to-host copy). The loss of every batch up to the first non-finite one; when there is one, the state
+        is rolled back to the pass's start and the steps before it replayed, so the state is the one before it,
+        as the host loop leaves it (the bad step not applied)."""
+        starts = range(0, rows.n_rows, batch_size)
+        count = len(starts)
+        device = self._device_state(count)
+        start_parity, start_steps = self.parity, self.steps
+        device.snapshot(self._state, self.state_names, self.parity)
+        if self._step_number is not None:  # the pass's step numbers (as the host loop rounds them): one copy
+            first = self.steps + 1
+            device.steps.buffer.write(np.arange(first, first + device.steps.buffer.shape[0]).astype(np.float32))
+        self._run_device_steps(rows, batch_size, starts, device)
+        losses = device.losses.read(count)
+        bad = np.flatnonzero(~np.isfinite(losses))
+        if len(bad) == 0:
+            return losses
+        device.restore(self._state, self.state_names, start_parity)
+        self.parity, self.steps = start_parity, start_steps
+        self._run_device_steps(rows, batch_size, starts[: bad[0]], device)
+        return losses[: bad[0] + 1]
+
+    def _run_device_steps(self, rows: DeviceRows, batch_size: int, starts: range, device: _DeviceState) -> None:
+        built, feeds, loss, losses, steps = device.batches, self.feed_names, self.loss_name, device.losses, device.steps
+        n_rows = rows.n_rows
+        for i, start in enumerate(starts):
+            n = min(batch_size, n_rows - start)
+            batch = built.get(n)
+            if batch is None:
+                batch = built[n] = self._device_batch(n)
+            binding = batch.bindings[self.parity]
+            rows.bind(binding, feeds, slice(start, start + n))
+            losses.bind(binding, loss, i)
+            if self._step_number is not None:
+                steps.bind_input(binding, STEP, i)
+            batch.run(binding, None)
+            self.parity ^= 1
+            self.steps += 1
+
+    def _device_batch(self, n: int) -> StepBatch:
+        """The session run and two bindings of batches of ``n`` rows whose feeds, loss and step number are bound
+        per step (state and learning rate bound here)."""
+        function = self._cached(n)[1]
+        bindings = []
+        for parity in (0, 1):
+            inputs = {**{name: pair[parity] for name, pair in self._state.items()},
+                      **{name: b for name, b in self._scalars.items() if name != STEP}}
+            outputs = {f"{name}{UPDATED}": self._state[name][1 - parity] for name in self.state_names}
+            bindings.append(function.bind_named(inputs, outputs))
+        return StepBatch([], function.run_with_iobinding, bindings)
+
+    def _device_state(self, count: int) -> _DeviceState:
+        """The loss and step-number vectors (at least ``count`` long), the state's copy and the batches' bindings
+        of passes over device rows, built on first use and grown when a pass has more batches."""
+        device = self._on_device
+        if device is None:
+            device = self._on_device = _DeviceState(self._state, self.state_names, self.device)
+        if device.losses.buffer.shape[0] < count:
+            device.losses, device.steps = DeviceLosses(count, self.device), DeviceScalars(count, self.device)
+        return device
+
+    def release_device_state(self) -> None:
+        """Free what the passes over device rows hold (the state's copy, the loss vectors, their bindings)."""
+        self._on_device = None
 
     def set_learning_rate(self, learning_rate: float) -> None:
         if learning_rate != self._rate:
@@ -157,3 +234,41 @@ class StepGraphRuntime:
         for name, key in self._slot_keys.items():
             current[name].write(np.asarray(state[key], dtype=np.float32))
         self.steps = int(state[STEP])
+
+
+class _DeviceState:
+    """What passes over device rows keep (:meth:`StepGraphRuntime.train_device_rows`): the losses and the step
+    numbers (float32 vectors, element ``i`` for step ``i`` of a pass), the batches' bindings by size, a copy of the
+    state taken at each pass's start and the graph of Identity nodes that copies it on the device."""
+
+    def __init__(self, state: dict, names: Sequence[str], device: str):
+        self.losses = DeviceLosses(1, device)
+        self.steps = DeviceScalars(1, device)
+        self.batches: dict[int, StepBatch] = {}
+        self.saved = {name: DeviceBuffer(state[name][0].shape, device) for name in names}
+        copy = _copy_model([state[name][0].shape for name in names])
+        self._copy = OnnxFunction(copy, device)
+        self._bindings: dict = {}
+
+    def _run_copy(self, sources: list, targets: list, key) -> None:
+        binding = self._bindings.get(key)
+        if binding is None:
+            binding = self._bindings[key] = self._copy.bind(sources, targets)
+        self._copy.run_bound(binding)
+
+    def snapshot(self, state: dict, names: Sequence[str], parity: int) -> None:
+        """Copy the state of ``parity`` into :attr:`saved` (on the device)."""
+        self._run_copy([state[n][parity] for n in names], [self.saved[n] for n in names], ("save", parity))
+
+    def restore(self, state: dict, names: Sequence[str], parity: int) -> None:
+        """Copy :attr:`saved` back into the state of ``parity``."""
+        self._run_copy([self.saved[n] for n in names], [state[n][parity] for n in names], ("restore", parity))
+
+
+def _copy_model(shapes: Sequence[tuple]) -> onnx.ModelProto:
+    """A graph copying float32 tensors of ``shapes``: input ``i`` to output ``i`` (one Identity each)."""
+    nodes = [helper.make_node("Identity", [f"in{i}"], [f"out{i}"]) for i in range(len(shapes))]
+    graph = helper.make_graph(
+        nodes, "copy", [helper.make_tensor_value_info(f"in{i}", TensorProto.FLOAT, s) for i, s in enumerate(shapes)],
+        [helper.make_tensor_value_info(f"out{i}", TensorProto.FLOAT, s) for i, s in enumerate(shapes)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)

@@ -187,6 +187,16 @@ class OnnxFunction:
                 binding.bind_ortvalue_output(name, _c_value(value))
         return binding
 
+    def bind_named(self, inputs: dict, outputs: dict):
+        """A C-level IOBinding of the named ``inputs`` and ``outputs`` only (name -> OrtValue); the caller binds the
+        others before each run (by address: :mod:`ortflow.device_data`)."""
+        binding = _C.SessionIOBinding(self._sess)
+        for name, value in inputs.items():
+            binding.bind_ortvalue_input(name, _c_value(value))
+        for name, value in outputs.items():
+            binding.bind_ortvalue_output(name, _c_value(value))
+        return binding
+
     def run_bound(self, binding) -> None:
         self._sess.run_with_iobinding(binding, None)
 

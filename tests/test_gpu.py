@@ -193,3 +193,38 @@ def test_device_rows_on_cuda_are_the_copied_rows():
         fn.run_bound(binding)
     expected = [float(fn.run(X[permutation][10 * i: 10 * i + 10])[0].numpy()) for i in range(5)]
     np.testing.assert_array_equal(losses.read(5), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_cuda_device_loop_trains_as_the_host_loop(linear, shuffle):
+    """Full training on CUDA keeps the data on the GPU by default (copied once, batches bound by address, losses
+    read at each epoch's end): the same sessions on the same rows as the host loop (``_device_data=False``), so the
+    same weights and losses, the last partial batch (64 rows in 24s) and the shuffled epochs included; a diverging
+    fit is named as the host loop names it and keeps its weights."""
+    from ortflow import ConvergenceError
+
+    X, y, graph, _, _ = linear
+    model = add_loss_output(graph)
+    fitted = []
+    for on_device in (False, None):
+        est = OrtGradientOptimizer(model, max_iter=3, batch_size=24, learning_rate="adam", shuffle=shuffle,
+                                   random_state=0, device="cuda")
+        est._device_data = on_device
+        fitted.append(est.fit(X, y))
+    host, device = fitted
+    assert host._rt_batches and not device._rt_batches  # which loop ran: the host loop's batch buffers
+    assert device.train_losses_ == host.train_losses_
+    for name, value in host.get_state().items():
+        np.testing.assert_array_equal(device.get_state()[name], value, err_msg=name)
+    errors, states = [], []
+    for on_device in (False, None):
+        est = OrtGradientOptimizer(model, learning_rate=1e3, max_iter=50, shuffle=False, device="cuda")
+        est._device_data = on_device
+        with pytest.raises(ConvergenceError, match=r"at epoch \d+, batch \d+") as info:
+            est.fit(X * 100, y)
+        errors.append(str(info.value))
+        states.append(est.get_state())
+    assert errors[1] == errors[0]
+    for name, value in states[0].items():
+        np.testing.assert_array_equal(states[1][name], value, err_msg=name)
