@@ -122,3 +122,49 @@ def test_several_penalty_terms_train_with_full_training(regression_data):
     graph = add_loss_output(mlp, penalty={"coef_0": {"l1": 0.01, "l2": 0.01}, "coef_1": 0.01})
     est = OrtGradientOptimizer(graph, max_iter=3, learning_rate=0.01, random_state=0).fit(X, y)
     assert est.train_losses_[-1] < est.train_losses_[0]
+
+
+def _seed_binary_graph():
+    """onnxcustom's binary-classification path: SGDClassifier through skl2onnx, LinearClassifier blocked, no
+    ZipMap, so the graph outputs ``label`` (the predicted class) and ``probabilities``."""
+    from sklearn.datasets import make_classification
+    from sklearn.linear_model import SGDClassifier
+    from skl2onnx import to_onnx as skl_to_onnx
+
+    X, y = make_classification(100, n_features=10, random_state=0)
+    X = X.astype(np.float32)
+    clf = SGDClassifier(loss="log_loss", random_state=0).fit(X, y)
+    onx = skl_to_onnx(clf, X, black_op={"LinearClassifier"}, options={"zipmap": False})
+    assert [o.name for o in onx.graph.output] == ["label", "probabilities"]
+    return X, y, clf, onx
+
+
+def test_seed_binary_path_trains_the_log_loss_of_the_probabilities():
+    """Issue 41 item 10: ``add_loss_output(onx, 'log', output_index=1)`` raised "label_name='label' collides".
+    The graph's own label output is dropped (as onnxcustom does) and the log loss of the probabilities
+    [1 - sigmoid(s), sigmoid(s)] goes on the score s."""
+    X, y, clf, onx = _seed_binary_graph()
+    loss_graph = add_loss_output(onx, "log", output_index=1)
+    assert [i.name for i in loss_graph.graph.input] == ["X", "label"]
+    assert [o.name for o in loss_graph.graph.output] == ["loss", "probabilities", "raw_score"]
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(loss_graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    loss, proba, _ = sess.run(None, {"X": X, "label": y.reshape(-1, 1).astype(np.float32)})
+    s = clf.decision_function(X).astype(np.float64)
+    expected = np.mean(np.logaddexp(0, s) - y * s)  # the binary log loss of sigmoid(s)
+    # float32 terms of size |s| summed over the rows
+    assert float(np.ravel(loss)[0]) == pytest.approx(expected, abs=len(s) * 4 * np.finfo(np.float32).eps
+                                                     * np.abs(s).sum() / len(s))
+    np.testing.assert_allclose(proba, clf.predict_proba(X), atol=1e-6)
+    # onnxcustom's test: trains with the int64 labels as a column; the loss goes down
+    est = OrtGradientOptimizer(loss_graph, max_iter=20, learning_rate=1e-3).fit(X, y.reshape(-1, 1))
+    assert est.train_losses_[-1] < est.train_losses_[0]
+    assert [o.name for o in est.get_trained_onnx().graph.output] == ["probabilities", "raw_score"]
+
+
+def test_a_label_input_of_the_graph_still_collides():
+    """Only a result the graph computes gives way to the label input; an input of that name is a collision."""
+    X, y, clf, onx = _seed_binary_graph()
+    with pytest.raises(ValueError, match="label_name='X' collides"):
+        add_loss_output(onx, "log", output_index=1, label_name="X")
