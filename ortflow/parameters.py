@@ -136,7 +136,8 @@ SHARED = (
           "('sgd', 'nesterov', 'adam', 'adamw' or the seed's 'SGD', 'SGDNesterov', 'Adam': that class with its "
           "defaults) or a BaseLearningRate instance"),
     Param("lr_schedule", "constant", lambda n, v: check_choice(n, v, SCHEDULES),
-          "schedule of a float learning_rate: 'constant', 'invscaling' or 'optimal' (scikit-learn's)"),
+          "schedule of a float learning_rate: 'constant', 'invscaling', 'optimal' (onnxcustom's, first rate eta0) or "
+          "'optimal_sklearn' (scikit-learn's)"),
     Param("power_t", 0.25, check_finite, "exponent of the 'invscaling' schedule"),
     Param("device", "cpu", lambda n, v: check_device(v), "'cpu', 'cuda', 'cuda:N' or 'auto'"),
     Param("warm_start", False, check_bool, "a new fit continues from the current weights and optimizer state"),
