@@ -23,6 +23,9 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
+# TEXT_MISSING: a text gap's category; KINDS: the kinds of columns a table holds with preprocess=auto
+from ortflow.preprocessing import KINDS, TEXT_MISSING  # noqa: F401  (numpy only: the module stays light)
+
 from ..base.errors import DataError
 from ..base.paths import user_path
 
@@ -30,13 +33,6 @@ _log = logging.getLogger("pipelines.data.tables")
 SUFFIXES = {".csv": "csv", ".txt": "csv", ".parquet": "parquet", ".pq": "parquet"}
 #: fewest rows a split into train, validation and test can take
 MIN_ROWS = 10
-
-
-#: the text a missing cell of a text column becomes (a category of its own), in training and in the served model
-TEXT_MISSING = "__missing__"
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-#: the kinds of columns a table holds with ``preprocess=auto`` (:func:`table_frame`)
-KINDS = ("number", "bool", "text", "date")
 
 
 @dataclass
@@ -153,84 +149,25 @@ def _read_raw(path: Path, data: DictConfig, treatments: dict[str, str]) -> Table
 
 
 def column_kind(column, treatment: str | None = None) -> str:
-    """The kind (:data:`KINDS`) of a raw column: ``treatment`` (``preprocess.columns``) first (onehot/ordinal make
-    text, date a date, scale a number, passthrough a number or a boolean), else its dtype; a text column whose values are all ISO dates is
-    a date."""
-    import pandas as pd
+    """The kind (:data:`KINDS`) of a raw column (:func:`ortflow.preprocessing.column_kind`): ``treatment``
+    (``preprocess.columns``) first, else its dtype."""
+    from ortflow.preprocessing import column_kind as kind_of
 
-    if treatment in ("onehot", "ordinal"):
-        return "text"
-    if treatment == "date":
-        return "date"
-    if treatment == "scale":
-        return "number"
-    if treatment == "passthrough":
-        return "bool" if column_kind(column) == "bool" else "number"
-    kind = column.dtype.kind
-    if kind == "M":
-        return "date"
-    if kind == "b" or (kind == "O" and len(column.dropna()) and column.dropna().map(type).eq(bool).all()):
-        return "bool"
-    if kind in "iuf":
-        return "number"
-    present = column.dropna().astype(str)
-    if len(present) and present.str.match(r"^\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?$").all():
-        if pd.to_datetime(present, errors="coerce", format="ISO8601").notna().all():
-            return "date"
-    return "text"
+    return kind_of(column, treatment)
 
 
 def table_frame(frame, treatments: dict[str, str] | None = None, file: str = "the table",
                 kinds: dict[str, str] | None = None):
-    """The feature columns in the form the preprocessing and the graph take, by kind (:func:`column_kind`, or
-    ``kinds``, the kinds fixed earlier: a streamed table's chunks take those of its first rows):
-    numbers float64 (gaps NaN), booleans 0/1 float64, text strings (gaps :data:`TEXT_MISSING`), dates
-    ``datetime64[ns]`` (gaps NaT). A column the treatment makes a number or a date that does not parse is a
+    """The feature columns in the form the preprocessing and the graph take, by kind
+    (:func:`ortflow.preprocessing.prepare_frame`; ``kinds``, the kinds fixed earlier: a streamed table's chunks
+    take those of its first rows). A column the treatment makes a number or a date that does not parse is a
     DataError naming it."""
-    import pandas as pd
+    from ortflow.preprocessing import prepare_frame
 
-    treatments, kinds = treatments or {}, kinds or {}
-    out = {}
-    for name in frame.columns:
-        column = frame[name]
-        kind = kinds.get(name) or column_kind(column, treatments.get(name))
-        if kind == "number":
-            if column.dtype.kind not in "fiu":  # text or objects: parsed, a cell that is no number named
-                parsed = pd.to_numeric(column, errors="coerce")
-                bad = parsed.isna() & column.notna()
-                if bad.any():
-                    raise DataError(f"column {name!r} of {file} holds {column[bad].iloc[0]!r}, not a number "
-                                    f"(preprocess.columns.{name}=scale): pick onehot or ordinal for text")
-                column = parsed
-            # gaps NaN (the graph's imputer fills them); pandas' own dtypes (Int64, Arrow) mark them otherwise
-            values = (column.to_numpy(np.float64) if isinstance(column.dtype, np.dtype)
-                      else column.to_numpy(np.float64, na_value=np.nan))
-            large = np.flatnonzero(np.abs(values) > _FLOAT32_MAX)
-            if len(large):
-                raise DataError(f"column {name!r} of {file} holds {values[large[0]]:g} at data row "
-                                f"{large[0] + 1}: beyond float32's range (±3.4e38), which the model computes in")
-            out[name] = values
-        elif kind == "bool":
-            out[name] = column.map({True: 1.0, False: 0.0}).astype(np.float64)
-        elif kind == "date":
-            values = pd.to_datetime(column, errors="coerce", format="mixed") if column.dtype.kind != "M" else column
-            bad = values.isna() & column.notna()
-            if bad.any():
-                raise DataError(f"column {name!r} of {file} holds {column[bad].iloc[0]!r}, not a date")
-            if getattr(values.dt, "tz", None) is not None:
-                values = values.dt.tz_convert(None)
-            out[name] = values.astype("datetime64[ns]")
-        else:
-            text = column.map(_text, na_action="ignore")
-            out[name] = text.fillna(TEXT_MISSING).astype(object)
-    return pd.DataFrame(out, index=frame.index, copy=False)
-
-
-def _text(value) -> str:
-    """A cell as text: an integral float (an integer column with gaps, read as floats) without its ``.0``."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
+    try:
+        return prepare_frame(frame, treatments, kinds, where=file)
+    except ValueError as exc:
+        raise DataError(f"{exc} (preprocess.columns)") from exc
 
 
 def _read(path: Path, data: DictConfig) -> Table:
