@@ -46,6 +46,7 @@ from .registry import select
 from .runtime import THREADS_WORK_THRESHOLD, OnnxFunction, make_session_options, threads_for_work
 from .convert import ESTIMATOR_METADATA, graph_classes
 from .frozen_prefix import FrozenPrefix
+from .guards import exclusive_fit
 from .prefetch import Prefetcher
 from .sources import is_source, replays_order, source_identity
 from .inputs import InputMapping
@@ -108,6 +109,7 @@ class BaseTrainer(BaseEstimator):
     parameters: tuple = ()
 
     # --- fitting -------------------------------------------------------------------------------------------
+    @exclusive_fit
     def fit(self, X, y=None, sample_weight=None, validation_data=None, resume_from=None):
         """Train on (X, y); ``validation_data=(X_val, y_val)`` or ``validation_fraction`` adds validation losses.
 
@@ -238,6 +240,7 @@ class BaseTrainer(BaseEstimator):
         self._samples_seen = seen[0]
         return self
 
+    @exclusive_fit
     def partial_fit(self, X, y, sample_weight=None):
         """One pass over (X, y) in batches of ``batch_size``, continuing from the previous call (the first call
         builds the runtime from ``model_onnx``). A loop of ``partial_fit`` calls over batches of a large table trains

@@ -38,6 +38,14 @@ class UnsafePathError(OrtflowError, ValueError):
     """A path built from user input or read from a file escapes its folder."""
 
 
+class OutOfMemoryError(OrtflowError, MemoryError):
+    """onnxruntime could not allocate what the graph asked for (``std::bad_alloc``, a failed arena allocation)."""
+
+
+class ConcurrentFitError(OrtflowError, RuntimeError):
+    """A second thread called ``fit`` on an estimator that is already fitting."""
+
+
 def with_training_build_hint(exc: NotDifferentiableError) -> NotDifferentiableError:
     """``exc`` (from ortflow's own gradient rules) saying that onnxruntime-training differentiates more ops."""
     return NotDifferentiableError(
