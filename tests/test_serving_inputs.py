@@ -74,3 +74,19 @@ def test_an_empty_request_gets_an_empty_answer(served, empty):
     frame = raw[:0] if empty == "rows" else pd.DataFrame({c: [] for c in raw.columns})
     answer = model.predict(frame)
     assert list(answer.columns) == ["prediction"] and len(answer) == 0
+
+
+def test_a_400_from_the_scoring_server_carries_only_the_models_error(served):
+    """MLflow's scoring server (its ``invocations``, what ``mlflow models serve`` runs per request) prefixed the
+    model's one-line error with an 11-line repr of the request's DataFrame."""
+    from mlflow.pyfunc.scoring_server import invocations
+
+    model, raw, _ = served
+    body = raw[:12].astype(object).assign(area=["big"] + [1.0] * 11).to_json(orient="split", index=False)
+    with pytest.raises(mlflow.exceptions.MlflowException) as info:
+        invocations('{"dataframe_split": ' + body + "}", "application/json", model,
+                    model.metadata.get_input_schema())
+    message = info.value.message
+    assert message.startswith("1 input cells do not fit their column (column 'area' row 0: 'big'")
+    assert "\n" not in message and "Failed to predict data" not in message
+    assert info.value.get_http_status_code() == 400

@@ -56,9 +56,23 @@ def probability_columns(classes) -> list[str]:
     return [f"{PROBABILITY_PREFIX}{c}" for c in classes]
 
 
+class InvalidInput(MlflowException):
+    """A bad request's error, whose message stays what the model wrote: MLflow's scoring server rewrites the
+    message of an ``MlflowException`` raised by ``predict`` into ``Failed to predict data '<the request's frame>'.
+    Error: ...``, an 11-line DataFrame repr before the one line that says what is wrong."""
+
+    @property
+    def message(self) -> str:
+        return self.__dict__.get("_message", "")
+
+    @message.setter
+    def message(self, value: str) -> None:
+        self.__dict__.setdefault("_message", value)  # the first (the model's own); the server's rewrite is dropped
+
+
 def invalid(message: str) -> MlflowException:
     """The error a bad request gets: ``mlflow models serve`` answers it with HTTP 400 and this message."""
-    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+    return InvalidInput(message, error_code=INVALID_PARAMETER_VALUE)
 
 
 def feature_matrix(model_input, features: list[str]) -> np.ndarray:
