@@ -114,3 +114,14 @@ def test_every_config_problem_of_a_launch_at_once(tmp_path, pipeline_subprocess_
     proc = subprocess.run([sys.executable, "-m", "pipelines.main", "model.sklearn_max_iter=1"], cwd=tmp_path,
                           env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "hint: did you mean model.start_max_iter?" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("key, suggestion", [("trainer.lr", "trainer.learning_rate"),
+                                             ("trainer.epochs", "trainer.max_iter")])
+def test_a_key_named_as_other_libraries_name_it_suggests_the_right_one(tmp_path, pipeline_subprocess_env, key,
+                                                                       suggestion):
+    """Issue 41 item 6: ``trainer.lr=0.1`` suggested ``trainer.tol`` (difflib's closest spelling)."""
+    proc = subprocess.run([sys.executable, "-m", "pipelines.main", f"{key}=0.1"], cwd=tmp_path,
+                          env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and f"hint: did you mean {suggestion}? " in proc.stderr, proc.stderr
+    assert "trainer.tol" not in proc.stderr
