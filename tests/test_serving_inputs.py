@@ -90,3 +90,28 @@ def test_a_400_from_the_scoring_server_carries_only_the_models_error(served):
     assert message.startswith("1 input cells do not fit their column (column 'area' row 0: 'big'")
     assert "\n" not in message and "Failed to predict data" not in message
     assert info.value.get_http_status_code() == 400
+
+
+def test_registering_prints_none_of_mlflows_own_lines(served, capfd):
+    """Issue 41 item 13: MLflow's "Successfully registered model ..." and "Created version ..." came before the
+    stage's summary, which says the same; registration is now quiet, and MLflow's output is back on after."""
+    from mlflow.utils import logging_utils
+
+    from pipelines.tracking import promotion
+    from pipelines.tracking.retries import RetryingClient
+    from pipelines.tracking.store import Tracking
+
+    model, _, _ = served
+    uri = mlflow.get_tracking_uri()
+    client = RetryingClient(MlflowClient(uri))
+    run_id = model.metadata.run_id
+    experiment = client.get_run(run_id).info.experiment_id
+    tracking = Tracking(uri, client, experiment, "serving", None, retries=1)
+    candidate = promotion.Candidate("quiet-model", model.metadata.get_model_info().model_uri, run_id, "test_mse",
+                                    "minimize", 1.0, "champion", promote=False)
+    capfd.readouterr()
+    version, _ = promotion.register(tracking, candidate)
+    out, err = capfd.readouterr()
+    assert version == "1" and client.get_model_version("quiet-model", "1").run_id == run_id
+    assert "registered model" not in out + err and "Created version" not in out + err, out + err
+    assert logging_utils.MLFLOW_LOGGING_STREAM.enabled

@@ -21,6 +21,7 @@ from ..base.config import task_of
 from .precheck import check_training_settings
 from ..execution.runner import (
     execute_stage,
+    in_multirun,
     job_dir,
     objective,
     prepare,
@@ -91,5 +92,6 @@ def report(result: ChainResult, cfg: DictConfig) -> str:
     elif "not_registered" in m:
         lines.append(f"  model: not registered: {m['not_registered']}")
     lines.append(f"  {cfg.optimized_metric} = {result.value}")
-    lines.append(f"  MLflow UI: {result.tracking.ui_hint(result.run_id)}")
+    if not in_multirun():  # a sweep prints the UI line once, with its parent run (sweep_callback)
+        lines.append(f"  MLflow UI: {result.tracking.ui_hint(result.run_id)}")
     return "\n".join(lines)
