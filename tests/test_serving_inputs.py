@@ -18,7 +18,7 @@ from pipelines.tracking.logger import MlflowLogger
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """A regressor on a number, a boolean and a text column, logged with the raw frame as its example."""
+    """A regressor on a number, a boolean, a text and a date column, logged with the raw frame as its example."""
     folder = tmp_path_factory.mktemp("serving-inputs")
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(f"sqlite:///{folder / 'mlflow.db'}")
@@ -26,7 +26,8 @@ def served(tmp_path_factory):
         experiment = MlflowClient().create_experiment("serving", artifact_location=str(folder / "artifacts"))
         rng = np.random.default_rng(0)
         raw = pd.DataFrame({"area": rng.normal(50, 10, 40), "garden": rng.random(40) < 0.5,
-                            "city": rng.choice(["Lyon", "Paris"], 40)})
+                            "city": rng.choice(["Lyon", "Paris"], 40),
+                            "sold": pd.date_range("2022-01-01", periods=40, freq="D")})
         y = (raw.area / 10 + raw.garden).to_numpy(np.float32)
         X = prepare_frame(raw)
         start = make_pipeline(make_preprocessing(column_kinds(raw)), SGDRegressor(max_iter=2)).fit(X, y)
@@ -65,6 +66,20 @@ def test_a_cell_of_the_wrong_kind_is_refused(served, column, values, phrase):
         model.predict(frame)
     assert info.value.error_code == "INVALID_PARAMETER_VALUE"
     assert len(model.predict(raw[:3].astype(object))) == 3  # the same rows, of the right kinds, are answered
+
+
+def test_an_ambiguous_date_is_refused_and_an_iso_date_read(served):
+    """Issue 41 item 5: "05/04/2022" was read month-first without a word; it is refused, naming the ISO form."""
+    model, raw, _ = served
+    frame = raw[:2].astype(object)
+    frame["sold"] = ["05/04/2022", "2022-04-05"]
+    with pytest.raises(mlflow.exceptions.MlflowException,
+                       match=r"column 'sold' row 0: '05/04/2022', an ambiguous date .*YYYY-MM-DD"):
+        model.predict(frame)
+    frame["sold"] = ["2022-05-04", "2022-04-05"]
+    iso = model.predict(frame)["prediction"].to_numpy()
+    frame["sold"] = pd.to_datetime(["2022-05-04", "2022-04-05"])
+    np.testing.assert_array_equal(model.predict(frame)["prediction"].to_numpy(), iso)
 
 
 @pytest.mark.parametrize("empty", ["rows", "frame"])

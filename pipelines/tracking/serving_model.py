@@ -32,6 +32,8 @@ or, with the parameter ``output="probabilities"``, a DataFrame with ``label`` an
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 from mlflow.exceptions import MlflowException
@@ -145,6 +147,9 @@ def table_feeds(model_input, columns: dict[str, str], inputs, text_missing: str)
                 values = values.dt.tz_convert(None)
             bad = np.flatnonzero(values.isna().to_numpy() & ~absent)
             problems += [f"column {name!r} row {r}: {_cell(raw.iloc[r])}, not a date" for r in bad]
+            ambiguous = [r for r, v in enumerate(raw.tolist()) if isinstance(v, str) and _AMBIGUOUS_DATE.match(v)]
+            problems += [f"column {name!r} row {r}: {raw.iloc[r]!r}, an ambiguous date (day or month first?): send "
+                         "it as ISO text, YYYY-MM-DD" for r in ambiguous]
             days = values.to_numpy("datetime64[ns]").astype("datetime64[D]").astype(np.int64)
             feeds[name] = days.reshape(-1, 1)
         else:
@@ -167,6 +172,10 @@ def _hashable(value) -> bool:
     except TypeError:
         return False
     return True
+
+
+#: a date whose first two numbers may both be a month (05/04/2022, 5.4.22): read one way, it is another date
+_AMBIGUOUS_DATE = re.compile(r"^\s*(0?[1-9]|1[0-2])[/.-](0?[1-9]|1[0-2])[/.-]\d{2,4}\b")
 
 
 def _dates(raw):
