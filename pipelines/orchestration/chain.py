@@ -45,6 +45,10 @@ def run_chain(cfg: DictConfig, work_dir: Path | None = None) -> ChainResult:
     """Run ``cfg.stages`` in order; each stage's outputs feed the next through the bundle."""
     tracking = prepare(cfg)
     check_training_settings(cfg)
+    if "train" in [str(s) for s in cfg.stages]:  # a checkpoint of another optimizer or model: before any stage
+        from ..tracking.checkpoints import check_resumable
+
+        check_resumable(tracking, cfg)
     bundle = Bundle.from_source(cfg.source)
     env_run = os.environ.get("MLFLOW_RUN_ID") or None
     sweep_parent = None if env_run else sweep_parent_run_id()
