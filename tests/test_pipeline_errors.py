@@ -125,3 +125,23 @@ def test_a_key_named_as_other_libraries_name_it_suggests_the_right_one(tmp_path,
                           env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and f"hint: did you mean {suggestion}? " in proc.stderr, proc.stderr
     assert "trainer.tol" not in proc.stderr
+
+
+def test_an_all_empty_column_is_named_with_the_configs_way_to_drop_it(tmp_path, pipeline_subprocess_env):
+    """Issue 41 item 15: a column without any value ended in a ``to_onnx`` traceback in convert (its run FAILED),
+    the hint naming SimpleImputer; now a one-line DataError before any run, naming the config's way to drop it."""
+    rng = np.random.default_rng(0)
+    pd.DataFrame({"area": rng.normal(size=60), "empty": [np.nan] * 60, "city": rng.choice(["a", "b"], 60),
+                  "price": rng.normal(size=60)}).to_csv(tmp_path / "houses.csv", index=False)
+    proc = subprocess.run([sys.executable, "-m", "pipelines.main", "data=file", "data.path=houses.csv",
+                           "data.target=price"], cwd=tmp_path, env=pipeline_subprocess_env, capture_output=True,
+                          text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and lines[0] == ("ortflow: error: DataError: the columns ['empty'] have no value in "
+                                                 "the training rows: drop them with +preprocess.columns.empty=drop"), \
+        proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "SimpleImputer" not in proc.stderr
+    if (tmp_path / "mlflow.db").exists():  # the store may be made; no run is
+        import sqlite3
+
+        assert sqlite3.connect(tmp_path / "mlflow.db").execute("select count(*) from runs").fetchone() == (0,)
