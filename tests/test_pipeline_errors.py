@@ -145,3 +145,25 @@ def test_an_all_empty_column_is_named_with_the_configs_way_to_drop_it(tmp_path, 
         import sqlite3
 
         assert sqlite3.connect(tmp_path / "mlflow.db").execute("select count(*) from runs").fetchone() == (0,)
+
+
+def test_a_stage_alone_from_another_problems_run_is_refused(tmp_path, run_chain_clean, compose_pipeline,
+                                                            clean_mlflow_env, new_sqlite_store):
+    """Issue 41 item 7: ``python -m pipelines.train source.run_id=<run>`` without that run's config groups trained
+    its model but logged ``data.name=regression``, ``model.name=linear``; now refused, naming each difference."""
+    from pipelines.base.config import ConfigError
+    from pipelines.execution.runner import run_standalone
+    from pipelines.stages import stage_function
+
+    uri = new_sqlite_store(tmp_path / "mlflow.db")
+    source = run_chain_clean(["experiment=iris_logistic", f"mlflow.tracking_uri={uri}", f"mlflow.root={tmp_path}",
+                              "stages=[convert,add_loss]", "trainer.max_iter=1"], tmp_path / "source")
+    add_loss = source.stage_run_ids["add_loss"]
+    cfg = compose_pipeline(f"mlflow.tracking_uri={uri}", f"mlflow.root={tmp_path}", f"source.run_id={add_loss}")
+    from mlflow import MlflowClient
+
+    before = len(MlflowClient(uri).search_runs([source.tracking.experiment_id]))
+    with pytest.raises(ConfigError, match=rf"source.run_id={add_loss} ran another problem: data.name=iris "
+                                          r"\(source run\) but regression here.*model.name=logistic"):
+        run_standalone("train", stage_function("train"), cfg)
+    assert len(MlflowClient(uri).search_runs([source.tracking.experiment_id])) == before
