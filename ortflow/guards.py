@@ -49,8 +49,8 @@ def translated_memory_errors(method):
         except OutOfMemoryError:
             raise
         except Exception as exc:  # noqa: BLE001 - only allocation failures are translated, the rest re-raised
-            text = str(exc)
-            if isinstance(exc, MemoryError) or any(mark in text for mark in _ALLOCATION_FAILURES):
+            text = str(exc)  # onnxruntime's own words: a MemoryError of ortflow's (a clear message) passes
+            if any(mark in text for mark in _ALLOCATION_FAILURES):
                 raise OutOfMemoryError(memory_message(text, getattr(self, "model_onnx", None))) from exc
             raise
 
