@@ -11,8 +11,8 @@ from onnx import TensorProto, helper
 
 from .convert import estimator_record, graph_classes
 from .estimator_loss import estimator_loss
-from .graph import (ModelLike, all_names, check_loadable, elem_type, load_model, pick_output, shape_of,
-                    trainable_initializers, type_name)
+from .graph import (ModelLike, _fresh, all_names, check_loadable, elem_type, get_initializers, keep_outputs,
+                    load_model, output_names, pick_output, shape_of, trainable_initializers, type_name)
 from .losses import BaseLearningLoss
 from .ml_op_rewrites import holds_linear_ops, make_trainable
 from .onnx_builder import GraphBuilder
@@ -54,8 +54,12 @@ def add_loss_output(
     ``penalty`` maps initializer names to ``{'l1': a, 'l2': b}`` (or to ``b`` alone, meaning L2) and adds
     ``a * sum|w| + b * sum(w**2)`` for each; or it is a penalty of :mod:`ortflow.penalties` (an instance or a
     registered name), whose value joins the loss for every float initializer it penalizes (its ``weights``; None:
-    all of them), as forward-backward training adds it to the weights it trains. ``output_index`` picks the prediction by position or name (default: the
-    only output, or ``raw_score`` when the graph has one). The original outputs are kept after the loss.
+    all of them), as forward-backward training adds it to the weights it trains. ``output_index`` picks the
+    prediction by position or name (default: the only output, or ``raw_score`` when the graph has one). The
+    original outputs are kept after the loss, except a result the graph computes under ``label_name`` (skl2onnx's
+    predicted ``label``): it is dropped, as onnxcustom does, so that the label input takes its name. A
+    classification loss on skl2onnx's binary probabilities ``[1 - sigmoid(s), sigmoid(s)]`` applies to ``s``,
+    added as the output ``raw_score``.
 
     A graph straight from skl2onnx, whose ``ai.onnx.ml`` LinearRegressor / LinearClassifier keeps its weights in
     attributes, is first made trainable with :func:`ortflow.make_trainable` (the rewrite is exact and unique, so
@@ -84,6 +88,9 @@ def add_loss_output(
         raise ValueError(f"score_name={score_name!r} is a classification loss, but the graph comes from a regressor "
                          f"({record['class']}): pick a regression loss")
     output = pick_output(model, output_index, "output_index")
+    model = _free_label_name(model, label_name, output)
+    if loss.task == "classification" and output in PROBABILITY_OUTPUTS:
+        model, output = _raw_score_behind(model, output, score_name)
     existing = all_names(model)
     for arg, name in (("loss_name", loss_name), ("label_name", label_name), ("weight_name", weight_name)):
         if name is not None and name in existing:
@@ -95,9 +102,6 @@ def add_loss_output(
     if len(shape) not in (1, 2):
         raise ValueError(f"output {output!r} has rank {len(shape)}; the loss expects (N,) or (N, k)")
     width = shape[1] if len(shape) == 2 and isinstance(shape[1], int) and shape[1] > 0 else None
-    if loss.task == "classification" and output in PROBABILITY_OUTPUTS:
-        raise ValueError(f"score_name={score_name!r} applies to raw scores, but output {output!r} holds probabilities "
-                         f"(shape {shape}): pick the raw score with output_index (ortflow.to_onnx names it 'raw_score')")
 
     b = GraphBuilder(prefix=f"{loss_name}", taken=all_names(model))  # its nodes join the model's graph
     total = loss.mean_loss(b, output, label_name, weight_name, len(shape), width)
@@ -122,6 +126,75 @@ def add_loss_output(
     })
     onnx.checker.check_model(new)
     return new
+
+
+def _free_label_name(model: onnx.ModelProto, label_name: str, output: str) -> onnx.ModelProto:
+    """``model`` without the result it computes under ``label_name``, so that the label input can take that name.
+
+    skl2onnx names a classifier's predicted label ``label``, the label input's default name: that output is not
+    needed for training, so it is dropped with the nodes only it needs (onnxcustom's ``add_loss_output`` does the
+    same), and an intermediate result of that name is renamed. A graph input or initializer of that name stays a
+    collision (reported by the caller)."""
+    computed = {name for node in model.graph.node for name in node.output}
+    if label_name not in computed or label_name == output:
+        return model
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    if label_name in output_names(new):
+        pruned = keep_outputs(new, [name for name in output_names(new) if name != label_name])
+        pruned.metadata_props.extend(new.metadata_props)
+        new = pruned
+    renamed = _fresh(f"{label_name}_", all_names(new))
+    for node in new.graph.node:
+        for names in (node.input, node.output):
+            for i, name in enumerate(names):
+                if name == label_name:
+                    names[i] = renamed
+    return new
+
+
+def _raw_score_behind(model: onnx.ModelProto, output: str, score_name) -> tuple[onnx.ModelProto, str]:
+    """The raw score the probabilities ``output`` come from, added as an output ``raw_score`` (a fresh name if taken).
+
+    The log loss of probabilities ``[1 - sigmoid(s), sigmoid(s)]`` (skl2onnx's binary linear classifier with
+    LinearClassifier blocked, the graph onnxcustom trains with ``add_loss_output(onx, 'log', output_index=1)``) is
+    the binary log loss of ``s``: the loss goes there, where its gradient does not vanish as the probabilities
+    saturate. Other probability graphs are refused."""
+    producer = {name: node for node in model.graph.node for name in node.output}
+    score = _sigmoid_pair_input(model, producer, output)
+    if score is None:
+        raise ValueError(f"score_name={score_name!r} applies to raw scores, but output {output!r} holds probabilities "
+                         f"computed otherwise than [1 - sigmoid(s), sigmoid(s)]: pick the raw score with output_index "
+                         "(ortflow.to_onnx names it 'raw_score')")
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    name = _fresh("raw_score", all_names(new))
+    new.graph.node.append(helper.make_node("Identity", [score], [name], name=f"{name}_of_{score}"))
+    new.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["N", 1]))
+    return new, name
+
+
+def _sigmoid_pair_input(model: onnx.ModelProto, producer: dict, output: str) -> str | None:
+    """``s`` when ``output`` is ``Concat([1 - Sigmoid(s), Sigmoid(s)], axis=1)`` with ``s`` of one column."""
+    concat = producer.get(output)
+    if concat is None or concat.op_type != "Concat" or len(concat.input) != 2:
+        return None
+    if [a.i for a in concat.attribute if a.name == "axis"] not in ([1], [-1]):
+        return None
+    sub, sigmoid = producer.get(concat.input[0]), producer.get(concat.input[1])
+    if (sub is None or sigmoid is None or sub.op_type != "Sub" or sigmoid.op_type != "Sigmoid"
+            or sub.input[1] != sigmoid.output[0]):
+        return None
+    one = get_initializers(model).get(sub.input[0])
+    if one is None or one.size != 1 or float(one.reshape(-1)[0]) != 1.0:
+        return None
+    score = sigmoid.input[0]
+    inferred = onnx.shape_inference.infer_shapes(model)
+    for value in list(inferred.graph.value_info) + list(inferred.graph.input):
+        if value.name == score:
+            dims = [d.dim_value or None for d in value.type.tensor_type.shape.dim]
+            return score if len(dims) == 2 and dims[1] in (1, None) else None
+    return score
 
 
 def _recorded(penalty: PenaltySpec | BaseLearningPenalty | str | None) -> dict:

@@ -53,6 +53,7 @@ from .learning_rates import BaseLearningRate, LearningRateSGD
 from .ml_op_rewrites import make_trainable
 from .parameters import check_parameters
 from .prediction import PredictionMixin
+from .guards import exclusive_fit
 from .prefetch import Prefetcher
 from .rechunk import whole_batches
 from .registry import select
@@ -73,6 +74,7 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
     parameters: tuple = ()
 
     # --- fitting -------------------------------------------------------------------------------------------
+    @exclusive_fit
     def fit(self, X, y=None, sample_weight=None, validation_data=None, resume_from=None):
         """Train on (X, y); ``validation_data=(X_val, y_val)`` or ``validation_fraction`` adds validation losses.
 
@@ -172,6 +174,7 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         self._samples_seen = seen[0]
         return self
 
+    @exclusive_fit
     def partial_fit(self, X, y, sample_weight=None):
         """One pass over (X, y) in batches of ``batch_size``, continuing from the previous call (the first call
         builds the runtime from ``model_onnx``). A loop of ``partial_fit`` calls over batches of a large table trains

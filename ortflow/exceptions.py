@@ -44,6 +44,14 @@ class TrainingPackageError(OrtflowError, ValueError):
     labels."""
 
 
+class OutOfMemoryError(OrtflowError, MemoryError):
+    """onnxruntime could not allocate what the graph asked for (``std::bad_alloc``, a failed arena allocation)."""
+
+
+class ConcurrentFitError(OrtflowError, RuntimeError):
+    """A second thread called ``fit`` on an estimator that is already fitting."""
+
+
 def with_training_build_hint(exc: NotDifferentiableError) -> NotDifferentiableError:
     """``exc`` (from ortflow's own gradient rules) saying that onnxruntime-training differentiates more ops."""
     return NotDifferentiableError(

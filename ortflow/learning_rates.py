@@ -357,7 +357,8 @@ def _check_schedule(rate: BaseLearningRate) -> None:
 class LearningRateSGD(BaseLearningRate):
     """``w -= lr * grad``, ``lr`` following scikit-learn's schedules per epoch (see
     :func:`ortflow.schedules.learning_rate_at`): ``'constant'`` (``eta0``), ``'invscaling'``
-    (``eta0 / (samples_seen + 1) ** power_t``), ``'optimal'`` (``1 / (alpha * (t0 + samples_seen))``).
+    (``eta0 / (samples_seen + 1) ** power_t``), ``'optimal'`` (onnxcustom's: ``eta0 * t0 / (t0 + samples_seen)``),
+    ``'optimal_sklearn'`` (scikit-learn's: ``1 / (alpha * (t0 + samples_seen))``).
     ``learning_rate`` names the schedule: onnxcustom's spelling, kept."""
 
     names = ("sgd", "SGD")

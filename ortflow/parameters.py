@@ -136,7 +136,8 @@ SHARED = (
           "a positive float (SGD at that rate, following lr_schedule and power_t), an optimizer's registered name "
           "(ortflow.registry.names('optimizer'): that class with its defaults) or a BaseLearningRate instance"),
     Param("lr_schedule", "constant", lambda n, v: check_choice(n, v, SCHEDULES),
-          "schedule of a float learning_rate: 'constant', 'invscaling' or 'optimal' (scikit-learn's)"),
+          "schedule of a float learning_rate: 'constant', 'invscaling', 'optimal' (onnxcustom's, first rate eta0) or "
+          "'optimal_sklearn' (scikit-learn's)"),
     Param("power_t", 0.25, check_finite, "exponent of the 'invscaling' schedule"),
     Param("device", "cpu", lambda n, v: check_device(v), "'cpu', 'cuda', 'cuda:N' or 'auto'"),
     Param("precision", "fp32", check_precision,

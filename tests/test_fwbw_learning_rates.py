@@ -122,7 +122,7 @@ def test_penalty_joins_the_gradient_and_reports_its_value():
     np.testing.assert_allclose(rate.penalty_value(), 0.1 * np.abs(w).sum() + 0.2 * (w**2).sum(), rtol=1e-5)
 
 
-@pytest.mark.parametrize("schedule", ["constant", "invscaling", "optimal"])
+@pytest.mark.parametrize("schedule", ["constant", "invscaling", "optimal", "optimal_sklearn"])
 def test_sgd_schedules_follow_sklearn(schedule):
     rate = LearningRateSGD(eta0=0.1, alpha=1e-3, power_t=0.5, learning_rate=schedule)
     for seen in (0, 100, 1000):

@@ -33,3 +33,18 @@ def test_python_env_mirrors_the_cpu_and_pipelines_extras():
     declared = _requirements(env["dependencies"])
     assert declared == expected
     assert re.fullmatch(r"3\.\d+", str(env["python"])), "a minor version: MLflow picks its newest patch release"
+
+
+def test_setuptools_reads_the_project_without_deprecation_warnings():
+    """Issue 41 item 4: each install printed setuptools' ``project.license`` deprecation (a TOML table), three
+    times, 45 lines; ``license`` is an SPDX expression."""
+    pytest.importorskip("setuptools", minversion="77")
+    import warnings
+
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = read_configuration(ROOT / "pyproject.toml")
+    assert config["project"]["license"] == "MIT"
+    assert not [str(w.message) for w in caught if "license" in str(w.message).lower()], caught

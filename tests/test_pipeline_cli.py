@@ -79,6 +79,8 @@ def test_optuna_sweep_minimizes_the_returned_validation_loss(tmp_path, pipeline_
            "hydra.sweeper.sampler.n_startup_trials=3"]
     proc, out = _run(cmd, tmp_path, pipeline_subprocess_env)
     assert proc.returncode == 0, out[-4000:]
+    # issue 41 item 13: the MLflow UI line once per sweep (with its parent run), not once per job
+    assert out.count("ortflow: sweep parent run ") == 1 and "MLflow UI:" not in out, out[-4000:]
     result = yaml.safe_load(next((tmp_path / "multirun").rglob("optimization_results.yaml")).read_text())
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("ortflow").experiment_id], max_results=1000)

@@ -114,3 +114,56 @@ def test_every_config_problem_of_a_launch_at_once(tmp_path, pipeline_subprocess_
     proc = subprocess.run([sys.executable, "-m", "pipelines.main", "model.sklearn_max_iter=1"], cwd=tmp_path,
                           env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "hint: did you mean model.start_max_iter?" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("key, suggestion", [("trainer.lr", "trainer.learning_rate"),
+                                             ("trainer.epochs", "trainer.max_iter")])
+def test_a_key_named_as_other_libraries_name_it_suggests_the_right_one(tmp_path, pipeline_subprocess_env, key,
+                                                                       suggestion):
+    """Issue 41 item 6: ``trainer.lr=0.1`` suggested ``trainer.tol`` (difflib's closest spelling)."""
+    proc = subprocess.run([sys.executable, "-m", "pipelines.main", f"{key}=0.1"], cwd=tmp_path,
+                          env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and f"hint: did you mean {suggestion}? " in proc.stderr, proc.stderr
+    assert "trainer.tol" not in proc.stderr
+
+
+def test_an_all_empty_column_is_named_with_the_configs_way_to_drop_it(tmp_path, pipeline_subprocess_env):
+    """Issue 41 item 15: a column without any value ended in a ``to_onnx`` traceback in convert (its run FAILED),
+    the hint naming SimpleImputer; now a one-line DataError before any run, naming the config's way to drop it."""
+    rng = np.random.default_rng(0)
+    pd.DataFrame({"area": rng.normal(size=60), "empty": [np.nan] * 60, "city": rng.choice(["a", "b"], 60),
+                  "price": rng.normal(size=60)}).to_csv(tmp_path / "houses.csv", index=False)
+    proc = subprocess.run([sys.executable, "-m", "pipelines.main", "data=file", "data.path=houses.csv",
+                           "data.target=price"], cwd=tmp_path, env=pipeline_subprocess_env, capture_output=True,
+                          text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and lines[0] == ("ortflow: error: DataError: the columns ['empty'] have no value in "
+                                                 "the training rows: drop them with +preprocess.columns.empty=drop"), \
+        proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "SimpleImputer" not in proc.stderr
+    if (tmp_path / "mlflow.db").exists():  # the store may be made; no run is
+        import sqlite3
+
+        assert sqlite3.connect(tmp_path / "mlflow.db").execute("select count(*) from runs").fetchone() == (0,)
+
+
+def test_a_stage_alone_from_another_problems_run_is_refused(tmp_path, run_chain_clean, compose_pipeline,
+                                                            clean_mlflow_env, new_sqlite_store):
+    """Issue 41 item 7: ``python -m pipelines.train source.run_id=<run>`` without that run's config groups trained
+    its model but logged ``data.name=regression``, ``model.name=linear``; now refused, naming each difference."""
+    from pipelines.base.config import ConfigError
+    from pipelines.execution.runner import run_standalone
+    from pipelines.stages import stage_function
+
+    uri = new_sqlite_store(tmp_path / "mlflow.db")
+    source = run_chain_clean(["experiment=iris_logistic", f"mlflow.tracking_uri={uri}", f"mlflow.root={tmp_path}",
+                              "stages=[convert,add_loss]", "trainer.max_iter=1"], tmp_path / "source")
+    add_loss = source.stage_run_ids["add_loss"]
+    cfg = compose_pipeline(f"mlflow.tracking_uri={uri}", f"mlflow.root={tmp_path}", f"source.run_id={add_loss}")
+    from mlflow import MlflowClient
+
+    before = len(MlflowClient(uri).search_runs([source.tracking.experiment_id]))
+    with pytest.raises(ConfigError, match=rf"source.run_id={add_loss} ran another problem: data.name=iris "
+                                          r"\(source run\) but regression here.*model.name=logistic"):
+        run_standalone("train", stage_function("train"), cfg)
+    assert len(MlflowClient(uri).search_runs([source.tracking.experiment_id])) == before

@@ -7,6 +7,7 @@ uninterrupted run with the same seed and config to compare the trained weights w
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -327,3 +328,31 @@ def test_resuming_a_live_run_leaves_it_alone_and_sigterm_ends_it_killed(prepared
         run = client.get_run(run_id)
         assert run.info.status == "KILLED", run_id
         assert run.data.tags["ortflow.failure_reason"] == "Terminated: signal SIGTERM received"
+
+
+@pytest.mark.parametrize("change, seen", [("trainer.optimizer=adam", "trainer.optimizer: sgd -> adam"),
+                                          ("trainer=fwbw", "trainer.name: full -> fwbw")])
+def test_resuming_into_another_optimizer_or_trainer_is_refused_before_any_stage(
+        prepared, compose_pipeline, clean_mlflow_env, tmp_path, change, seen):
+    """Issue 41 item 14: ``trainer.optimizer=adam trainer.resume_from=<sgd run>`` ran convert and add_loss, then
+    failed in train with a raw KeyError (another trainer: a CheckpointError traceback); now refused before the
+    chain's first stage, naming the difference, and a one-line error with a hint on the command line."""
+    from mlflow import MlflowClient
+
+    from ortflow.exceptions import CheckpointError
+    from pipelines.base.errors import hint_for
+    from pipelines.orchestration.chain import run_chain
+
+    folder, uri, add_loss_run = prepared
+    base = ["experiment=smoke", f"mlflow.tracking_uri={uri}", f"mlflow.root={folder}",
+            "mlflow.experiment_name=resume-other", "trainer=full", "trainer.max_iter=2"]
+    source = _train_in_process(compose_pipeline, tmp_path / "sgd", *base, f"source.run_id={add_loss_run}",
+                               "trainer.checkpoint_every=1")
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("resume-other").experiment_id
+    before = len(client.search_runs([experiment]))
+    cfg = compose_pipeline(*base, change, f"trainer.resume_from={source}", f"hydra.run.dir={tmp_path / 'chain'}")
+    with pytest.raises(CheckpointError, match=f"run {source} trained with other settings.*{re.escape(seen)}") as info:
+        run_chain(cfg, tmp_path / "chain")
+    assert len(client.search_runs([experiment])) == before  # no stage ran, no run was made
+    assert hint_for(info.value) is not None

@@ -1,5 +1,6 @@
 """Features users of onnxcustom's design bring: per-sample losses, graphs in memory, steppable learning rates,
-sample weights as a column, logging, scikit-learn's 'optimal' schedule, several penalty terms."""
+sample weights as a column, logging, the 'optimal' schedules (onnxcustom's and scikit-learn's), several penalty
+terms."""
 
 import logging
 
@@ -16,6 +17,7 @@ from ortflow import (
     add_loss_output,
     to_onnx,
 )
+from ortflow.exceptions import ConvergenceError
 from ortflow.schedules import learning_rate_at
 
 
@@ -87,8 +89,8 @@ def test_enable_logging_reports_every_epoch(regression_data, linear, caplog):
     assert not caplog.records
 
 
-def test_optimal_schedule_is_scikit_learns_sequence():
-    """scikit-learn's SGDRegressor with learning_rate='optimal': each step moves coef by eta_t * (y - p) when
+def test_optimal_sklearn_schedule_is_scikit_learns_sequence():
+    """'optimal_sklearn' is scikit-learn's SGDRegressor with learning_rate='optimal': each step moves coef by eta_t * (y - p) when
     alpha's shrink is negligible; one feature of value 1, target 1, no intercept."""
     alpha = 1e-4
     sgd = SGDRegressor(learning_rate="optimal", alpha=alpha, penalty=None, fit_intercept=False, shuffle=False,
@@ -102,8 +104,47 @@ def test_optimal_schedule_is_scikit_learns_sequence():
     eta1 = coefs[1] - coefs[0]  # p = 0, y - p = 1
     eta2 = (coefs[2] - coefs[1]) / (1.0 - coefs[1])
     assert eta1 == pytest.approx(10.0)
-    np.testing.assert_allclose([eta1, eta2], [learning_rate_at("optimal", 0.0, t, alpha=alpha) for t in (0, 1)],
+    np.testing.assert_allclose([eta1, eta2], [learning_rate_at("optimal_sklearn", 0.0, t, alpha=alpha) for t in (0, 1)],
                                rtol=1e-9)
+
+
+def test_optimal_schedule_is_onnxcustoms_scaled_sequence():
+    """Issue 41 item 11: 'optimal' followed scikit-learn's unscaled sequence (first rate 10 for alpha=1e-4), where
+    onnxcustom's LearningRateSGD multiplies it by a constant so that the first rate is eta0. onnxcustom's own
+    test: loop() gives 1000 decreasing values, the first 0.01, the last above 0.009."""
+    values = list(LearningRateSGD(learning_rate="optimal").init_learning_rate().loop())
+    assert len(values) == 1000 and values[0] == 0.01
+    assert all(b < a for a, b in zip(values, values[1:])) and values[-1] > 0.009
+    # onnxcustom's init_learning_rate / update_learning_rate, written out for eta0=0.05, alpha=1e-3
+    eta0, alpha = 0.05, 1e-3
+    typw = np.sqrt(1.0 / np.sqrt(alpha))
+    optimal_init = 1.0 / (typw / max(1.0, (1 + typw) * 2) * alpha)
+    factor = eta0 / (1.0 / (alpha * optimal_init))
+    expected = [factor / (alpha * (optimal_init + t)) for t in range(0, 5000, 250)]
+    got = [learning_rate_at("optimal", eta0, t, alpha=alpha) for t in range(0, 5000, 250)]
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+def test_optimal_schedule_trains_onnxcustoms_regression_without_diverging():
+    """onnxcustom's test_ort_gradient_optimizers_optimal_*: make_regression(100, 10, bias=2), a fitted
+    LinearRegression, ten epochs at LearningRateSGD(learning_rate='optimal'). scikit-learn's sequence starts at
+    10 and blows the weights up; the seed's starts at eta0 and the loss stays finite and near its start."""
+    from sklearn.datasets import make_regression
+    from sklearn.model_selection import train_test_split
+
+    X, y = make_regression(100, n_features=10, bias=2, random_state=0)
+    X, y = X.astype(np.float32), y.astype(np.float32)
+    X_train, _, y_train, _ = train_test_split(X, y, random_state=0)
+    onx = add_loss_output(to_onnx(LinearRegression().fit(X_train, y_train)))
+    for cls in (OrtGradientOptimizer, OrtGradientForwardBackwardOptimizer):
+        graph = onx if cls is OrtGradientOptimizer else to_onnx(LinearRegression().fit(X_train, y_train))
+        est = cls(graph, max_iter=10, learning_rate=LearningRateSGD(learning_rate="optimal")).fit(X_train, y_train)
+        assert est.history_[0]["learning_rate"] == pytest.approx(0.01)
+        losses = np.array(est.train_losses_)
+        assert np.isfinite(losses).all() and losses[-1] <= max(losses[0], 1e-6) * 10, (cls.__name__, losses)
+        with pytest.raises(ConvergenceError, match="diverged"):
+            cls(graph, max_iter=10, learning_rate=LearningRateSGD(learning_rate="optimal_sklearn")).fit(X_train,
+                                                                                                       y_train)
 
 
 def test_several_penalty_terms_train_with_full_training(regression_data):
@@ -122,3 +163,49 @@ def test_several_penalty_terms_train_with_full_training(regression_data):
     graph = add_loss_output(mlp, penalty={"coef_0": {"l1": 0.01, "l2": 0.01}, "coef_1": 0.01})
     est = OrtGradientOptimizer(graph, max_iter=3, learning_rate=0.01, random_state=0).fit(X, y)
     assert est.train_losses_[-1] < est.train_losses_[0]
+
+
+def _seed_binary_graph():
+    """onnxcustom's binary-classification path: SGDClassifier through skl2onnx, LinearClassifier blocked, no
+    ZipMap, so the graph outputs ``label`` (the predicted class) and ``probabilities``."""
+    from sklearn.datasets import make_classification
+    from sklearn.linear_model import SGDClassifier
+    from skl2onnx import to_onnx as skl_to_onnx
+
+    X, y = make_classification(100, n_features=10, random_state=0)
+    X = X.astype(np.float32)
+    clf = SGDClassifier(loss="log_loss", random_state=0).fit(X, y)
+    onx = skl_to_onnx(clf, X, black_op={"LinearClassifier"}, options={"zipmap": False})
+    assert [o.name for o in onx.graph.output] == ["label", "probabilities"]
+    return X, y, clf, onx
+
+
+def test_seed_binary_path_trains_the_log_loss_of_the_probabilities():
+    """Issue 41 item 10: ``add_loss_output(onx, 'log', output_index=1)`` raised "label_name='label' collides".
+    The graph's own label output is dropped (as onnxcustom does) and the log loss of the probabilities
+    [1 - sigmoid(s), sigmoid(s)] goes on the score s."""
+    X, y, clf, onx = _seed_binary_graph()
+    loss_graph = add_loss_output(onx, "log", output_index=1)
+    assert [i.name for i in loss_graph.graph.input] == ["X", "label"]
+    assert [o.name for o in loss_graph.graph.output] == ["loss", "probabilities", "raw_score"]
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(loss_graph.SerializeToString(), providers=["CPUExecutionProvider"])
+    loss, proba, _ = sess.run(None, {"X": X, "label": y.reshape(-1, 1).astype(np.float32)})
+    s = clf.decision_function(X).astype(np.float64)
+    expected = np.mean(np.logaddexp(0, s) - y * s)  # the binary log loss of sigmoid(s)
+    # float32 terms of size |s| summed over the rows
+    assert float(np.ravel(loss)[0]) == pytest.approx(expected, abs=len(s) * 4 * np.finfo(np.float32).eps
+                                                     * np.abs(s).sum() / len(s))
+    np.testing.assert_allclose(proba, clf.predict_proba(X), atol=1e-6)
+    # onnxcustom's test: trains with the int64 labels as a column; the loss goes down
+    est = OrtGradientOptimizer(loss_graph, max_iter=20, learning_rate=1e-3).fit(X, y.reshape(-1, 1))
+    assert est.train_losses_[-1] < est.train_losses_[0]
+    assert [o.name for o in est.get_trained_onnx().graph.output] == ["probabilities", "raw_score"]
+
+
+def test_a_label_input_of_the_graph_still_collides():
+    """Only a result the graph computes gives way to the label input; an input of that name is a collision."""
+    X, y, clf, onx = _seed_binary_graph()
+    with pytest.raises(ValueError, match="label_name='X' collides"):
+        add_loss_output(onx, "log", output_index=1, label_name="X")

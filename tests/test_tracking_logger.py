@@ -135,3 +135,58 @@ def test_system_metrics_are_sampled_at_the_configured_interval(store, tmp_path, 
     monkeypatch.setenv(runs.SAMPLING_INTERVAL_ENV, "3")
     with runs.stage_run(tracking, "env wins", system_metrics=True, system_metrics_interval=0.5) as run_id:
         assert run_id_to_system_metrics_monitor[run_id].sampling_interval == 3
+
+
+def _table_fit_parts(n=60):
+    """A library fit on a DataFrame (issue 41 item 2): text with a gap, dates, integers, numbers with gaps,
+    prepared by ``ortflow.preprocessing`` as the README shows."""
+    import pandas as pd
+    from sklearn.linear_model import SGDRegressor
+    from sklearn.pipeline import make_pipeline
+
+    from ortflow.preprocessing import column_kinds, make_preprocessing, prepare_frame
+
+    rng = np.random.default_rng(0)
+    raw = pd.DataFrame({"city": rng.choice(["Lyon", "Paris", None], n),
+                        "day": pd.date_range("2022-01-01", periods=n),
+                        "rooms": rng.integers(1, 5, n),
+                        "area": np.where(rng.random(n) < 0.1, np.nan, rng.normal(50, 10, n))})
+    y = (raw.rooms * 2 + rng.normal(size=n)).to_numpy(np.float32)
+    X = prepare_frame(raw)
+    start = make_pipeline(make_preprocessing(column_kinds(X)), SGDRegressor(max_iter=2)).fit(X, y)
+    return raw, X, y, add_loss_output(to_onnx(start, X))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("with_example", [True, False])
+def test_logger_on_a_dataframe_logs_a_model_taking_that_frame(store, with_example):
+    """``MlflowLogger(input_example=frame)`` crashed at the end of fit ("could not convert string to float:
+    'Lyon'") and left the run FINISHED without a model; without an example, the logged model refused the frame
+    the trainer took. The model now takes that frame (and the raw one: text gaps, dates as ISO text), answering as
+    the trainer does."""
+    raw, X, y, graph = _table_fit_parts()
+    logger = MlflowLogger(input_example=X[:3] if with_example else None)
+    trainer = OrtGradientOptimizer(graph, max_iter=3, callbacks=[logger]).fit(X, y)
+    run = MlflowClient(store).get_run(logger.run_id_)
+    assert run.info.status == "FINISHED" and logger.model_info_ is not None
+    model = mlflow.pyfunc.load_model(logger.model_info_.model_uri)
+    assert model.metadata.get_model_info().flavors.keys() >= {"onnx", "python_function"}
+    expected = trainer.predict(X).ravel()
+    np.testing.assert_array_equal(model.predict(X)["prediction"].to_numpy(np.float32), expected)
+    as_text = raw.assign(day=raw["day"].dt.strftime("%Y-%m-%d"))
+    np.testing.assert_array_equal(model.predict(as_text)["prediction"].to_numpy(np.float32), expected)
+    with pytest.raises(mlflow.exceptions.MlflowException, match="column 'area' row 0: 'big'"):
+        model.predict(X.assign(area=["big"] + [1.0] * (len(X) - 1)))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_fit_that_fails_while_logging_ends_its_run_failed(store):
+    """A model that cannot be logged (here an example without a column the graph takes) fails the fit with the
+    cause, and the run ends FAILED saying why it has no model (it stayed FINISHED)."""
+    raw, X, y, graph = _table_fit_parts()
+    logger = MlflowLogger(input_example=X[:3].drop(columns=["area"]))
+    with pytest.raises(ValueError, match=r"input_example lacks the columns \['area'\]"):
+        OrtGradientOptimizer(graph, max_iter=2, callbacks=[logger]).fit(X, y)
+    run = MlflowClient(store).get_run(logger.run_id_)
+    assert run.info.status == "FAILED" and mlflow.active_run() is None
+    assert run.data.tags["ortflow.model"].startswith("not logged: ValueError: input_example lacks the columns")

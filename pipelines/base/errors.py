@@ -49,6 +49,7 @@ _ELSEWHERE = (
     ("pipelines.execution.bundle", ("MissingInputError", "UntrustedManifestError"),
      "pass source.run_id=<a run of the stage that produces the input> (see 'A stage alone' in docs/PIPELINES.md)"),
     ("pipelines.orchestration.study", ("SearchSpaceError",), "check hydra.sweeper.params"),
+    ("ortflow.exceptions", ("CheckpointError",), "see 'Checkpoints' in docs/PIPELINES.md"),
 )
 
 

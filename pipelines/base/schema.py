@@ -385,11 +385,21 @@ def follow_task(cfg: DictConfig) -> dict[str, str]:
     return picked
 
 
+#: names other libraries give a key, and the schema's name for it (difflib offered trainer.tol for trainer.lr)
+KEY_ALIASES = {"lr": "learning_rate", "learning_rate_init": "learning_rate", "eta0": "learning_rate",
+               "epochs": "max_iter", "n_epochs": "max_iter", "n_iter": "max_iter"}
+
+
 def close_keys(key: str, candidates: list[str], n: int = 3) -> list[str]:
-    """The names of ``candidates`` closest to ``key`` (difflib), for a 'did you mean' hint; every one exists.
-    Dotted keys share their group's prefix, which alone makes them look alike: they must be closer."""
+    """The names of ``candidates`` closest to ``key`` (:data:`KEY_ALIASES`, else difflib), for a 'did you mean'
+    hint; every one exists. Dotted keys share their group's prefix, which alone makes them look alike: they must
+    be closer."""
     import difflib
 
+    group, _, leaf = key.rpartition(".")
+    alias = ".".join(filter(None, (group, KEY_ALIASES.get(leaf, ""))))
+    if leaf in KEY_ALIASES and alias in candidates:
+        return [alias]
     return difflib.get_close_matches(key, candidates, n=n, cutoff=0.8 if "." in key else 0.6)
 
 

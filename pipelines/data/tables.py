@@ -23,20 +23,18 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig
 
+# TEXT_MISSING: a text gap's category; KINDS: the kinds of columns a table holds with preprocess=auto
+from ortflow.preprocessing import KINDS, TEXT_MISSING  # noqa: F401  (numpy only: the module stays light)
+
 from ..base.errors import DataError
 from ..base.paths import user_path
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 _log = logging.getLogger("pipelines.data.tables")
 SUFFIXES = {".csv": "csv", ".txt": "csv", ".parquet": "parquet", ".pq": "parquet"}
 #: fewest rows a split into train, validation and test can take
 MIN_ROWS = 10
-
-
-#: the text a missing cell of a text column becomes (a category of its own), in training and in the served model
-TEXT_MISSING = "__missing__"
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-#: the kinds of columns a table holds with ``preprocess=auto`` (:func:`table_frame`)
-KINDS = ("number", "bool", "text", "date")
 
 
 @dataclass
@@ -170,94 +168,27 @@ def _read_raw(path: Path, data: DictConfig, treatments: dict[str, str]) -> Table
 
 
 def column_kind(column, treatment: str | None = None) -> str:
-    """The kind (:data:`KINDS`) of a raw column: ``treatment`` (``preprocess.columns``) first (onehot/ordinal make
-    text, date a date, scale a number, passthrough a number or a boolean), else its dtype; a text column whose values are all ISO dates is
-    a date. A text column whose cells are numbers but for a few (:func:`ortflow.tables.non_numbers`: ``?`` among
-    2,000 numbers) is a number: :func:`table_frame` names those cells, or makes them gaps."""
-    import pandas as pd
+    """The kind (:data:`KINDS`) of a raw column (:func:`ortflow.preprocessing.column_kind`): ``treatment``
+    (``preprocess.columns``) first, else its dtype; a column of numbers but for a few cells is a number."""
+    from ortflow.preprocessing import column_kind as kind_of
 
-    if treatment in ("onehot", "ordinal"):
-        return "text"
-    if treatment == "date":
-        return "date"
-    if treatment == "scale":
-        return "number"
-    if treatment == "passthrough":
-        return "bool" if column_kind(column) == "bool" else "number"
-    kind = column.dtype.kind
-    if kind == "M":
-        return "date"
-    if kind == "b" or (kind == "O" and len(column.dropna()) and column.dropna().map(type).eq(bool).all()):
-        return "bool"
-    if kind in "iuf":
-        return "number"
-    from ortflow.tables import non_numbers
-
-    if non_numbers(column) is not None:  # numbers but for a few cells: numbers, the others named (table_frame)
-        return "number"
-    present = column.dropna().astype(str)
-    if len(present) and present.str.match(r"^\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?$").all():
-        if pd.to_datetime(present, errors="coerce", format="ISO8601").notna().all():
-            return "date"
-    return "text"
+    return kind_of(column, treatment)
 
 
 def table_frame(frame, treatments: dict[str, str] | None = None, file: str = "the table",
                 kinds: dict[str, str] | None = None, junk_cells: str = "refuse"):
-    """The feature columns in the form the preprocessing and the graph take, by kind (:func:`column_kind`, or
-    ``kinds``, the kinds fixed earlier: a streamed table's chunks take those of its first rows):
-    numbers float64 (gaps NaN), booleans 0/1 float64, text strings (gaps :data:`TEXT_MISSING`), dates
-    ``datetime64[ns]`` (gaps NaT). A date that does not parse is a DataError naming it; so are the cells of a
-    number column that are not numbers (``?``, ``n.a.``), with ``junk_cells="refuse"`` (the default,
-    ``data.junk_cells``): with ``"gap"`` they become gaps (the preprocessing imputes them), a warning naming the
-    column, their count and the first of them."""
-    import pandas as pd
+    """The feature columns in the form the preprocessing and the graph take, by kind
+    (:func:`ortflow.preprocessing.prepare_frame`; ``kinds``, the kinds fixed earlier: a streamed table's chunks
+    take those of its first rows). A date that does not parse, a number beyond float32, or the cells of a number
+    column that are not numbers (``?``, ``n.a.``) with ``junk_cells="refuse"`` (``data.junk_cells``) are a DataError
+    naming them; with ``"gap"`` those cells become gaps, with a warning."""
+    from ortflow.preprocessing import prepare_frame
 
-    treatments, kinds = treatments or {}, kinds or {}
-    out = {}
-    for name in frame.columns:
-        column = frame[name]
-        kind = kinds.get(name) or column_kind(column, treatments.get(name))
-        if kind == "number":
-            if column.dtype.kind not in "fiu":  # text or objects: parsed, a cell that is no number named
-                parsed = pd.to_numeric(column, errors="coerce")
-                bad = (parsed.isna() & column.notna()).to_numpy()
-                if bad.any():
-                    _junk(column, bad, name, file, junk_cells)
-                column = parsed
-            # gaps NaN (the graph's imputer fills them); pandas' own dtypes (Int64, Arrow) mark them otherwise
-            values = (column.to_numpy(np.float64) if isinstance(column.dtype, np.dtype)
-                      else column.to_numpy(np.float64, na_value=np.nan))
-            check_float32(values, f"column {name!r}", file)
-            out[name] = values
-        elif kind == "bool":
-            out[name] = column.map({True: 1.0, False: 0.0}).astype(np.float64)
-        elif kind == "date":
-            values = pd.to_datetime(column, errors="coerce", format="mixed") if column.dtype.kind != "M" else column
-            bad = values.isna() & column.notna()
-            if bad.any():
-                raise DataError(f"column {name!r} of {file} holds {column[bad].iloc[0]!r}, not a date")
-            if getattr(values.dt, "tz", None) is not None:
-                values = values.dt.tz_convert(None)
-            out[name] = values.astype("datetime64[ns]")
-        else:
-            text = column.map(_text, na_action="ignore")
-            out[name] = text.fillna(TEXT_MISSING).astype(object)
-    return pd.DataFrame(out, index=frame.index, copy=False)
-
-
-def _junk(column, bad: np.ndarray, name: str, file: str, junk_cells: str) -> None:
-    """The cells of a number column that are not numbers: a DataError naming them (``junk_cells="refuse"``), or a
-    warning saying they are read as gaps (``"gap"``)."""
-    from ortflow.tables import describe_cells
-
-    what = (f"column {name!r} of {file} is numbers but for {int(bad.sum())} of {len(bad)} cells "
-            f"({describe_cells(column, bad)}; rows counted from the first data row)")
-    if junk_cells == "gap":
-        _log.warning("%s: read as gaps, which the preprocessing imputes (data.junk_cells=gap)", what)
-        return
-    raise DataError(f"{what}: fix those cells, data.junk_cells=gap reads them as gaps (imputed), or "
-                    f"preprocess.columns.{name}=onehot takes the column as text")
+    try:
+        return prepare_frame(frame, treatments, kinds, where=file, junk_cells=junk_cells,
+                             junk_option="data.junk_cells=gap")
+    except ValueError as exc:
+        raise DataError(str(exc)) from exc
 
 
 #: a text column is named when it has at least this many levels and one for at least half its rows (an identifier?)
@@ -275,13 +206,6 @@ def warn_many_levels(frame, kinds: dict[str, str], treatments: dict[str, str], f
             _log.warning("column %r of %s is text with %d levels in %d rows: one-hot encoding gives each level a "
                          "weight learned from about %.1f rows (an identifier? preprocess.columns.%s=drop leaves it "
                          "out; a number read as text? fix its cells)", name, file, levels, rows, rows / levels, name)
-
-
-def _text(value) -> str:
-    """A cell as text: an integral float (an integer column with gaps, read as floats) without its ``.0``."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
 
 
 def _read(path: Path, data: DictConfig) -> Table:

@@ -155,9 +155,35 @@ def objective(cfg: DictConfig, metrics: dict[str, Any]) -> float | None:
     return float(value) if tr.is_finite(value) else (math.nan if value is not None else None)
 
 
+#: what makes a source run's outputs another problem's: a stage alone must be composed with the same
+SOURCE_IDENTITY = ("data.name", "data.path", "data.target", "data.task", "model.name")
+
+
+def check_source_problem(tracking: tr.Tracking, cfg: DictConfig) -> None:
+    """A stage run alone from ``source.run_id`` whose config names another data set or model than that run's is
+    refused, naming each difference: it would train the source's data and model while logging its own config's
+    names and datasets (seen: ``data.name=regression``, ``model.name=linear`` on a run of another table)."""
+    from ..base.config import ConfigError, to_container
+
+    if not cfg.source.run_id:
+        return
+    try:
+        params = tracking.client.get_run(str(cfg.source.run_id)).data.params
+    except Exception:  # noqa: BLE001 - Bundle.from_source names a missing run
+        return
+    flat = tr.flatten(to_container(cfg))
+    differ = [f"{key}={params[key]} (source run) but {flat[key]} here" for key in SOURCE_IDENTITY
+              if key in params and key in flat and str(flat[key]) != params[key]]
+    if differ:
+        raise ConfigError(f"source.run_id={cfg.source.run_id} ran another problem: {'; '.join(differ)}; compose "
+                          "this stage with the source run's config groups (its overrides are its ortflow.overrides "
+                          "tag and its params)")
+
+
 def run_standalone(name: str, fn: StageFn, cfg: DictConfig) -> float | None:
     """Entry point of ``python -m pipelines.<stage>``: one run, inputs from ``source.run_id``/``source.path``."""
     tracking = prepare(cfg)
+    check_source_problem(tracking, cfg)
     bundle = Bundle.from_source(cfg.source)
     env_run = os.environ.get("MLFLOW_RUN_ID") or None
     parent = None if env_run else sweep_parent_run_id()

@@ -28,34 +28,10 @@ def build_estimator(model: DictConfig, seed: int):
 
 
 def build_preprocessing(kinds: dict[str, str], treatments: dict[str, str] | None = None):
-    """The ColumnTransformer ``preprocess=auto`` fits in front of the model, from each column's kind
-    (:func:`pipelines.data.tables.column_kind`) and its treatment (``preprocess.columns``, else the kind's):
-    ``scale`` (numbers: median imputation, standardization), ``passthrough`` (numbers and booleans: imputation only,
-    the most frequent value), ``onehot`` (text: unknown values ignored; gaps are the category ``__missing__``),
-    ``ordinal`` (text: one number per category, unknown values -1) and ``date`` (``ortflow.tables.DateParts``: year,
-    month, day, weekday, day of year; imputed, standardized). Dense output (``sparse_threshold=0``)."""
-    from sklearn.compose import ColumnTransformer
-    from sklearn.impute import SimpleImputer
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
+    """The ColumnTransformer ``preprocess=auto`` fits in front of the model: :func:`ortflow.preprocessing.make_preprocessing`."""
+    from ortflow.preprocessing import make_preprocessing
 
-    from ortflow.tables import DateParts
-
-    default = {"number": "scale", "bool": "passthrough", "text": "onehot", "date": "date"}
-    steps = {
-        "scale": lambda: make_pipeline(SimpleImputer(strategy="median"), StandardScaler()),
-        "passthrough": lambda: SimpleImputer(strategy="most_frequent"),
-        "onehot": lambda: OneHotEncoder(handle_unknown="ignore"),
-        "ordinal": lambda: OrdinalEncoder(handle_unknown="use_encoded_value", unknown_value=-1),
-        "date": lambda: make_pipeline(DateParts(), SimpleImputer(strategy="median"), StandardScaler()),
-    }
-    groups: dict[str, list[str]] = {}
-    for column, kind in kinds.items():
-        treatment = (treatments or {}).get(column) or default[kind]
-        if treatment != "drop":
-            groups.setdefault(treatment, []).append(column)
-    return ColumnTransformer([(name, steps[name](), columns) for name, columns in groups.items()],
-                             sparse_threshold=0)
+    return make_preprocessing(kinds, treatments)
 
 
 def reference_estimator(start):

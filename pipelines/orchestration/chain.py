@@ -21,6 +21,7 @@ from ..base.schema import task_of
 from .precheck import check_training_settings
 from ..execution.runner import (
     execute_stage,
+    in_multirun,
     job_dir,
     objective,
     prepare,
@@ -44,6 +45,10 @@ def run_chain(cfg: DictConfig, work_dir: Path | None = None) -> ChainResult:
     """Run ``cfg.stages`` in order; each stage's outputs feed the next through the bundle."""
     tracking = prepare(cfg)
     check_training_settings(cfg)
+    if "train" in [str(s) for s in cfg.stages]:  # a checkpoint of another optimizer or model: before any stage
+        from ..tracking.checkpoints import check_resumable
+
+        check_resumable(tracking, cfg)
     bundle = Bundle.from_source(cfg.source)
     env_run = os.environ.get("MLFLOW_RUN_ID") or None
     sweep_parent = None if env_run else sweep_parent_run_id()
@@ -91,5 +96,6 @@ def report(result: ChainResult, cfg: DictConfig) -> str:
     elif "not_registered" in m:
         lines.append(f"  model: not registered: {m['not_registered']}")
     lines.append(f"  {cfg.optimized_metric} = {result.value}")
-    lines.append(f"  MLflow UI: {result.tracking.ui_hint(result.run_id)}")
+    if not in_multirun():  # a sweep prints the UI line once, with its parent run (sweep_callback)
+        lines.append(f"  MLflow UI: {result.tracking.ui_hint(result.run_id)}")
     return "\n".join(lines)

@@ -28,6 +28,10 @@ def check_training_settings(cfg: DictConfig) -> None:
     from ..data.datasets import make_split
 
     split = make_split(cfg.data, preprocess=cfg.get("preprocess"))
+    if split.is_table:  # an all-empty column would stop convert's graph: named before any run
+        from ..stages.convert import check_no_empty_column
+
+        check_no_empty_column(split, {str(k): str(v) for k, v in (cfg.preprocess.get("columns") or {}).items()})
     if own:  # model=onnx: the graph loads, fits the data and has a gradient rule for every node (all named at once)
         from ..stages.convert import own_graph
 

@@ -51,8 +51,24 @@ def fitted_estimator(cfg: DictConfig, split: Split, max_iter: int | None = None)
         from sklearn.pipeline import make_pipeline
 
         treatments = {str(k): str(v) for k, v in (cfg.preprocess.get("columns") or {}).items()}
+        check_no_empty_column(split, treatments)
         estimator = make_pipeline(build_preprocessing(split.column_kinds(), treatments), estimator)
     return fit_estimator(estimator, split.X_train, split.y_train, str(cfg.data.task))
+
+
+def check_no_empty_column(split: Split, treatments: dict[str, str]) -> None:
+    """A DataError naming the table's columns whose training rows are all missing (kept by the config): nothing
+    can be learnt from them, and the imputer drops them, so the graph would not convert (seen as a ``to_onnx``
+    traceback)."""
+    import pandas as pd
+
+    from ..base.errors import DataError
+
+    empty = [str(c) for c in split.X_train.columns if treatments.get(str(c)) != "drop"
+             and bool(pd.isna(split.X_train[c]).all())]
+    if empty:
+        raise DataError(f"the columns {empty} have no value in the training rows: drop them with "
+                        + " ".join(f"+preprocess.columns.{c}=drop" for c in empty))
 
 
 def prediction_graph(cfg: DictConfig, estimator, split: Split) -> onnx.ModelProto:

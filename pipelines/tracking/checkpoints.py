@@ -325,6 +325,34 @@ def config_changes(source_params: dict[str, str], cfg: DictConfig) -> list[str]:
                   and source_params[key] != value)
 
 
+#: settings a checkpoint cannot be carried to: its weights' shapes and its optimizer's state depend on them
+_BOUND_KEYS = ("trainer.name", "trainer.optimizer", "model.name", "model.hidden_layer_sizes")
+
+
+def check_resumable(tracking: tr.Tracking, cfg: DictConfig) -> None:
+    """Before any stage runs: refuse ``trainer.resume_from`` naming a run trained with another trainer, optimizer
+    or model (its checkpoint cannot be restored into this one: seen as a KeyError after two stages had run), naming
+    each difference. A local folder, or a run the store does not hold, is left to the train stage's checks."""
+    resume_from = cfg.trainer.get("resume_from")
+    match = _RUNS_URI.match(checkpoint_uri(str(resume_from)) or "") if resume_from else None
+    if match is None:
+        return
+    try:
+        params = tracking.client.get_run(match.group(1)).data.params
+    except Exception as exc:  # noqa: BLE001 - resolve() names a missing run, in the train stage
+        _log.debug("could not read the params of run %s: %s", match.group(1), exc)
+        return
+    bound = [change for change in config_changes(params, cfg) if change.split(":")[0] in _BOUND_KEYS]
+    if bound:
+        raise CheckpointError(_bound_message(resume_from, match.group(1), bound))
+
+
+def _bound_message(resume_from, run_id: str, bound: list[str]) -> str:
+    return (f"trainer.resume_from={str(resume_from)!r}: run {run_id} trained with other settings, which its "
+            f"checkpoint cannot be restored into: {'; '.join(bound)}; resume with that run's settings, or train "
+            "from the start without trainer.resume_from")
+
+
 def resume_point(ctx) -> ResumePoint | None:
     """The checkpoint ``trainer.resume_from`` names, downloaded into the work dir; tags the stage's run."""
     point = resolve(ctx.tracking, ctx.cfg.trainer.resume_from, ctx.work_dir / "resume_from")
@@ -338,6 +366,9 @@ def resume_point(ctx) -> ResumePoint | None:
         except Exception as exc:  # noqa: BLE001 - only a check
             changes = []
             _log.debug("could not read the params of run %s: %s", point.run_id, exc)
+        bound = [change for change in changes if change.split(":")[0] in _BOUND_KEYS]
+        if bound:  # a stage run alone: refused before fit, as the chain refuses before its first stage
+            raise CheckpointError(_bound_message(ctx.cfg.trainer.resume_from, point.run_id, bound))
         if changes:
             _log.warning("resuming run %s with other settings: the result will differ from an uninterrupted "
                          "run: %s", point.run_id, "; ".join(changes))

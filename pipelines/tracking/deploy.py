@@ -10,7 +10,6 @@ first release that runs the graph's opsets (never the training build: the graph 
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -84,17 +83,16 @@ class _PyfuncWithOnnx:
         mlflow_model.save(str(Path(path) / "MLmodel"))
 
 
-def log_deploy_model(tracking: Tracking, name: str, graph_path: Path, config: dict, example: pd.DataFrame) -> Any:
-    """Log the deploy graph at ``graph_path`` as the served model ``name`` into the active run (``config``: what
-    :class:`.serving_model.DeployedOnnxModel` reads; ``example``: raw rows named by the features). MLflow runs
-    the model on the example when logging, so an example that does not round-trip fails here. Returns the
-    ``ModelInfo``."""
+def log_deploy_model(tracking: Tracking, name: str, graph_path: Path, config: dict, example: pd.DataFrame | None,
+                     **log_args: Any) -> Any:
+    """Log the deploy graph at ``graph_path`` as the served model ``name`` into the active run, or ``run_id``
+    (``config``: what :class:`.serving_model.DeployedOnnxModel` reads; ``example``: raw rows named by the features,
+    whose columns the signature declares; ``log_args``: more of ``Model.log``'s arguments). MLflow runs the model
+    on the example when logging, so an example that does not round-trip fails here. Returns the ``ModelInfo``."""
     graph = onnx.load(str(graph_path))
-    with warnings.catch_warnings():  # the signature is given (see serving_model.predict)
-        warnings.filterwarnings("ignore", message=".*Add type hints to the `predict` method")
-        return tracking.call(
-            Model.log, artifact_path=None, name=name, flavor=_PyfuncWithOnnx,
-            python_model=str(Path(serving_model.__file__)), artifacts={serving_model.GRAPH: str(graph_path)},
-            model_config=config, signature=signature(config), input_example=example,
-            pip_requirements=pip_requirements(graph),
-        )
+    return tracking.call(
+        Model.log, artifact_path=None, name=name, flavor=_PyfuncWithOnnx,
+        python_model=str(Path(serving_model.__file__)), artifacts={serving_model.GRAPH: str(graph_path)},
+        model_config=config, signature=signature(config), input_example=example,
+        pip_requirements=pip_requirements(graph), **log_args,
+    )

@@ -17,7 +17,10 @@ written in the background; ``train_loss``, ``validation_loss``, ``learning_rate`
 epoch). At the end, unless training diverged, ``trainer.get_trained_onnx()`` is logged with ``mlflow.onnx`` under
 ``model_name``: its signature comes from the graph's inputs and outputs (tensors), its requirements name the plain
 onnxruntime (:func:`.deploy.pip_requirements`), and ``input_example`` (raw rows, optional) is stored with it.
-``model_info_`` is the logged model's ``ModelInfo``.
+A fit on a DataFrame (a graph with one input per column, or a frame as ``input_example``) logs the pipelines'
+served model (:func:`.deploy.log_deploy_model`) instead, which takes the frame's columns (:func:`table_model_config`).
+``model_info_`` is the logged model's ``ModelInfo``. A model that cannot be logged fails the fit with the cause,
+and the logger's own run ends FAILED.
 """
 
 from __future__ import annotations
@@ -108,7 +111,13 @@ class MlflowLogger(Callback):
                   else "KILLED" if getattr(trainer, "in_epoch_", False) else "FINISHED")
         try:
             if status == "FINISHED" and self.model_name:
-                self.model_info_ = self._log_model(trainer)
+                try:
+                    self.model_info_ = self._log_model(trainer)
+                except Exception as exc:  # the run says why it has no model, then the fit fails with the cause
+                    status = "FAILED"
+                    self._tracking.client.set_tag(self.run_id_, "ortflow.model",
+                                                  f"not logged: {type(exc).__name__}: {exc}"[:MAX_PARAM_LENGTH])
+                    raise
             else:
                 self._tracking.client.set_tag(self.run_id_, "ortflow.model", f"not logged: training {status}")
             self._metrics.wait()
@@ -121,9 +130,74 @@ class MlflowLogger(Callback):
 
         graph = trainer.get_trained_onnx()
         example = self.input_example
+        if _is_frame(example) or len(graph.graph.input) > 1:  # a table: the model takes the frame's columns
+            return self._log_table_model(graph, example)
         if example is not None and not isinstance(example, dict):
             example = np.asarray(example, dtype=np.float32)
         return self._tracking.call(
             Model.log, artifact_path=None, name=self.model_name, flavor=mlflow.onnx, run_id=self.run_id_,
             onnx_model=graph, signature=graph_signature(graph), input_example=example,
             pip_requirements=pip_requirements(graph), registered_model_name=self.registered_model_name)
+
+    def _log_table_model(self, graph: onnx.ModelProto, example: Any):
+        """The served model of the pipelines (:class:`.serving_model.DeployedOnnxModel`) on the trained graph: it
+        takes the columns as the trainer took them (text, numbers with gaps, dates), checks each cell, and its
+        signature's inputs are the frame's columns (``input_example``'s, when given)."""
+        import tempfile
+
+        from .deploy import log_deploy_model
+
+        config = table_model_config(graph, example)
+        with tempfile.TemporaryDirectory(prefix="ortflow-logger-") as folder:
+            path = Path(folder) / "trained_model.onnx"
+            onnx.save(graph, path)
+            return log_deploy_model(self._tracking, self.model_name, path, config, example, run_id=self.run_id_,
+                                    registered_model_name=self.registered_model_name)
+
+
+def _is_frame(value: Any) -> bool:
+    return type(value).__name__ == "DataFrame" and hasattr(value, "dtypes")
+
+
+def table_model_config(graph: onnx.ModelProto, frame: Any = None) -> dict:
+    """What :class:`.serving_model.DeployedOnnxModel` reads for a graph taking one input per column: each
+    column's kind from ``frame`` (:func:`ortflow.preprocessing.column_kinds`), else from the graph (text for a
+    string input, a date for an int64 input that reaches ``ortflow.tables.DateParts``' nodes, a number otherwise);
+    the task and classes from its outputs."""
+    from ortflow.convert import graph_classes
+    from ortflow.preprocessing import TEXT_MISSING, column_kinds
+
+    inputs = [i.name for i in graph.graph.input]
+    if frame is not None:
+        missing = [name for name in inputs if name not in frame.columns]
+        if missing:
+            raise ValueError(f"input_example lacks the columns {missing} the trained graph takes ({inputs})")
+        kinds = column_kinds(frame[inputs])
+    else:
+        kinds = {value.name: _graph_kind(graph, value) for value in graph.graph.input}
+    outputs = [o.name for o in graph.graph.output]
+    config = {"features": inputs, "columns": kinds, "text_missing": TEXT_MISSING, "task": "regression"}
+    classes = graph_classes(graph)
+    if classes is not None and {"output_label", "output_probability"} <= set(outputs):
+        config.update(task="classification", classes=classes.tolist())
+    return config
+
+
+def _graph_kind(graph: onnx.ModelProto, value: onnx.ValueInfoProto) -> str:
+    elem = value.type.tensor_type.elem_type
+    if elem == onnx.TensorProto.STRING:
+        return "text"
+    if elem != onnx.TensorProto.INT64:
+        return "number"
+    reached, frontier = {value.name}, [value.name]
+    while frontier:  # the results computed from this input: a date reaches DateParts' nodes
+        name = frontier.pop()
+        for node in graph.graph.node:
+            if name in node.input:
+                if node.name.startswith("DateParts"):
+                    return "date"
+                for out in node.output:
+                    if out not in reached:
+                        reached.add(out)
+                        frontier.append(out)
+    return "number"

@@ -111,9 +111,11 @@ def register(tracking: Tracking, candidate: Candidate, sweep: bool = False) -> t
         set_tags(tracking, c.run_id, {"ortflow.registered": "false (non-finite metric)"})
         log_metrics(tracking, c.run_id, {"promoted": 0.0})
         return None, decision
-    version = str(tracking.call(mlflow.register_model, c.model_uri, c.name,
-                                tags={"ortflow.run_id": c.run_id, f"ortflow.metric.{c.metric}": str(c.value),
-                                      **({FINGERPRINT_TAG: c.fingerprint} if c.fingerprint else {})}).version)
+    with _quiet_mlflow():  # MLflow prints "Successfully registered model ..." and "Created version ...": the
+        # stage's summary says which version was registered, and why
+        version = str(tracking.call(mlflow.register_model, c.model_uri, c.name,
+                                    tags={"ortflow.run_id": c.run_id, f"ortflow.metric.{c.metric}": str(c.value),
+                                          **({FINGERPRINT_TAG: c.fingerprint} if c.fingerprint else {})}).version)
     set_tags(tracking, c.run_id, {"ortflow.registered_model": c.name, "ortflow.registered_version": version,
                                   "ortflow.registered": "true"})
     if not c.promote:
@@ -122,6 +124,20 @@ def register(tracking: Tracking, candidate: Candidate, sweep: bool = False) -> t
                        fingerprint=c.fingerprint, require_same_data=c.require_same_data)
     log_metrics(tracking, c.run_id, {"promoted": float(decision.promoted)})
     return version, decision
+
+
+@contextlib.contextmanager
+def _quiet_mlflow():
+    """MLflow's event output (``eprint`` and its loggers' stream) off for the block, as it was after."""
+    from mlflow.utils import logging_utils
+
+    was = logging_utils.MLFLOW_LOGGING_STREAM.enabled
+    logging_utils.disable_logging()
+    try:
+        yield
+    finally:
+        if was:
+            logging_utils.enable_logging()
 
 
 def default_metric(task: str) -> str:

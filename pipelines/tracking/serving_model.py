@@ -32,6 +32,8 @@ or, with the parameter ``output="probabilities"``, a DataFrame with ``label`` an
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 from mlflow.exceptions import MlflowException
@@ -56,9 +58,23 @@ def probability_columns(classes) -> list[str]:
     return [f"{PROBABILITY_PREFIX}{c}" for c in classes]
 
 
+class InvalidInput(MlflowException):
+    """A bad request's error, whose message stays what the model wrote: MLflow's scoring server rewrites the
+    message of an ``MlflowException`` raised by ``predict`` into ``Failed to predict data '<the request's frame>'.
+    Error: ...``, an 11-line DataFrame repr before the one line that says what is wrong."""
+
+    @property
+    def message(self) -> str:
+        return self.__dict__.get("_message", "")
+
+    @message.setter
+    def message(self, value: str) -> None:
+        self.__dict__.setdefault("_message", value)  # the first (the model's own); the server's rewrite is dropped
+
+
 def invalid(message: str) -> MlflowException:
     """The error a bad request gets: ``mlflow models serve`` answers it with HTTP 400 and this message."""
-    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+    return InvalidInput(message, error_code=INVALID_PARAMETER_VALUE)
 
 
 def feature_matrix(model_input, features: list[str]) -> np.ndarray:
@@ -79,7 +95,7 @@ def feature_matrix(model_input, features: list[str]) -> np.ndarray:
             if absent[row]:
                 what = "a missing value (null/NaN)"
             elif np.isnan(values[row]):
-                what = f"{raw.iloc[row]!r}, not a number"
+                what = f"{_cell(raw.iloc[row])}, not a number"
             elif np.isfinite(values[row]):
                 what = f"{values[row]:g}, beyond float32's range (±3.4e38) the model computes in"
             else:
@@ -111,19 +127,29 @@ def table_feeds(model_input, columns: dict[str, str], inputs, text_missing: str)
         name, kind = spec.name, columns[spec.name]
         raw = frame[by_name[name]]
         absent = pd.isna(raw).to_numpy()
-        if kind in ("number", "bool"):
-            mapped = raw.map(lambda v: _BOOLEANS.get(v, v) if isinstance(v, (bool, str)) else v) if kind == "bool" \
-                else raw
-            values = pd.to_numeric(mapped, errors="coerce").to_numpy(np.float64, na_value=np.nan)
+        if kind == "bool":  # True/False, their JSON and CSV spellings, 1 and 0: nothing else
+            values = raw.map(lambda v: _BOOLEANS.get(v, np.inf) if _hashable(v) else np.inf, na_action="ignore")
+            values = values.to_numpy(np.float64, na_value=np.nan)
+            bad = np.flatnonzero(np.isinf(values))
+            problems += [f"column {name!r} row {r}: {_cell(raw.iloc[r])}, not a boolean" for r in bad]
+            feeds[name] = np.where(np.isinf(values), np.nan, values).astype(np.float32).reshape(-1, 1)
+        elif kind == "number":
+            # a boolean is no number here (pandas would read True as 1): the column held numbers in training
+            booleans = raw.map(lambda v: isinstance(v, (bool, np.bool_))).to_numpy(bool)
+            values = pd.to_numeric(raw.where(~booleans), errors="coerce").to_numpy(np.float64, na_value=np.nan)
             bad = np.flatnonzero((np.isnan(values) & ~absent) | np.isinf(values) | (np.abs(values) > FLOAT32_MAX))
-            problems += [f"column {name!r} row {r}: {raw.iloc[r]!r}, not a finite number" for r in bad]
+            problems += [f"column {name!r} row {r}: {_cell(raw.iloc[r])}, "
+                         f"{'a boolean, not a number' if booleans[r] else 'not a finite number'}" for r in bad]
             feeds[name] = values.astype(np.float32).reshape(-1, 1)
         elif kind == "date":
             values = _dates(raw) if raw.dtype.kind != "M" else raw
             if getattr(values.dt, "tz", None) is not None:
                 values = values.dt.tz_convert(None)
             bad = np.flatnonzero(values.isna().to_numpy() & ~absent)
-            problems += [f"column {name!r} row {r}: {raw.iloc[r]!r}, not a date" for r in bad]
+            problems += [f"column {name!r} row {r}: {_cell(raw.iloc[r])}, not a date" for r in bad]
+            ambiguous = [r for r, v in enumerate(raw.tolist()) if isinstance(v, str) and _AMBIGUOUS_DATE.match(v)]
+            problems += [f"column {name!r} row {r}: {raw.iloc[r]!r}, an ambiguous date (day or month first?): send "
+                         "it as ISO text, YYYY-MM-DD" for r in ambiguous]
             days = values.to_numpy("datetime64[ns]").astype("datetime64[D]").astype(np.int64)
             feeds[name] = days.reshape(-1, 1)
         else:
@@ -133,6 +159,23 @@ def table_feeds(model_input, columns: dict[str, str], inputs, text_missing: str)
         shown = "; ".join(problems[:SHOWN]) + (f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else "")
         raise invalid(f"{len(problems)} input cells do not fit their column ({shown})")
     return feeds
+
+
+def _cell(value) -> str:
+    """A cell as an error shows it: numpy scalars as the Python values a request holds (``2``, not ``np.int64(2)``)."""
+    return repr(value.item() if isinstance(value, np.generic) else value)
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+#: a date whose first two numbers may both be a month (05/04/2022, 5.4.22): read one way, it is another date
+_AMBIGUOUS_DATE = re.compile(r"^\s*(0?[1-9]|1[0-2])[/.-](0?[1-9]|1[0-2])[/.-]\d{2,4}\b")
 
 
 def _dates(raw):
@@ -207,14 +250,17 @@ class DeployedOnnxModel(PythonModel):
         return {self.input_name: shaped(feature_matrix(model_input, self.features), self.session.get_inputs()[0],
                                         self.features)}
 
-    # no type hint on model_input: MLflow would infer the signature from it instead of the one given
-    def predict(self, context, model_input, params=None):
+    # pd.DataFrame: a type hint MLflow infers no signature from (the one given stays), and the load-time warning
+    # asking for type hints goes; a dict of columns, records or an array are taken too (see the module's docstring)
+    def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame | pd.Series:
         feeds = self._feeds(model_input)
         X = next(iter(feeds.values()))
         output = (params or {}).get(OUTPUT_PARAM) or OUTPUTS[0]
+        if self.task == "classification" and output not in OUTPUTS:
+            raise invalid(f"params {OUTPUT_PARAM}={output!r}: one of {list(OUTPUTS)}")
+        if len(X) == 0:  # no rows: no answer to compute (the graph's reshapes refuse an empty batch)
+            return self._empty(output)
         if self.task == "classification":
-            if output not in OUTPUTS:
-                raise invalid(f"params {OUTPUT_PARAM}={output!r}: one of {list(OUTPUTS)}")
             label, proba = self.session.run(["output_label", "output_probability"], feeds)
             proba = np.asarray(proba, dtype=np.float64).reshape(len(X), -1)
             check_finite_outputs(proba)
@@ -226,6 +272,16 @@ class DeployedOnnxModel(PythonModel):
         prediction = prediction.reshape(len(X), -1)[:, 0]
         check_finite_outputs(prediction)
         return pd.DataFrame({"prediction": prediction})
+
+    def _empty(self, output: str):
+        """The answer to a request without rows: the columns of an answer, no row."""
+        if self.task != "classification":
+            return pd.DataFrame({"prediction": np.zeros(0)})
+        labels = pd.Series(np.array(self.classes[:0]), name="label")
+        if output == "label":
+            return labels
+        return pd.concat([labels, pd.DataFrame(np.zeros((0, len(self.classes))),
+                                               columns=probability_columns(self.classes))], axis=1)
 
 
 set_model(DeployedOnnxModel())

@@ -53,7 +53,24 @@ class Tracking:
         if self.uri.startswith(("http://", "https://")):
             path = f"#/experiments/{self.experiment_id}" + (f"/runs/{run_id}" if run_id else "")
             return f"open {self.uri.rstrip('/')}/{path}"
-        return f"mlflow ui --backend-store-uri {self.uri} --port 5000   # then open http://127.0.0.1:5000"
+        return f"{mlflow_command()} ui --backend-store-uri {self.uri} --port 5000   # then open http://127.0.0.1:5000"
+
+
+def mlflow_command() -> str:
+    """How a shell runs this environment's ``mlflow``: ``mlflow`` when the PATH finds it (an activated
+    environment), else its path (``make run`` does not activate ``.venv``, nor does a new shell)."""
+    import shutil
+    import sys
+
+    own = Path(sys.executable).parent / "mlflow"
+    found = shutil.which("mlflow")
+    if found and own.exists() and Path(found).resolve() == own.resolve():
+        return "mlflow"
+    if not own.exists():
+        return f"{sys.executable} -m mlflow"
+    with contextlib.suppress(ValueError):  # inside the folder the command runs from: the short path
+        return str(own.relative_to(Path.cwd()))
+    return str(own)
 
 
 def resolve_root(cfg: DictConfig) -> Path:
