@@ -1,7 +1,7 @@
 """Training outside Python (issue 38): epoch time of one training package on the seed cases A and D-wide in Python's
 full training, onnxruntime-node, onnxruntime-web's WebAssembly engine in Node, and the same in headless Chromium.
 
-    python -m bench.portable                     # A (10 epochs) and D-wide (20,000 rows, 3 epochs), 3 repeats
+    python -m bench.portable                     # A (30 epochs) and D-wide (20,000 rows, 3 epochs), 3 repeats
     python -m bench.portable --repeats 5 --engines python,node
 
 Every engine trains the same package (``ortflow.export_training_package`` of the case's ``OrtGradientOptimizer``:
@@ -9,13 +9,15 @@ plain SGD at the case's constant rate, its batch size, the rows in order) from t
 one thread: ``n_threads=1`` in Python, ``intraOpNumThreads: 1`` in onnxruntime-node, ``ort.env.wasm.numThreads =
 1`` for WebAssembly (Node and Chromium). Python is the trainer itself (``bench.engines.train_ortflow_full``); the
 others run js/ (``Trainer.fit``, X and y passed as runtime tensors in Node, as rows of a JSON file in the page) on
-the package's ``step_flat.onnx`` (the state as one vector), ``node-tensors`` on ``step.onnx`` (one tensor per state
-tensor). The
-engines take turns within each repeat (the order rotating); a run's number is its median epoch, the first left out
-(``bench.run.per_repeat``), an engine's number the median over repeats, its ratio to Python the median of each
-repeat's ratio to Python's run of that repeat (paired: the load of a shared machine changes between repeats). The
-CPU seconds of the process (all threads) per epoch are measured beside the wall time in Python and Node (not in
-Chromium). The last epoch's losses of every engine are printed: they agree (the same step graph). Results:
+the package's unrolled graphs ``steps_<K>.onnx`` for runs of full batches and ``step_flat.onnx`` (the state as one
+vector) for the rest; ``node-flat`` runs ``step_flat.onnx`` for every step, ``node-tensors`` ``step.onnx`` (one
+tensor per state tensor). The engines take turns within each repeat (the order rotating); a run's number is its
+median epoch, the first left out (``bench.run.per_repeat``), an engine's number the median over repeats, its ratio
+to Python the median of each repeat's ratio to Python's run of that repeat (paired: the load of a shared machine
+changes between repeats). The CPU seconds of the process (all threads) per epoch are measured beside the wall time
+in Python and Node (not in Chromium). The last epoch's losses of every engine are printed: they agree (the same step
+graph). ``--max-unrolled K`` exports the package with unrolled graphs up to K steps (default: the exporter's
+bound, from the step's cost; 0: none). Results:
 ``bench/results/portable.json`` (git-ignored), the table on stdout.
 """
 
@@ -44,12 +46,13 @@ from .run import log, machine_info, per_repeat
 ROOT = Path(__file__).resolve().parents[1]
 JS = ROOT / "js"
 RESULTS = ROOT / "bench" / "results"
-ENGINES = ("python", "node", "node-tensors", "wasm", "chromium")
+ENGINES = ("python", "node", "node-flat", "node-tensors", "wasm", "chromium")
 TITLES = {"python": "Python (ortflow full training)", "node": "onnxruntime-node", "wasm": "WebAssembly in Node",
+          "node-flat": "onnxruntime-node, one step per run",
           "chromium": "WebAssembly in Chromium", "node-tensors": "onnxruntime-node, one tensor per state tensor"}
 
 
-def cases(rows_wide: int = 20_000, epochs_a: int = 10, epochs_wide: int = 3) -> list[Case]:
+def cases(rows_wide: int = 20_000, epochs_a: int = 30, epochs_wide: int = 3) -> list[Case]:
     """The suite's A and D-wide (D-wide at the suite's quick size: WebAssembly takes ~40x Python's time on it)."""
     suite = {c.key: c for c in default_cases()}
     return [replace(suite["A"], epochs=epochs_a), replace(suite["D-wide"], n_rows=rows_wide, epochs=epochs_wide)]
@@ -120,11 +123,11 @@ def open_page(url: str, timeout: float = 600) -> dict:
 
 
 # --- the engines -------------------------------------------------------------------------------------------------
-def _package(case: Case, data, folder: Path) -> Path:
+def _package(case: Case, data, folder: Path, max_unrolled: int | None = None) -> Path:
     est = ortflow.OrtGradientOptimizer(
         loss_graph(case, data), batch_size=case.batch_size, shuffle=False, n_threads=1,
         learning_rate=ortflow.LearningRateSGD(eta0=case.learning_rate, learning_rate="constant"))
-    return ortflow.export_training_package(est, folder / "package")
+    return ortflow.export_training_package(est, folder / "package", max_unrolled=max_unrolled)
 
 
 def _node(runtime: str, folder: Path, rows: int, epochs: int, layout: str) -> tuple[list, list, list]:
@@ -152,15 +155,17 @@ def run_engine(name: str, case: Case, data, folder: Path, server: PageServer | N
     if name == "chromium":
         return _chromium(server, case.epochs)
     runtime = "web" if name == "wasm" else "node"
-    return _node(runtime, folder, len(data.X), case.epochs, "tensors" if name == "node-tensors" else "flat")
+    layout = {"node-tensors": "tensors", "node-flat": "flat"}.get(name, "unrolled")
+    return _node(runtime, folder, len(data.X), case.epochs, layout)
 
 
-def run_case(case: Case, engines: list[str], repeats: int) -> dict:
+def run_case(case: Case, engines: list[str], repeats: int, max_unrolled: int | None = None) -> dict:
     log(f"case {case.key}: {case.title}, {case.n_train} rows, batch {case.batch_size}, {case.epochs} epochs")
     data = make_data(case)
     with tempfile.TemporaryDirectory(prefix="ortflow-portable-") as tmp:
         folder = Path(tmp)
-        _package(case, data, folder)
+        manifest = json.loads((_package(case, data, folder, max_unrolled) / "manifest.json").read_text())
+        log(f"  unrolled graphs of {[u['steps'] for u in manifest['unrolled']]} steps")
         data.X.tofile(folder / "X.f32")
         data.y.tofile(folder / "y.f32")
         server = None
@@ -185,9 +190,9 @@ def run_case(case: Case, engines: list[str], repeats: int) -> dict:
                 server.close()
     medians = {e: float(np.median(v)) for e, v in runs.items()}
     cpu = {e: float(np.median(v)) for e, v in cpus.items() if v}
-    result = {"case": case.to_dict(), "engines": {e: {"epoch_s": medians[e], "repeats_s": runs[e],
-                                                      "epoch_cpu_s": cpu.get(e), "repeats_cpu_s": cpus[e],
-                                                      "last_loss": losses[e]} for e in engines}}
+    result = {"case": case.to_dict(), "unrolled": [u["steps"] for u in manifest["unrolled"]],
+              "engines": {e: {"epoch_s": medians[e], "repeats_s": runs[e], "epoch_cpu_s": cpu.get(e),
+                              "repeats_cpu_s": cpus[e], "last_loss": losses[e]} for e in engines}}
     if "python" in medians:
         result["ratio_to_python"] = {e: medians[e] / medians["python"] for e in engines}
         # paired: each repeat's ratio to Python's run of the same repeat (the load changes between repeats)
@@ -235,8 +240,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, of {','.join(ENGINES)}")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rows-wide", type=int, default=20_000, help="rows of D-wide")
-    p.add_argument("--epochs-a", type=int, default=10)
+    p.add_argument("--epochs-a", type=int, default=30, help="epochs of A (a run's number: its median epoch)")
     p.add_argument("--epochs-wide", type=int, default=3)
+    p.add_argument("--max-unrolled", type=int, default=None,
+                   help="bound of the unrolled step graphs (export_training_package's max_unrolled; default: chosen "
+                   "from the step's cost)")
     p.add_argument("--out", default=str(RESULTS / "portable.json"))
     return p.parse_args(argv)
 
@@ -253,9 +261,10 @@ def main(argv=None) -> int:
         raise SystemExit("the chromium engine needs Debian's chromium (make chromium)")
     info = machine_info(1)
     info["versions"].update(node_versions())
-    results = [run_case(case, engines, args.repeats) for case in cases(args.rows_wide, args.epochs_a,
+    results = [run_case(case, engines, args.repeats, args.max_unrolled) for case in cases(args.rows_wide, args.epochs_a,
                                                                        args.epochs_wide)]
     threads = {"python": "n_threads=1", "node": "intraOpNumThreads=1", "node-tensors": "intraOpNumThreads=1",
+               "node-flat": "intraOpNumThreads=1",
                "wasm": "ort.env.wasm.numThreads=1", "chromium": "ort.env.wasm.numThreads=1"}
     report = {"machine": info, "threads": threads, "results": results}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -83,6 +83,8 @@ export interface LoadOptions {
   /** run step_flat.onnx (the whole state as one vector in and out) rather than step.onnx; 'auto' (default): when
    * the package has it */
   flat?: boolean | 'auto';
+  /** with flat: run K full batches at once by the package's unrolled graphs steps_<K>.onnx (default true) */
+  unrolled?: boolean;
 }
 
 export interface Manifest {
@@ -106,6 +108,10 @@ export class Trainer {
   readonly packageId: string;
   /** whether steps run step_flat.onnx */
   readonly flat: boolean;
+  /** the unrolled step graphs fit uses, by their number of steps (empty: one step per run) */
+  readonly unrolled: Map<number, {file: string; steps: number; rows: number}>;
+  /** the runtime runs fit made so far (one per step, one per run of an unrolled graph) */
+  readonly runs: number;
   /** progress of the state, continued across fit() calls */
   readonly epochs: number;
   readonly steps: number;

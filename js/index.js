@@ -253,7 +253,7 @@ function tensorFor(ort, dtype, data, dims) {
 
 /** A training package loaded on a runtime: train it (`fit`), predict, export the state or the trained graph. */
 export class Trainer {
-  constructor(ort, manifest, files, stepSession, sessionOptions, flat) {
+  constructor(ort, manifest, files, stepSession, sessionOptions, flat, unrolled = []) {
     this.ort = ort;
     this.manifest = manifest;
     this._files = files;
@@ -261,6 +261,9 @@ export class Trainer {
     this._sessionOptions = sessionOptions;
     /** whether steps run step_flat.onnx (the whole state as one vector) rather than step.onnx */
     this.flat = flat;
+    /** the unrolled step graphs fit runs for runs of full batches (the manifest's `unrolled`), by steps: K -> entry */
+    this.unrolled = new Map(unrolled.map((u) => [u.steps, u]));
+    this._unrolledSessions = new Map();
     this._predict = null;
     const m = manifest;
     const stateBytes = files[m.state.file];
@@ -275,6 +278,8 @@ export class Trainer {
     this.steps = progress.steps || 0;
     this.rowsSeen = progress.rows_seen || 0;
     this.rows = 0;
+    /** the runtime runs fit made so far (one per step, one per run of an unrolled graph) */
+    this.runs = 0;
     this.history = [];
   }
 
@@ -282,8 +287,10 @@ export class Trainer {
    * The package at `source` (a folder path in Node, a URL in a browser) on the runtime `ort` (onnxruntime-node or
    * onnxruntime-web). Checks the format version and the SHA-256 of every file against the manifest.
    * `sessionOptions` go to `ort.InferenceSession.create` (default: one thread, the runtime's CPU engine).
+   * `flat` ('auto', true, false): run step_flat.onnx (the state as one vector) rather than step.onnx; `unrolled`
+   * (default true, with flat): run K full batches at once by the package's steps_<K>.onnx where it has them.
    */
-  static async load(source, {ort, sessionOptions, flat = 'auto'} = {}) {
+  static async load(source, {ort, sessionOptions, flat = 'auto', unrolled = true} = {}) {
     if (!ort || !ort.InferenceSession || !ort.Tensor) {
       throw new TrainingPackageError('Trainer.load needs {ort}: the onnxruntime-node or onnxruntime-web module');
     }
@@ -326,7 +333,13 @@ export class Trainer {
     }
     const step = await ort.InferenceSession.create(files[useFlat ? manifest.step_flat.file : manifest.step.file],
       options);
-    return new Trainer(ort, manifest, files, step, options, useFlat);
+    const ladder = useFlat && unrolled ? (manifest.unrolled || []) : [];
+    for (const u of ladder) {
+      if (!names.includes(u.file)) {
+        throw new TrainingPackageError(`the manifest of ${reader.where} lists no checksum for ${u.file}`);
+      }
+    }
+    return new Trainer(ort, manifest, files, step, options, useFlat, ladder);
   }
 
   /** The package's id (the SHA-256 of its step graph): a state names the package it was trained from with it. */
@@ -403,10 +416,11 @@ export class Trainer {
     const shapes = Object.fromEntries(m.state.tensors.map((t) => [t.name, t.shape]));
     const readsStep = m.optimizer.reads_step;
     const lossName = m.step.outputs[0].name;
+    const maxSteps = Math.max(1, ...this.unrolled.keys());
     const batched = Object.entries(columns).map(([name, c]) => ({
       name, c, dtype: c.spec.dtype,
       dims: (rows) => [rows, ...(c.spec.shape.length > 1 ? c.spec.shape.slice(1) : [])],
-      gather: c.data.constructor === Array ? null : new c.data.constructor(batchSize * c.width),
+      gather: c.data.constructor === Array ? null : new c.data.constructor(maxSteps * batchSize * c.width),
     }));
     // the state fed to the step: one vector (step_flat.onnx, state.bin's layout) or one tensor per state tensor
     const flat = this.flat ? m.step_flat : null;
@@ -418,7 +432,33 @@ export class Trainer {
         const rateTensor = tensorFor(ort, 'float32', Float32Array.of(rate), []);
         const order = shuffle ? epochOrder(n, seed, this.epochs) : null;
         let total = 0;
-        for (let start = 0; start < n; start += batchSize) {
+        let start = 0;
+        let singleUntil = 0; // a run of the unrolled graph with a non-finite loss goes again one step at a time
+        while (start < n) {
+          const count = start >= singleUntil ? this._unrolledCount(n - start, batchSize) : 0;
+          if (count) {
+            const entry = this.unrolled.get(count);
+            const session = await this._unrolledSession(count);
+            const rows = count * batchSize;
+            const feeds = {...state};
+            for (const b of batched) {
+              feeds[b.name] = tensorFor(ort, b.dtype, batchRows(b, order, start, rows), b.dims(rows));
+            }
+            feeds.learning_rate = rateTensor;
+            if (readsStep) feeds.step = tensorFor(ort, 'float32', Float32Array.of(this.steps + 1), []);
+            const out = await session.run(feeds);
+            this.runs += 1;
+            const losses = out[entry.losses_output].data;
+            if (!losses.every((l) => Number.isFinite(l))) {
+              singleUntil = start + rows;
+              continue;
+            }
+            state = {[flat.state_input]: out[entry.state_output]};
+            for (const l of losses) total += l * batchSize;
+            this.steps += count;
+            start += rows;
+            continue;
+          }
           const rows = Math.min(batchSize, n - start);
           const feeds = {...state};
           for (const b of batched) {
@@ -427,6 +467,7 @@ export class Trainer {
           feeds.learning_rate = rateTensor;
           if (readsStep) feeds.step = tensorFor(ort, 'float32', Float32Array.of(this.steps + 1), []);
           const out = await this._step.run(feeds);
+          this.runs += 1;
           const loss = Number(out[lossName].data[0]);
           if (!Number.isFinite(loss)) {
             throw new TrainingPackageError(`the training loss is ${loss} at epoch ${this.epochs + 1}, step ` +
@@ -442,6 +483,7 @@ export class Trainer {
           }
           this.steps += 1;
           total += loss * rows;
+          start += rows;
         }
         this.rowsSeen += n;
         this.epochs += 1;
@@ -456,6 +498,21 @@ export class Trainer {
       this._keep(state);
     }
     return this;
+  }
+
+  /** The steps of the largest unrolled graph that fits the full batches of `rowsLeft` rows; 0 if none. */
+  _unrolledCount(rowsLeft, batchSize) {
+    let best = 0;
+    for (const k of this.unrolled.keys()) if (k * batchSize <= rowsLeft && k > best) best = k;
+    return best;
+  }
+
+  async _unrolledSession(count) {
+    if (!this._unrolledSessions.has(count)) {
+      this._unrolledSessions.set(count, await this.ort.InferenceSession.create(
+        this._files[this.unrolled.get(count).file], this._sessionOptions));
+    }
+    return this._unrolledSessions.get(count);
   }
 
   _stateLength() {

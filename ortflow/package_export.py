@@ -30,7 +30,7 @@ from .exceptions import TrainingPackageError
 from .learning_rates import LEARNING_RATE, STEP, BaseLearningRate
 from .ml_op_rewrites import make_trainable
 from .package import (FLAT_STATE, FLAT_STEP_FILE, FLAT_UPDATED, FORMAT, FORMAT_VERSION, IR_VERSION, LOSS_FILE,
-                      MANIFEST, PREDICT_FILE, STATE_FILE, STEP_FILE)
+                      MANIFEST, PREDICT_FILE, STATE_FILE, STEP_FILE, UNROLLED_FILE, UNROLLED_LOSSES)
 from .registry import select
 from .shuffle import GENERATOR
 from .validation import check_weights_to_train
@@ -58,9 +58,17 @@ class _Trainer:
     feature_names: list[str] | None = None
 
 
+#: the most steps one unrolled graph holds, and the compute one run of the largest covers at most (estimated): a
+#: run of onnxruntime-node costs 70-120 µs beside its compute, and copies the state in and out (D-wide: 370 kB)
+MAX_UNROLLED, UNROLLED_TARGET_US = 32, 6000.0
+#: the estimate of a step's time: per node, and floating-point operations per microsecond (one core, AVX), set from
+#: steps timed in Python (2026-11-27, Xeon): seed case A's step 30 µs, D-wide's 1.2 ms
+_NODE_US, _FLOPS_PER_US = 0.4, 100_000.0
+
+
 def export_training_package(estimator, folder: str | os.PathLike, overwrite: bool = False,
-                            feature_names: Sequence[str] | None = None, metadata: Mapping[str, Any] | None = None
-                            ) -> Path:
+                            feature_names: Sequence[str] | None = None, metadata: Mapping[str, Any] | None = None,
+                            max_unrolled: int | None = None) -> Path:
     """Write the training package of ``estimator`` (an :class:`ortflow.OrtGradientOptimizer` or
     :class:`ortflow.OrtGradientForwardBackwardOptimizer`, fitted or not) into ``folder``: its graph, loss, current
     weights and optimizer state, optimizer, schedule and batch size (see the module's docstring).
@@ -68,7 +76,13 @@ def export_training_package(estimator, folder: str | os.PathLike, overwrite: boo
     ``feature_names`` names the columns of the data input (default: those the estimator was fitted on, when it
     saw named columns); ``metadata`` (JSON values) is stored as the manifest's ``metadata``, for the package's
     users (how the data is prepared, where the model comes from). The folder is written next to its place and moved
-    there once complete; an existing non-empty ``folder`` is refused unless ``overwrite``. Returns its path."""
+    there once complete; an existing non-empty ``folder`` is refused unless ``overwrite``. Returns its path.
+
+    ``max_unrolled`` bounds the unrolled step graphs ``steps_<K>.onnx`` written (K = 2, 4, 8... up to it; 0 or 1:
+    none); by default the bound is the power of two, at most :data:`MAX_UNROLLED`, whose run covers about
+    :data:`UNROLLED_TARGET_US` of estimated compute (:func:`unrolled_bound`)."""
+    if max_unrolled is not None and (not isinstance(max_unrolled, int) or max_unrolled < 0):
+        raise TrainingPackageError(f"max_unrolled={max_unrolled!r} must be an integer >= 0")
     parts = _read_trainer(estimator)
     if feature_names is not None:
         parts.feature_names = [str(n) for n in feature_names]
@@ -76,7 +90,7 @@ def export_training_package(estimator, folder: str | os.PathLike, overwrite: boo
     if folder.exists() and any(folder.iterdir()) and not overwrite:
         raise TrainingPackageError(f"{str(folder)!r} exists and is not empty; pass overwrite=True to replace it")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    files, manifest = _package_files(parts)
+    files, manifest = _package_files(parts, max_unrolled)
     try:
         manifest["metadata"] = json.loads(json.dumps(dict(metadata or {}), allow_nan=False))
     except (TypeError, ValueError) as exc:
@@ -232,7 +246,7 @@ def _with_ir(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def _package_files(parts: _Trainer) -> tuple[dict[str, bytes], dict]:
+def _package_files(parts: _Trainer, max_unrolled: int | None = None) -> tuple[dict[str, bytes], dict]:
     """The files of the package (but the manifest) and the manifest (but the checksums)."""
     loss_graph = g.replace_initializers(g.keep_outputs(parts.loss_model, [parts.loss_output]),
                                         {w: parts.state[w] for w in parts.weights})
@@ -297,7 +311,107 @@ def _package_files(parts: _Trainer) -> tuple[dict[str, bytes], dict]:
     }
     files = {STEP_FILE: step_bytes, FLAT_STEP_FILE: flat.SerializeToString(), PREDICT_FILE: predict_bytes,
              LOSS_FILE: loss_model.SerializeToString(), STATE_FILE: state_bytes}
+    bound = unrolled_bound(flat, parts.batch_size, parts.weights, parts.state) if max_unrolled is None else \
+        max_unrolled
+    manifest["unrolled"] = []
+    count = 2
+    while count <= bound and _unrollable(step):
+        model = _unrolled_step(step, count, parts.batch_size, table)
+        name = UNROLLED_FILE.format(count)
+        files[name] = model.SerializeToString()
+        manifest["unrolled"].append({
+            "file": name, "steps": count, "rows": count * parts.batch_size, "state_input": FLAT_STATE,
+            "state_output": FLAT_UPDATED, "losses_output": UNROLLED_LOSSES,
+            "inputs": [_describe(v) for v in model.graph.input], "outputs": [_describe(v) for v in model.graph.output]})
+        count *= 2
     return files, manifest
+
+
+def unrolled_bound(flat: onnx.ModelProto, batch: int, weights: Sequence[str], state: Mapping[str, np.ndarray]
+                   ) -> int:
+    """The largest number of steps an unrolled graph of ``flat`` holds by default: the power of two (at most
+    :data:`MAX_UNROLLED`) whose steps take at most :data:`UNROLLED_TARGET_US` by the estimate ``_NODE_US`` per node
+    plus ``6 * batch * weights`` operations (forward and backward) at ``_FLOPS_PER_US``: a step of a small model
+    (seed case A: MLP (50, 10) on 100 features, batch 15, 29 µs) gets 32, one of milliseconds (D-wide: batch 256,
+    92,000 weights, 1.4 ms) 4, a step of more than :data:`UNROLLED_TARGET_US` / 2 none (1)."""
+    flops = 6.0 * batch * sum(int(np.size(state[w])) for w in weights)
+    step_us = _NODE_US * len(flat.graph.node) + flops / _FLOPS_PER_US
+    bound = 1
+    while bound * 2 <= MAX_UNROLLED and bound * 2 * step_us <= UNROLLED_TARGET_US:
+        bound *= 2
+    return bound
+
+
+def _unrollable(step: onnx.ModelProto) -> bool:
+    """Whether the nodes of ``step`` can be copied by renaming their names (no subgraph reads an outer name)."""
+    return not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                   for node in step.graph.node for a in node.attribute)
+
+
+def _unrolled_step(step: onnx.ModelProto, count: int, batch: int, table: list[dict]) -> onnx.ModelProto:
+    """``count`` copies of the step ``step`` in one graph, each on its ``batch`` rows of the batched inputs (a
+    ``Split`` of ``count * batch`` rows), copy ``i`` reading the ``<name>_updated`` tensors of copy ``i - 1`` as its
+    state and the input ``step`` plus ``i`` as its step number; outputs the ``count`` losses
+    (:data:`UNROLLED_LOSSES`) and the last copy's state, then made flat (:func:`_flat_step`: the state one vector in
+    and out, split once and concatenated once). The copies' names are prefixed ``u<i>/``; initializers and
+    ``learning_rate`` are shared."""
+    graph = step.graph
+    if UNROLLED_LOSSES in g.all_names(step):
+        raise TrainingPackageError(f"the step graph already uses the name {UNROLLED_LOSSES!r}")
+    opset = next((o.version for o in step.opset_import if o.domain in ("", "ai.onnx")), 13)
+    state = {t["name"] for t in table}
+    updated = {n + UPDATED for n in state}
+    shared = {i.name for i in graph.initializer} | {LEARNING_RATE, ""}
+    batched = {v.name for v in graph.input} - state - {LEARNING_RATE, STEP}
+    nodes, inits = [], []
+    sizes = helper.make_tensor("unrolled/sizes", TensorProto.INT64, [count], [batch] * count)
+    for v in graph.input:
+        if v.name in batched:
+            pieces = [f"{v.name}/{i}" for i in range(count)]
+            nodes.append(helper.make_node("Split", [v.name, sizes.name], pieces, axis=0) if opset >= 13 else
+                         helper.make_node("Split", [v.name], pieces, axis=0, split=[batch] * count))
+    if opset >= 13:
+        inits.append(sizes)
+    reads_step = any(v.name == STEP for v in graph.input)
+    one = helper.make_tensor("unrolled/one", TensorProto.INT64, [1], [1])
+    inits.append(one)
+    for i in range(count):
+        def name(x: str, i=i) -> str:
+            if x in shared or (i == 0 and (x in state or x == STEP)) or (i == count - 1 and x in updated):
+                return x
+            if x in state:
+                return f"u{i - 1}/{x}{UPDATED}"
+            if x == STEP:
+                return f"unrolled/{STEP}/{i}"
+            if x in batched:
+                return f"{x}/{i}"
+            return f"u{i}/{x}"
+
+        if reads_step and i > 0:
+            offset = helper.make_tensor(f"unrolled/{STEP}/+{i}", TensorProto.FLOAT, [], [float(i)])
+            inits.append(offset)
+            nodes.append(helper.make_node("Add", [STEP, offset.name], [name(STEP)]))
+        for node in graph.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.name = f"u{i}/{node.name}" if node.name else ""
+            copy.input[:] = [name(x) for x in node.input]
+            copy.output[:] = [name(x) for x in node.output]
+            nodes.append(copy)
+        nodes.append(helper.make_node("Reshape", [name(graph.output[0].name), one.name], [f"{UNROLLED_LOSSES}/{i}"]))
+    nodes.append(helper.make_node("Concat", [f"{UNROLLED_LOSSES}/{i}" for i in range(count)], [UNROLLED_LOSSES],
+                                  axis=0))
+    inputs = []
+    for v in graph.input:
+        v = onnx.ValueInfoProto.FromString(v.SerializeToString())
+        if v.name in batched and len(v.type.tensor_type.shape.dim):
+            v.type.tensor_type.shape.dim[0].Clear()
+            v.type.tensor_type.shape.dim[0].dim_value = count * batch
+        inputs.append(v)
+    outputs = [helper.make_tensor_value_info(UNROLLED_LOSSES, TensorProto.FLOAT, [count]), *graph.output[1:]]
+    unrolled = helper.make_graph(nodes, f"{graph.name}_x{count}", inputs, outputs, [*graph.initializer, *inits])
+    return _flat_step(helper.make_model(unrolled, opset_imports=list(step.opset_import), ir_version=step.ir_version,
+                                        producer_name=step.producer_name), table)
 
 
 def _flat_step(step: onnx.ModelProto, table: list[dict]) -> onnx.ModelProto:

@@ -3,7 +3,8 @@ packages of issue 38's models (linear regressor, MLP regressor, binary and 10-cl
 each with SGD (invscaling schedule) and Adam, end at the weights Python's reference loop
 (:func:`ortflow.package.train_package`) reaches on the same shuffled batches, and the trained graph JavaScript
 exports predicts what the Python-trained graph predicts. One node process per runtime trains every package; by default
-the package's ``step_flat.onnx`` runs (the state as one vector), ``node-tensors`` runs ``step.onnx``.
+the package's unrolled graphs ``steps_<K>.onnx`` run the full batches (3 per epoch of these packages: one run of 2
+steps) and ``step_flat.onnx`` the rest (the state as one vector), ``node-tensors`` runs ``step.onnx``.
 
 Tolerances: weights, the rule of tests/js_support.py (``2 * steps * TERM_ROUNDINGS * u32 * max|w|`` per tensor).
 Predictions: ``output_atol`` of tests/js_support.py.
@@ -13,16 +14,21 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
+from sklearn.datasets import make_regression
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.neural_network import MLPRegressor
 
+import ortflow
 from ortflow.package import TrainingPackage, load_training_state, train_package
 from ortflow.schedules import learning_rate_at
 from ortflow.shuffle import draws, epoch_order, seed_state
 
-from js_support import (CASES, JS_GROUP, OPTIMIZERS, RUNTIMES, make_package, node, output_atol, require_node,
-                        run_graph, weights_atol, write_jobs)
+from js_support import (CASES, JS_GROUP, OPTIMIZERS, RUNTIMES, make_package, node, optimizer, output_atol,
+                        require_node, run_graph, weights_atol, write_jobs)
 
 pytestmark = JS_GROUP
 FIT = {"epochs": 3, "shuffle": True, "seed": 2026}
@@ -142,3 +148,38 @@ def test_shuffle_and_schedules_follow_python():
         expected = [float(np.float32(learning_rate_at(s["name"], s["eta0"], t, s["power_t"], s["alpha"])))
                     for t in seen]
         assert rates == expected, s["name"]
+
+
+def test_unrolled_runs_reach_the_single_step_weights(tmp_path):
+    """A package with unrolled graphs of 2, 4 and 8 steps, 230 rows in batches of 16 (14 full batches and 6 rows,
+    not a multiple of 8 * 16): each epoch runs steps_8, steps_4, steps_2, then step_flat for the short batch (4 runs
+    instead of 15), on onnxruntime-node and WebAssembly, and ends at the weights of the reference loop's single steps
+    (the tolerance rule); with ``unrolled: false`` node runs 15 steps per epoch to the same weights."""
+    require_node()
+    X, y = make_regression(230, n_features=5, noise=1.0, random_state=1)
+    X, y = X.astype(np.float32), (y / 50).astype(np.float32)
+    mlp = MLPRegressor(hidden_layer_sizes=(8,), max_iter=1, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        mlp.fit(X, y)
+    est = ortflow.OrtGradientOptimizer(ortflow.add_loss_output(ortflow.to_onnx(mlp), "squared_error"),
+                                       learning_rate=optimizer("adam"), batch_size=16)
+    folder = ortflow.export_training_package(est, tmp_path / "pkg", max_unrolled=8)
+    assert [u["steps"] for u in TrainingPackage(folder).manifest["unrolled"]] == [2, 4, 8]
+    reference = train_package(folder, X, y, **FIT)
+    runs = {"node": ("node", {}), "web": ("web", {}), "node-single": ("node", {"unrolled": False})}
+    for name, (kind, load) in runs.items():
+        job = {"package": str(folder), "load": load, "X": X, "y": y, "fits": [FIT], "state": str(tmp_path / name),
+               "prediction": str(tmp_path / f"{name}.json"), "predictX": X[:2]}
+        node("test/train-cases.mjs", kind, write_jobs(tmp_path / f"{name}-jobs.json", [job]))
+        assert not os.path.exists(tmp_path / f"{name}.error.json"), (tmp_path / f"{name}.error.json").read_text()
+        done = json.loads((tmp_path / f"{name}.json").read_text())
+        assert done["runs"] == 3 * (15 if name == "node-single" else 4), name
+        assert done["unrolled"] == ([] if name == "node-single" else [2, 4, 8])
+        state = load_training_state(folder, tmp_path / name)
+        assert (state.steps, state.epochs) == (reference.steps, 3) and reference.steps == 45
+        for tensor, expected in reference.tensors.items():
+            np.testing.assert_allclose(state.tensors[tensor], expected, rtol=0,
+                                       atol=weights_atol(reference.steps, expected), err_msg=f"{name}: {tensor}")
+        losses = [r["loss"] for r in done["epochs"]]
+        assert losses[-1] < losses[0]

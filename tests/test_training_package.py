@@ -15,6 +15,7 @@ import json
 import warnings
 
 import numpy as np
+import onnx
 import pytest
 from sklearn.datasets import load_digits, make_classification, make_regression
 from sklearn.exceptions import ConvergenceWarning
@@ -32,15 +33,19 @@ from ortflow import (
     to_onnx,
 )
 from ortflow._ort import InferenceSession
+from ortflow.exceptions import ConvergenceError
 from ortflow.package import (
+    FLAT_STEP_FILE,
     FORMAT,
     STATE_FILE,
     TrainingPackage,
     TrainingState,
     average_states,
     load_training_state,
+    _targets,
     train_package,
 )
+from ortflow.package_export import unrolled_bound
 from ortflow.shuffle import draws, epoch_order, seed_state
 from tolerances import TERM_ROUNDINGS, U32
 
@@ -170,6 +175,71 @@ def test_the_flat_step_graph_takes_the_same_steps(tmp_path, model):
     by_vector = train_package(folder, X, y, epochs=2, seed=4, flat=True)
     for name, value in by_tensor.tensors.items():
         np.testing.assert_array_equal(by_vector.tensors[name], value, err_msg=name)
+
+
+@pytest.mark.parametrize("model", ["mlp", "ten_classes"])
+def test_the_unrolled_graphs_take_the_same_steps(tmp_path, model):
+    """``steps_<K>.onnx`` runs K flat steps in one run: from a state and step number 5 (Adam reads it), K batches
+    give the K losses and the state of K runs of ``step_flat.onnx``, bit for bit; ``train_package(unrolled=True)``
+    (runs of 4 and 2 full batches, then single steps: 60 and 120 rows in batches of 7, shuffled) ends where the
+    flat loop ends, bit for bit."""
+    onx, X, y = _case(model)
+    est = OrtGradientOptimizer(onx, batch_size=7, learning_rate=LearningRateAdam(eta0=0.01))
+    folder = ortflow.export_training_package(est, tmp_path / "pkg", max_unrolled=4)
+    package = TrainingPackage(folder)
+    unrolled = package.manifest["unrolled"]
+    assert [(u["steps"], u["file"], u["rows"]) for u in unrolled] == [(2, "steps_2.onnx", 14), (4, "steps_4.onnx", 28)]
+    assert [o["name"] for o in unrolled[1]["outputs"]] == ["losses", "state_updated"]
+    assert unrolled[1]["outputs"][0]["shape"] == [4]
+
+    trained = train_package(folder, X, y, epochs=1, seed=1, flat=True)  # a state that is not the initial one
+    vector = np.concatenate([trained.tensors[t["name"]].ravel() for t in package.tensors])
+    feeds = {"X": X[:28], package.manifest["target"]["name"]: _targets(package.manifest, y[:28], 28),
+             "learning_rate": np.array(0.01, np.float32), "step": np.array(5, np.float32)}
+    single = InferenceSession(package.read(FLAT_STEP_FILE), providers=["CPUExecutionProvider"])
+    losses, state = [], vector
+    for i in range(4):
+        run = {k: v[7 * i: 7 * i + 7] if v.ndim else v for k, v in feeds.items()}
+        loss, state = single.run(None, {**run, "state": state, "step": np.array(5 + i, np.float32)})
+        losses.append(loss)
+    many = InferenceSession(package.read("steps_4.onnx"), providers=["CPUExecutionProvider"])
+    got_losses, got_state = many.run(None, {**feeds, "state": vector})
+    np.testing.assert_array_equal(got_losses, np.array(losses, np.float32).ravel())
+    np.testing.assert_array_equal(got_state, state)
+    assert not np.array_equal(state, vector)
+
+    one_by_one = train_package(folder, X, y, epochs=2, seed=4, flat=True)
+    by_runs = train_package(folder, X, y, epochs=2, seed=4, unrolled=True)
+    assert by_runs.steps == one_by_one.steps == 2 * -(-len(X) // 7)
+    for name, value in one_by_one.tensors.items():
+        np.testing.assert_array_equal(by_runs.tensors[name], value, err_msg=name)
+
+
+def test_the_unrolled_graphs_follow_the_steps_cost(linear_package, tmp_path):
+    """By default a step of a few weights gets unrolled graphs of 2, 4... 32 steps, a step of D-wide (92,000 weights
+    in batches of 256) up to 4, a step of 20 times more none; ``max_unrolled=0`` writes none, a negative bound is
+    refused. An overflowing loss inside an unrolled run is named at its own step, as the flat loop names it."""
+    folder, X, y = linear_package
+    manifest = TrainingPackage(folder).manifest
+    flat = onnx.load_from_string(TrainingPackage(folder).read(FLAT_STEP_FILE))
+    assert unrolled_bound(flat, 16, ["coef"], {"coef": np.zeros(6)}) == 32
+    assert [u["steps"] for u in manifest["unrolled"]] == [2, 4, 8, 16, 32]
+    assert unrolled_bound(flat, 256, ["coef"], {"coef": np.zeros(92_000)}) == 4
+    assert unrolled_bound(flat, 256, ["coef"], {"coef": np.zeros(20 * 92_000)}) == 1
+    onx, _, _ = _case("linear")
+    none = ortflow.export_training_package(OrtGradientOptimizer(onx, batch_size=16), tmp_path / "none",
+                                           max_unrolled=0)
+    assert TrainingPackage(none).manifest["unrolled"] == [] and not list(none.glob("steps_*"))
+    with pytest.raises(TrainingPackageError, match="max_unrolled=-1 must be an integer >= 0"):
+        ortflow.export_training_package(OrtGradientOptimizer(onx), tmp_path / "bad", max_unrolled=-1)
+    big = X.copy()
+    big[20:] = 1e20  # the second batch (rows 16-31, in the first run of steps_2.onnx) overflows
+    messages = []
+    for kwargs in ({"flat": True}, {"unrolled": True}):
+        with pytest.raises(ConvergenceError) as caught:
+            train_package(folder, big, y, shuffle=False, **kwargs)
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1] and "epoch 1, step 2" in messages[0]
 
 
 @pytest.mark.parametrize("kind", ["full", "fwbw"])

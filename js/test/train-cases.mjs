@@ -3,7 +3,8 @@
 // shuffle, seed, sampleWeight}, ...], state, model?, predictX?, prediction?}]: each job loads its package (with
 // `load`'s options), calls fit once per entry of `fits`, and writes the state file (exportState) to `state`, the
 // trained graph (exportModel) to `model`, {values: predict(predictX), epochs: the onEpoch records, flat: whether
-// step_flat.onnx ran} as JSON to `prediction`. A job that throws writes {name, message} to `state` + ".error.json"
+// step_flat.onnx ran, runs: the runtime runs fit made, unrolled: the steps of the unrolled graphs it had} as JSON to
+// `prediction`. A job that throws writes {name, message} to `state` + ".error.json"
 // instead.
 import {readFile, writeFile} from 'node:fs/promises';
 import {createRequire} from 'node:module';
@@ -34,7 +35,7 @@ for (const job of jobs) {
     await writeFile(job.state, trainer.exportState());
     if (job.model) await writeFile(job.model, trainer.exportModel());
     if (job.prediction) await writeFile(job.prediction, JSON.stringify({values: await trainer.predict(job.predictX),
-      epochs, flat: trainer.flat}));
+      epochs, flat: trainer.flat, runs: trainer.runs, unrolled: Array.from(trainer.unrolled.keys())}));
   } catch (err) {
     await writeFile(job.state + '.error.json', JSON.stringify({name: err.name, message: err.message}));
   }
