@@ -153,13 +153,24 @@ def _full_trainer(est) -> _Trainer:
                 f"this {type(est).__name__} trained with onnxruntime's artifacts (gradients_='onnxruntime'), whose "
                 f"{type(rate).__name__} moments ortflow cannot read; export it before fit or fit it with "
                 "gradients='ortflow'")
-        values = runtime.get_state() if runtime is not None else dict(est.get_state())
-        state.update({k: np.asarray(v, np.float32) for k, v in values.items() if k in state})
-        progress = _progress(est, int(values.get(STEP, 0)))
+        progress = _fitted_state(est, state, moments=runtime is not None)
     return _Trainer(type(est).__name__, model, loss, label, est.sample_weight_name if est.sample_weight_name in feeds
                     else None, weights, rate, {"name": meta.get("loss"), "params": meta.get("params", {})},
                     g.keep_outputs(model, predictions), None if trained in _PROBABILITIES else graph_classes(model),
                     state, progress, int(est.batch_size), _feature_names(est))
+
+
+def _fitted_state(est, state: dict[str, np.ndarray], moments: bool = True) -> dict:
+    """``state`` updated with a fitted trainer's weights and optimizer state (``get_optimizer_state``'s
+    ``<slot>:<weight>`` become the step graph's ``<weight>_<slot>``); its progress. ``moments=False``: a trainer
+    whose optimizer keeps no moments ortflow can read (onnxruntime's artifacts, plain SGD), weights only."""
+    state.update({k: np.asarray(v, np.float32) for k, v in est.get_state().items() if k in state})
+    optimizer = est.get_optimizer_state() if moments else {}
+    for key, value in optimizer.items():
+        if ":" in key:
+            slot, weight = key.split(":", 1)
+            state[f"{weight}_{slot}"] = np.asarray(value, np.float32)
+    return _progress(est, int(optimizer.get(STEP, 0)))
 
 
 def _fwbw_trainer(est) -> _Trainer:
@@ -186,13 +197,7 @@ def _fwbw_trainer(est) -> _Trainer:
     rate = est._learning_rate()
     state, progress = _initial_state(model, weights, rate), {"epochs": 0, "steps": 0, "rows_seen": 0}
     if _fitted(est):
-        state.update({k: np.asarray(v, np.float32) for k, v in est.get_state().items()})
-        optimizer = est.get_optimizer_state()
-        for key, value in optimizer.items():
-            if ":" in key:
-                slot, weight = key.split(":", 1)
-                state[f"{weight}_{slot}"] = np.asarray(value, np.float32)
-        progress = _progress(est, int(optimizer.get(STEP, 0)))
+        progress = _fitted_state(est, state)
     return _Trainer(type(est).__name__, loss_model, loss, label, weight_input, weights, rate,
                     {"name": loss_object.names[0], "params": loss_object.get_params()},
                     g.keep_outputs(model, g.output_names(model)),
