@@ -10,11 +10,15 @@ import pytest
 from mlflow import MlflowClient
 
 import ortflow
-from ortflow.package import TrainingPackage, train_package
+from ortflow.package import TrainingPackage, TrainingState, load_training_state, train_package
 from pipelines.data.datasets import Split
 from pipelines.execution.bundle import Bundle
 from pipelines.import_states import StateImportError, import_states, main
 from pipelines.orchestration.chain import run_chain
+
+from js_support import JS_GROUP, node, require_node
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "node" / "train.mjs"
 
 MODEL = "ortflow-smoke-regression-mlp_regressor"
 
@@ -32,13 +36,28 @@ def chain(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
 
 
 def _package(export_run: str, tmp_path: Path) -> TrainingPackage:
-    return TrainingPackage(mlflow.artifacts.download_artifacts(run_id=export_run, artifact_path="training_package",
-                                                               dst_path=str(tmp_path / "downloaded")))
+    return TrainingPackage(_package_folder(export_run, tmp_path))
 
 
-def test_the_registered_version_has_a_package_and_imported_states_are_averaged(chain, compose_pipeline, tmp_path):
+def _package_folder(export_run: str, tmp_path: Path) -> str:
+    return mlflow.artifacts.download_artifacts(run_id=export_run, artifact_path="training_package",
+                                               dst_path=str(tmp_path / "downloaded"))
+
+
+def _node_state(folder: str, X, y, seed: int, work: Path) -> TrainingState:
+    """A state trained by the JavaScript trainer on onnxruntime-node (examples/node/train.mjs), 2 shuffled epochs."""
+    data, state = work / f"data{seed}.json", work / f"node{seed}.state"
+    data.write_text(json.dumps({"X": np.asarray(X, np.float64).tolist(), "y": np.asarray(y, np.float64).tolist()}))
+    node(EXAMPLE, folder, data, "--epochs", "2", "--seed", str(seed), "--state", state)
+    return load_training_state(folder, state)
+
+
+@pytest.mark.parametrize("client_runtime", ["python", pytest.param("node", marks=JS_GROUP)])
+def test_the_registered_version_has_a_package_and_imported_states_are_averaged(chain, compose_pipeline, tmp_path,
+                                                                               client_runtime):
     overrides, client, export_run, split = chain
-    package = _package(export_run, tmp_path)
+    folder = _package_folder(export_run, tmp_path)
+    package = TrainingPackage(folder)
     assert client.get_run(export_run).data.tags["ortflow.training_package"] == "training_package"
     trained = Path(mlflow.artifacts.download_artifacts(run_id=_train_run(client, export_run), artifact_path="graphs"))
     registered = ortflow.get_initializers(ortflow.load_model(trained / "trained_model.onnx"))
@@ -49,10 +68,14 @@ def test_the_registered_version_has_a_package_and_imported_states_are_averaged(c
     assert manifest["batch_size"] == 32 and manifest["feature_names"] == [f"x{i}" for i in range(5)]
     np.testing.assert_allclose(manifest["metadata"]["standardization"]["x_mean"], split.x_mean, rtol=1e-6)
 
-    # two clients, each on half of the training rows (as Node would: the reference loop runs the same graph)
+    # two clients on parts of the training rows: Node's JavaScript trainer, or Python's reference loop (same graph)
     half = len(split.X_train) // 3
     parts = [(split.X_train[:half], split.y_train[:half]), (split.X_train[half:], split.y_train[half:])]
-    states = [train_package(package, X, y, epochs=2, seed=k) for k, (X, y) in enumerate(parts)]
+    if client_runtime == "node":
+        require_node()
+        states = [_node_state(folder, X, y, k, tmp_path) for k, (X, y) in enumerate(parts)]
+    else:
+        states = [train_package(package, X, y, epochs=2, seed=k) for k, (X, y) in enumerate(parts)]
     files = []
     for k, state in enumerate(states):
         files.append(tmp_path / f"client{k}.state")
