@@ -58,6 +58,7 @@ from .prefetch import Prefetcher
 from .rechunk import whole_batches
 from .registry import select
 from .runtime import THREADS_WORK_THRESHOLD, SessionOptions, threads_for_work, training_session_options
+from .shuffle import epoch_order
 from .sources import is_source, replays_order, source_identity
 from .validation import check_positive_int, check_targets, check_weights_to_train
 
@@ -94,6 +95,7 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         is then None (the source holds the target) and ``validation_data`` may be another source.
         """
         self._streamed_fit = is_source(X)
+        self._check_portable_shuffle()
         if self._streamed_fit:
             return self._fit_source(X, y, sample_weight, validation_data, resume_from)
         model, spec, feeds, names, train_model, prefix = self._graph_and_feeds(X)
@@ -105,7 +107,7 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         rng, max_iter = self._begin(model, spec, train_model, feeds, names, rng, resume_from)
 
         def chunks(epoch):
-            yield data, (rng.permutation(data.n_samples) if self.shuffle else None)
+            yield data, self._epoch_order(rng, data.n_samples, epoch)
 
         self._rt_prefix, self._rng = prefix, rng
         self._train_epochs(range(len(self.history_), max_iter), chunks, lambda epoch: epoch * data.n_samples, val,
@@ -182,6 +184,7 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         each call adds one record to ``history_``, and the learning rate follows the samples seen across calls.
         ``max_iter``, ``validation_fraction`` and early stopping do not apply."""
         first = not hasattr(self, "history_")
+        self._check_portable_shuffle()
         if first:
             model, spec, feeds, names, train_model, prefix = self._graph_and_feeds(X)
         else:
@@ -198,7 +201,7 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         rng, seen = self._rng, self._samples_seen
 
         def chunks(epoch):
-            yield data, (rng.permutation(data.n_samples) if self.shuffle else None)
+            yield data, self._epoch_order(rng, data.n_samples, epoch)
 
         self._train_epochs(range(len(self.history_), len(self.history_) + 1), chunks, lambda epoch: seen, None, rng)
         self._samples_seen += data.n_samples
@@ -532,6 +535,26 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
 
     def _apply_step(self, batch) -> float:
         raise NotImplementedError
+
+    def _check_portable_shuffle(self) -> None:
+        """``shuffle='portable'`` needs an int ``random_state`` and rows held in memory."""
+        if self.shuffle != "portable":
+            return
+        if not isinstance(self.random_state, (int, np.integer)):
+            raise ValueError(f"shuffle='portable' draws each epoch's order from an int seed: random_state="
+                             f"{self.random_state!r} must be an int")
+        if getattr(self, "_streamed_fit", False):
+            raise ValueError("shuffle='portable' orders rows held in memory; a source shuffles its own chunks "
+                             "(shuffle=True)")
+
+    def _epoch_order(self, rng, n_samples: int, epoch: int):
+        """The rows' order in ``epoch`` (the epochs trained before it): None unshuffled, ``rng``'s permutation, or
+        with ``shuffle='portable'`` :func:`ortflow.shuffle.epoch_order` of ``random_state`` (a training package's)."""
+        if not self.shuffle:
+            return None
+        if self.shuffle == "portable":
+            return epoch_order(n_samples, int(self.random_state), epoch)
+        return rng.permutation(n_samples)
 
     def _batches(self, n_samples: int, order: np.ndarray | None):
         """Yield row selections of each batch: a slice (a view, no copy) or the shuffled indices."""

@@ -129,6 +129,15 @@ WEIGHTS = Param("weights_to_train", None, _optional(_names),
                 "output depends on. Neither None nor a pattern selects a BatchNormalization's running mean and "
                 "variance (statistics, kept as they are); a name does")
 
+def _shuffle(name: str, value):
+    if isinstance(value, str) and value == "portable":
+        return value
+    try:
+        return check_bool(name, value)
+    except TypeError:
+        raise TypeError(f"{name}={value!r} must be True, False or 'portable'") from None
+
+
 SHARED = (
     Param("max_iter", 100, check_positive_int, "number of epochs"),
     Param("batch_size", 10, check_positive_int, "samples per batch (at most the number of training samples)"),
@@ -153,7 +162,10 @@ SHARED = (
     Param("early_stopping", False, check_bool, "stop when the validation loss stops improving"),
     Param("n_iter_no_change", 10, check_positive_int, "early stopping's patience, in epochs"),
     Param("tol", 1e-4, check_non_negative, "early stopping's minimum improvement"),
-    Param("shuffle", True, check_bool, "shuffle the samples before every epoch"),
+    Param("shuffle", True, _shuffle,
+          "shuffle the samples before every epoch: True (numpy's generator), False, or 'portable' (the generator "
+          "training packages use, ortflow.shuffle: with an int random_state, the batches another runtime draws "
+          "from that seed)"),
     Param("random_state", None, _random_state, "seed of the shuffling and of the validation split"),
     Param("callbacks", None, _optional(_callbacks), "ortflow.Callback objects called after every epoch"),
     Param("exc", True, check_bool,

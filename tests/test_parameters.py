@@ -53,7 +53,7 @@ def test_every_parameter_is_checked_and_documented():
     ({"power_t": float("nan")}, ValueError, "power_t=nan must be a finite number"),
     ({"learning_rate": LearningRateAdam(eta0=-1.0)}, ValueError, "eta0=-1.0 must be a positive"),
     ({"learning_rate": "lbfgs"}, ValueError, "learning_rate='lbfgs' is not a learning rate"),
-    ({"shuffle": "yes"}, TypeError, "shuffle='yes' must be True or False"),
+    ({"shuffle": "yes"}, TypeError, "shuffle='yes' must be True, False or 'portable'"),
     ({"verbose": -1}, ValueError, "verbose=-1 must be an integer >= 0"),
     ({"validation_fraction": 1.0}, ValueError, "validation_fraction=1.0 must be in"),
     ({"n_threads": 0}, ValueError, "n_threads=0 must be a positive integer"),

@@ -160,6 +160,22 @@ def test_shuffled_batches_follow_the_shared_generator(tmp_path):
     assert not np.allclose(unshuffled.weights["coef_0"], state.weights["coef_0"])
 
 
+def test_a_trainer_with_the_portable_shuffle_takes_the_packages_batches(tmp_path):
+    """``shuffle='portable'``: the Python trainer draws each epoch's order from the same generator and seed as the
+    package (and the JavaScript trainer), so the same seed gives the same batches, and the same weights."""
+    onx, X, y = _case("mlp")
+    est = OrtGradientOptimizer(onx, max_iter=3, batch_size=16, shuffle="portable", random_state=11,
+                               learning_rate=LearningRateAdam(eta0=0.01))
+    folder = ortflow.export_training_package(est, tmp_path / "pkg")
+    state = train_package(folder, X, y, epochs=3, seed=11)
+    est.fit(X, y)
+    _assert_same_weights(state, est.get_state(), state.steps)
+    with pytest.raises(ValueError, match=r"random_state=None must be an int"):
+        OrtGradientOptimizer(onx, shuffle="portable").fit(X, y)
+    with pytest.raises(TypeError, match=r"shuffle='random' must be True, False or 'portable'"):
+        OrtGradientOptimizer(onx, shuffle="random").fit(X, y)
+
+
 @pytest.mark.parametrize("model", ["mlp", "ten_classes"])
 def test_the_flat_step_graph_takes_the_same_steps(tmp_path, model):
     """``step_flat.onnx`` (the whole state as one vector, split inside) holds the same nodes: the same weights, bit
