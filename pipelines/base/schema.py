@@ -157,7 +157,7 @@ class DataConfig:
     drop_invalid: bool = False
     # preprocess=auto: the cells of a numeric column that are not numbers ('?' among numbers): refused, or gaps
     junk_cells: JunkCells = JunkCells.refuse
-    # parquet: the column whose stable hash splits the rows (None: whole files by the hash of their names), the
+    # parquet: the column whose stable hash splits the rows (None: the hash of each row's position), the
     # rows of each part read to set things up (start model, standardization), the rows held at once when streaming
     key: Optional[str] = None
     sample_rows: int = 10000

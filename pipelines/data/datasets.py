@@ -163,7 +163,7 @@ class Split:
         return digest.hexdigest()[:16]
 
     def summary(self) -> dict:
-        if self.streamed:  # the rows of each part are known without reading only when whole files make it
+        if self.streamed:  # the rows of each part are known without reading unless a key splits them
             parts = self.stream_parts()
             rows = {f"n_{p}": parts[p].n_rows for p in parts}
             return {**{k: v for k, v in rows.items() if v is not None}, "n_sample_train": len(self.y_train),

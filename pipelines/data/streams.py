@@ -2,8 +2,9 @@
 
 The table is split by one stable hash (:meth:`ortflow.sources.ParquetSource.split`): the rows whose ``data.key``
 hashes in ``[0, test_size)`` are the test part, in ``[test_size, test_size + validation_fraction)`` the validation
-part, the rest the training part; without ``data.key`` whole files go to a part by the hash of their name. The
-same rows on every run and machine, whatever else changes.
+part, the rest the training part; without ``data.key`` the hash is of the row's position (its file's name and its
+row in the file), so one file or a few split as the fractions say. The same rows on every run and machine,
+whatever else changes. :func:`split_line` says how many rows each part holds (printed before the chain runs).
 
 The columns follow ``preprocess`` as a table read whole (``data=file``) does. With ``preprocess=auto`` (the
 default) they stay raw: numbers, booleans, text, categories and dates, each chunk's columns put in the form of
@@ -143,13 +144,27 @@ def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple
                     float(data.validation_fraction), int(data.buffer_rows), str(data.get("junk_cells", "refuse")))
     try:
         stream = replace(stream, files=tuple(stream.source().files))  # the files the run reads, whatever comes later
-        return stream, stream.parts()
-    except EmptyPartError as exc:  # a part the files' names leave empty
-        raise DataError(f"data.path={data.path!r}: {exc}: without data.key whole files go to the test, validation "
-                        "and training parts by the hash of their names; set data.key=<a column> to split rows, or "
-                        "use more files") from None
+        parts = stream.parts()
+        _log.info("%s", split_line(stream, parts))
+        return stream, parts
+    except EmptyPartError as exc:  # a part too small for any row to fall in it
+        raise DataError(f"data.path={data.path!r}: {exc}: raise data.test_size or data.validation_fraction, or "
+                        "use a larger table") from None
     except (OSError, KeyError, TypeError, ValueError) as exc:  # unreadable, other columns or types, null keys
         raise DataError(f"data.path={data.path!r}: {exc}") from None
+
+
+def split_line(stream: Stream, parts: dict[str, Any]) -> str:
+    """The split in one line: the rows of each part (known from the files' metadata when no key splits them) and
+    what the hash is of."""
+    names = {"train": "training", "validation": "validation", "test": "test"}
+    if stream.key is None:
+        rows = ", ".join(f"{parts[p].n_rows} {names[p]}" for p in PARTS if p in parts)
+        return (f"split of {stream.path}: {rows} rows (a stable hash of each row's position; data.key=<a column> "
+                "hashes a column's values)")
+    fractions = f"test {stream.test_size:g}, validation {stream.validation_fraction:g}"
+    return (f"split of {stream.path}: by a stable hash of data.key={stream.key!r} ({fractions}, training the rest; "
+            "the rows of each part are counted as they are read)")
 
 
 def _schema(path, data: DictConfig):
