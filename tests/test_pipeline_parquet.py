@@ -393,7 +393,7 @@ def test_a_table_with_text_booleans_dates_and_gaps_streams_through_the_preproces
     assert logged["n_test"] == len(test)
     assert logged["test_r2"] > 0.99  # the text, the boolean and the date's month carry the target too
     mlflow.set_tracking_uri(uri)
-    served = mlflow.pyfunc.load_model("models:/ortflow-shop-linear/1")
+    served = mlflow.pyfunc.load_model(f"models:/{result.metrics['registered_model']}/1")
     predicted = np.asarray(served.predict(test[["price", "city", "member", "day"]])).reshape(-1)
     for key, value in regression_metrics(test["y"].to_numpy(), predicted).items():
         # the same rows in one batch through the same graph: equal predictions, metrics summed in another order
