@@ -214,6 +214,31 @@ def test_a_bad_column_is_named(table, compose_pipeline, override, words):
         assert word in str(info.value)
 
 
+def test_a_parquet_error_names_what_is_wrong_and_points_to_the_streams_section(table, tmp_path, compose_pipeline):
+    """Seen: ``data.features`` holding the split key was refused as ``includes the target or the split key: ['y',
+    'id']`` (the target was not in it), and the split's errors pointed to 'Your own data' and suggested
+    ``data.drop_invalid``, which streams do not read."""
+    import io
+
+    from pipelines.base.errors import report
+
+    folder, frame = table
+    cfg = compose_pipeline("data=parquet", f"data.path={folder}", "data.target=y", "data.key=id",
+                           "data.features=[a,id]")
+    with pytest.raises(DataError) as info:
+        open_stream(cfg.data)
+    assert "includes the split key 'id'" in str(info.value) and "target" not in str(info.value)
+    pq.write_table(pa.Table.from_pandas(frame.head(50).assign(id=lambda f: f.id.where(f.index != 7)),
+                                        preserve_index=False), tmp_path / "nulls.parquet")
+    cfg = compose_pipeline("data=parquet", f"data.path={tmp_path / 'nulls.parquet'}", "data.target=y", "data.key=id")
+    with pytest.raises(DataError, match="the split key 'id' is missing in 1 row") as info:
+        open_stream(cfg.data)
+    printed = io.StringIO()
+    report(info.value, printed)
+    assert "hint: see 'Parquet larger than memory' in docs/PIPELINES.md (data.key" in printed.getvalue()
+    assert "drop_invalid" not in printed.getvalue() and "Your own data" not in printed.getvalue()
+
+
 def test_a_column_the_preprocessing_cannot_take_is_named(tmp_path, compose_pipeline):
     """Without preprocessing a text column is refused, pointing at preprocess=auto; with it, text passes and a
     column of lists (no kind of the preprocessing) is refused by name, pointing at how to leave it out."""

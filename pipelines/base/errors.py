@@ -32,6 +32,16 @@ class DataError(UserError, ValueError):
 
     hint = "see 'Your own data' in docs/PIPELINES.md (data.drop_invalid=true drops unusable columns and rows)"
 
+    def __init__(self, *args, hint: str | None = None):
+        super().__init__(*args)
+        if hint is not None:  # a hint of its own: a streamed table's (STREAM_HINT), where drop_invalid does not apply
+            self.hint = hint
+
+
+#: the hint of a DataError about a Parquet table streamed (``data=parquet``)
+STREAM_HINT = ("see 'Parquet larger than memory' in docs/PIPELINES.md (data.key, data.test_size, "
+               "data.validation_fraction, data.features, preprocess.columns.<column>=drop)")
+
 
 class TrackingUnavailableError(UserError, RuntimeError):
     """The tracking store cannot be reached; the message names its URI and where local outputs were kept."""
