@@ -151,7 +151,7 @@ def test_a_stage_alone_from_another_problems_run_is_refused(tmp_path, run_chain_
                                                             clean_mlflow_env, new_sqlite_store):
     """Issue 41 item 7: ``python -m pipelines.train source.run_id=<run>`` without that run's config groups trained
     its model but logged ``data.name=regression``, ``model.name=linear``; now refused, naming each difference."""
-    from pipelines.base.config import ConfigError
+    from pipelines.base.schema import ConfigError
     from pipelines.execution.runner import run_standalone
     from pipelines.stages import stage_function
 
