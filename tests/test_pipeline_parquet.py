@@ -235,8 +235,32 @@ def test_a_parquet_error_names_what_is_wrong_and_points_to_the_streams_section(t
         open_stream(cfg.data)
     printed = io.StringIO()
     report(info.value, printed)
-    assert "hint: see 'Parquet larger than memory' in docs/PIPELINES.md (data.key" in printed.getvalue()
+    assert "hint: see 'Parquet larger than memory' in docs/PIPELINES.md (data.test_size" in printed.getvalue()
     assert "drop_invalid" not in printed.getvalue() and "Your own data" not in printed.getvalue()
+
+
+@pytest.mark.parametrize("key", [None, "id"])
+def test_an_empty_folder_or_a_missing_column_is_said_as_it_is(key, table, tmp_path, compose_pipeline):
+    """Seen: an empty folder gave ``data.target='y' is not a column of ...; its columns: []``; the error of a
+    missing column suggested ``data.key`` when it was set."""
+    import io
+
+    from pipelines.base.errors import report
+
+    folder, _ = table
+    (tmp_path / "empty").mkdir()
+    cfg = compose_pipeline("data=parquet", f"data.path={tmp_path / 'empty'}", "data.target=y")
+    with pytest.raises(DataError, match=r"the folder .*empty holds no Parquet file") as info:
+        open_stream(cfg.data)
+    assert "its columns" not in str(info.value)
+    cfg = compose_pipeline("data=parquet", f"data.path={folder}", "data.target=price",
+                           *([f"data.key={key}"] if key else []))
+    with pytest.raises(DataError, match="data.target='price' is not a column of") as info:
+        open_stream(cfg.data)
+    printed = io.StringIO()
+    report(info.value, printed)
+    hint = printed.getvalue().split("hint:")[1]
+    assert ("data.key" in hint) == (key is None), hint
 
 
 def test_a_column_the_preprocessing_cannot_take_is_named(tmp_path, compose_pipeline):

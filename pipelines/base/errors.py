@@ -34,13 +34,16 @@ class DataError(UserError, ValueError):
 
     def __init__(self, *args, hint: str | None = None):
         super().__init__(*args)
-        if hint is not None:  # a hint of its own: a streamed table's (STREAM_HINT), where drop_invalid does not apply
+        if hint is not None:  # a hint of its own: a streamed table's (stream_hint), where drop_invalid does not apply
             self.hint = hint
 
 
-#: the hint of a DataError about a Parquet table streamed (``data=parquet``)
-STREAM_HINT = ("see 'Parquet larger than memory' in docs/PIPELINES.md (data.key, data.test_size, "
-               "data.validation_fraction, data.features, preprocess.columns.<column>=drop)")
+def stream_hint(key_set: bool) -> str:
+    """The hint of a DataError about a Parquet table streamed (``data=parquet``): its doc section and its keys
+    (``data.key`` only where none is set)."""
+    keys = ("" if key_set else "data.key, ") + ("data.test_size, data.validation_fraction, data.features, "
+                                                "preprocess.columns.<column>=drop")
+    return f"see 'Parquet larger than memory' in docs/PIPELINES.md ({keys})"
 
 
 class TrackingUnavailableError(UserError, RuntimeError):

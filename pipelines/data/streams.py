@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from ..base.errors import STREAM_HINT, DataError
+from ..base.errors import DataError, stream_hint
 
 _log = logging.getLogger("pipelines.data.streams")
 #: the parts of a split, in the order of :meth:`Stream.parts`
@@ -91,8 +91,17 @@ class Stream:
 
 def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple[Stream, dict[str, Any]]:
     """The configured table checked and split: ``(Stream, {part: ParquetSource})``. A :class:`DataError` names a
-    missing path, target, key or feature column, a column ``preprocess`` cannot take (without preprocessing, a
-    non-numeric one) and an empty part. ``preprocess.columns.<column>=drop`` leaves a column out."""
+    missing path, a folder without Parquet files, a missing target, key or feature column, a column ``preprocess``
+    cannot take (without preprocessing, a non-numeric one) and an empty part; its hint suggests ``data.key`` only
+    where none is set. ``preprocess.columns.<column>=drop`` leaves a column out."""
+    try:
+        return _open_stream(data, preprocess)
+    except DataError as exc:
+        exc.hint = stream_hint(key_set=bool(data.get("key")))
+        raise
+
+
+def _open_stream(data: DictConfig, preprocess: DictConfig | None) -> tuple[Stream, dict[str, Any]]:
     from ortflow.sources import EmptyPartError
 
     from ..base.paths import user_path
@@ -101,6 +110,9 @@ def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple
     path = user_path(str(data.path)).resolve()
     if not path.exists():
         raise stream_error(f"data.path={data.path!r}: {path} does not exist (a Parquet file or a folder of them)")
+    if path.is_dir() and not any(p.is_file() and not p.name.startswith(("_", ".")) for p in path.rglob("*")):
+        raise stream_error(f"data.path={data.path!r}: the folder {path} holds no Parquet file: write the table's "
+                           "files into it, or point data.path to a Parquet file or a folder of them")
     schema = _schema(path, data)
     repeated = sorted({n for n in schema.names if schema.names.count(n) > 1})
     if repeated:
@@ -158,8 +170,8 @@ def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple
 
 def stream_error(message: str) -> DataError:
     """A DataError about the streamed table, with the hint of its own doc section (``data.drop_invalid`` does not
-    apply to streams)."""
-    return DataError(message, hint=STREAM_HINT)
+    apply to streams; :func:`open_stream` suggests ``data.key`` where none is set)."""
+    return DataError(message, hint=stream_hint(key_set=True))
 
 
 def split_line(stream: Stream, parts: dict[str, Any]) -> str:
