@@ -58,6 +58,7 @@ from .runs import (
     link_mlflow_run,
     mark_refused_mlflow_run,
     parent_run,
+    run_mlflow_project,
     process_tags,
     stage_run,
 )
@@ -78,7 +79,7 @@ __all__ = [
     "log_config", "log_folder", "log_metrics", "log_param", "set_tags", "RetryingClient", "call", "is_transient",
     "FAILURE_TAG", "HEARTBEAT_SECONDS", "HEARTBEAT_TAG", "HOST_TAG", "PARENT_TAG", "PID_START_TAG", "PID_TAG",
     "REFUSED_RUN_NAME", "failure_reason", "heartbeat", "is_alive", "link_mlflow_run", "mark_refused_mlflow_run",
-    "parent_run", "process_tags", "stage_run",
+    "parent_run", "process_tags", "run_mlflow_project", "stage_run",
     "HTTP_DEFAULTS", "Tracking", "artifact_folder_name", "check_reachable", "create_store_once", "resolve_root",
     "resolve_tracking_uri", "setup",
 ]
