@@ -168,7 +168,7 @@ def check_source_problem(tracking: tr.Tracking, cfg: DictConfig) -> None:
     if not cfg.source.run_id:
         return
     try:
-        params = tracking.client.get_run(str(cfg.source.run_id)).data.params
+        params = tr.run_params(tracking, str(cfg.source.run_id))
     except Exception:  # noqa: BLE001 - Bundle.from_source names a missing run
         return
     flat = tr.flatten(to_container(cfg))
