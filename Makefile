@@ -6,24 +6,36 @@ PY_MINOR := $(shell $(PYTHON) -c 'import sys; print(sys.version_info[1])' 2>/dev
 TRAINING_BUILD := $(filter 9 10 11 12,$(PY_MINOR))
 VENV ?= $(if $(TRAINING_BUILD),.venv,.venv3$(PY_MINOR))
 PY := $(VENV)/bin/python
+# what `make run` installs: the onnxruntime build and the pipelines (RUN_STAMP); what `make test` adds: the test
+# tools, PostgreSQL's driver, torch (754 MB) and Ray (240 MB), which the default chain does not use (STAMP)
+RUN_STAMP := $(VENV)/.run-stamp
 STAMP := $(VENV)/.install-stamp
 JS_STAMP := js/node_modules/.stamp
-TRAINING_EXTRAS := cpu,pipelines,test,postgres,torch,ray
-PLAIN_EXTRAS := ort,pipelines,test,postgres
+TRAINING_RUN_EXTRAS := cpu,pipelines
+PLAIN_RUN_EXTRAS := ort,pipelines
+RUN_EXTRAS ?= $(if $(TRAINING_BUILD),$(TRAINING_RUN_EXTRAS),$(PLAIN_RUN_EXTRAS))
+TRAINING_EXTRAS := $(TRAINING_RUN_EXTRAS),test,postgres,torch,ray
+PLAIN_EXTRAS := $(PLAIN_RUN_EXTRAS),test,postgres
 EXTRAS ?= $(if $(TRAINING_BUILD),$(TRAINING_EXTRAS),$(PLAIN_EXTRAS))
 
 .PHONY: install run test test-ort bench ui clean server postgres chromium
+
+$(RUN_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[$(RUN_EXTRAS)]"
+	touch $(RUN_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
-	touch $(STAMP)
+	touch $(RUN_STAMP) $(STAMP)
 
 install: $(STAMP)
 
 ## The main job: the default pipeline on the embedded sqlite MLflow store (./mlflow.db).
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(PY) -m pipelines.main $(ARGS)
 
 ## The test suite, in TEST_WORKERS processes (pytest-xdist; the tests of one shared server or cluster share one,
@@ -83,7 +95,7 @@ postgres:
 	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql-15)
 
-ui: $(STAMP)
+ui: $(RUN_STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///mlflow.db --port 5000
 
 clean:

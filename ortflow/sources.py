@@ -45,9 +45,10 @@ holds): ``Checkpoint(every_rows=...)`` and a resume inside an epoch are refused 
 
 **Validation** is a second source (``fit(source, validation_data=other)``) or a held-out part of the same source,
 ``source.split(fraction, key=column)``: a row belongs to the validation part when a stable hash of its ``key`` value
-falls under ``fraction`` (the same rows on every run and machine); without a key, whole files are held out by the
-hash of their name. ``source.split([test, validation], key=column)`` cuts three parts from the same hash (the bands
-``[0, test)``, ``[test, test + validation)`` and the rest). The hash is of the key's value, whatever its type (a
+falls under ``fraction`` (the same rows on every run and machine); without a key, the hash is of the row's
+position (its file's name and its row in that file: one file splits as the fraction says, and the rows of each part
+are known from the files' metadata). ``source.split([test, validation], key=column)`` cuts three parts from the
+same hash (the bands ``[0, test)``, ``[test, test + validation)`` and the rest). The hash is of the key's value, whatever its type (a
 whole float as its integer); a null key is refused naming the file and the row group.
 """
 
@@ -97,28 +98,43 @@ def _stable_fraction(values: np.ndarray) -> np.ndarray:
 
 class _Held:
     """Which rows of a source an epoch keeps: all (no band), or those whose stable hash falls in the band
-    ``[low, high)`` of [0, 1) (of ``key``'s values, or without a key of the file's name)."""
+    ``[low, high)`` of [0, 1): of ``key``'s values, or without a key of the row's position (its file's name and its
+    row in that file, :func:`_position_fractions`)."""
 
     def __init__(self, low: float | None = None, high: float | None = None, key: str | None = None):
         self.band = None if low is None else (float(low), float(high))
         self.key = key
 
-    def keep_file(self, path: str) -> bool:
-        if self.band is None or self.key is not None:
-            return True
-        return bool(self._inside(_stable_fraction(np.array([os.path.basename(path)], dtype=object)))[0])
+    @property
+    def by_position(self) -> bool:
+        """Whether the rows kept follow from their positions alone (known from the files' metadata)."""
+        return self.band is not None and self.key is None
 
     def rows(self, frame) -> np.ndarray | None:
         """The mask of kept rows (None: all of them)."""
-        if self.band is None or self.key is None:
+        if self.band is None:
             return None
+        if self.key is None:
+            return self._inside(frame[_POSITION])
         if self.key not in frame:
             raise KeyError(f"split key {self.key!r} is not a column of the source (columns: {list(frame)})")
         return self._inside(_stable_fraction(np.asarray(frame[self.key])))
 
+    def count(self, file: str, start: int, stop: int) -> int:
+        """The rows ``[start, stop)`` of ``file`` kept, from their positions (a split by position only)."""
+        return int(self._inside(_position_fractions(file, start, stop)).sum())
+
     def _inside(self, fractions: np.ndarray) -> np.ndarray:
         low, high = self.band
         return (fractions >= low) & (fractions < high)
+
+
+def _position_fractions(file: str, start: int, stop: int) -> np.ndarray:
+    """The stable fraction (:func:`_stable_fraction`) of the rows ``[start, stop)`` of ``file``: of the row's
+    number in the file mixed with a digest of the file's name, so that one file splits as the fractions say, a file
+    added to the folder moves no other row, and the same rows fall in a part on every run and machine."""
+    seed = np.uint64(int.from_bytes(hashlib.sha256(os.path.basename(file).encode()).digest()[:8], "little"))
+    return _stable_fraction(np.arange(start, stop, dtype=np.uint64) ^ seed)
 
 
 def _family(arrow_type) -> str:
@@ -175,6 +191,7 @@ def _bands(fraction) -> list[tuple[float, float]]:
 
 
 _MATRIX = "\0features"  # the key of the feature matrix among a buffer's columns
+_POSITION = "\0position"  # the key of the rows' position fractions among a row group's columns (split by position)
 _BLOCK_ROWS = 4096  # the columns are written into the matrix this many rows at a time (2x faster than whole columns)
 
 
@@ -208,9 +225,9 @@ class ParquetSource:
         unknown = [c for c in self.columns if c not in names]
         if unknown:
             raise KeyError(f"columns {unknown} are not in {self.path} (columns: {names})")
-        self._files = [f.path for f in self._dataset.get_fragments() if self._held.keep_file(f.path)]
+        self._files = [f.path for f in self._dataset.get_fragments()]
         if not self._files:
-            raise EmptyPartError(f"{self.path} holds no Parquet data for this part of the split")
+            raise EmptyPartError(f"{self.path} holds no Parquet file")
         self._readers: dict[int, Any] = {}  # a few open files (a folder of thousands is never opened at once)
         self._matrices = _Reused()
         self._groups = []
@@ -223,12 +240,38 @@ class ParquetSource:
                                  f"{self.path} must hold the source's columns")
         #: the columns read as float64 in every file: integers in some files, floats in others
         self._widened = _widened(self.path, self._dataset.schema, metadata, wanted)
+        self._starts = []  # the row of its file each row group starts at
         for fi, file in enumerate(self._files):
             meta = metadata[file]
             if self._held.key is not None:
                 self._check_key(file, meta)
-            self._groups.extend((fi, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
-        self.n_rows = sum(n for _, _, n in self._groups) if self._held.key is None else None
+            start = 0
+            for g in range(meta.num_row_groups):
+                self._groups.append((fi, g, meta.row_group(g).num_rows))
+                self._starts.append(start)
+                start += meta.row_group(g).num_rows
+        self._group_kept = {}  # the rows each row group keeps (a split by position), counted once
+        self.n_rows = (None if self._held.key is not None
+                       else sum(self._kept(i, 0, n) for i, (_, _, n) in enumerate(self._groups)))
+        if self._held.band is not None and self.n_rows == 0:
+            raise EmptyPartError(f"{self.path} holds no row for this part of the split (rows "
+                                 f"{self._held.band[0]:g} to {self._held.band[1]:g} of the hash)")
+
+    def _kept(self, index: int, start: int, stop: int) -> int | None:
+        """The rows ``[start, stop)`` of row group ``index`` this part keeps, when known without reading them (no
+        split, or a split by position); None for a split by key."""
+        if self._held.band is None:
+            return stop - start
+        if self._held.key is not None:
+            return None
+        fi, _, rows = self._groups[index]
+        whole = (start, stop) == (0, rows)
+        if whole and index in self._group_kept:
+            return self._group_kept[index]
+        kept = self._held.count(self._files[fi], self._starts[index] + start, self._starts[index] + stop)
+        if whole:
+            self._group_kept[index] = kept
+        return kept
 
     def split(self, fraction, key: str | None = None) -> tuple[ParquetSource, ...]:
         """``(training part, validation part)``, by a stable hash of ``key``'s values, or of file names.
@@ -251,7 +294,8 @@ class ParquetSource:
         digest = hashlib.sha256(json.dumps(layout).encode()).hexdigest()[:16]
         return {"files": len(self._files), "row_groups": f"{len(self._groups)} ({digest})",
                 "columns": [*self.columns, self.target, self.weight], "buffer_rows": self.buffer_rows,
-                "split": [None if self._held.band is None else list(self._held.band), self._held.key]}
+                "split": [None if self._held.band is None else list(self._held.band), self._held.key,
+                          "by position" if self._held.by_position else "by key" if self._held.key else None]}
 
     @staticmethod
     def _metadata(file: str):
@@ -305,16 +349,21 @@ class ParquetSource:
         if table.num_rows != rows:
             raise ValueError(f"{self._files[fi]} changed while training: row group {group} has {table.num_rows} rows, "
                              f"{rows} when the source was opened")
-        return self._numpy(table, fi, group)
+        return self._numpy(table, index)
 
-    def _numpy(self, table, fi: int, group: int) -> dict[str, np.ndarray]:
-        """The columns of a row group (or a slice of it) read, as numpy arrays: a null split key refused, the
-        widened columns as float64."""
+    def _numpy(self, table, index: int, start: int = 0) -> dict[str, np.ndarray]:
+        """The columns of row group ``index`` (or of its slice from row ``start``) read, as numpy arrays: a null
+        split key refused, the widened columns as float64; for a split by position, the rows' fractions."""
+        fi, group, _ = self._groups[index]
         if self._held.key is not None and table.column(self._held.key).null_count:
             raise _null_key(self._files[fi], group, self._held.key, table.column(self._held.key).null_count)
-        return {name: (table.column(name).to_numpy(zero_copy_only=False) if name not in self._widened
-                       else table.column(name).to_numpy(zero_copy_only=False).astype(np.float64))
-                for name in self._wanted()}
+        columns = {name: (table.column(name).to_numpy(zero_copy_only=False) if name not in self._widened
+                          else table.column(name).to_numpy(zero_copy_only=False).astype(np.float64))
+                   for name in self._wanted()}
+        if self._held.by_position:
+            first = self._starts[index] + start
+            columns[_POSITION] = _position_fractions(self._files[fi], first, first + table.num_rows)
+        return columns
 
     def _slices(self, index: int) -> Iterator[dict[str, np.ndarray]]:
         """A row group larger than the buffer, read in slices of ``buffer_rows`` rows (``iter_batches``): only a
@@ -327,7 +376,7 @@ class ParquetSource:
                 batch = next(batches)
                 if batch.num_rows != min(self.buffer_rows, rows - start):
                     raise ValueError(f"row group {group} read {batch.num_rows} rows at row {start}, of {rows}")
-                yield self._numpy(batch, fi, group)
+                yield self._numpy(batch, index, start)
         except Exception as exc:  # noqa: BLE001 - a file removed, truncated or rewritten since the source opened
             self._readers.pop(fi, None)
             raise _unreadable(self._files[fi], exc, f"row group {group}") from exc
@@ -414,7 +463,7 @@ class ParquetSource:
         so that ``rng`` ends as after the whole epoch."""
         order = np.arange(len(self._groups)) if rng is None else rng.permutation(len(self._groups))
         buffers = self._layout(order)  # the pieces of row groups of each buffer, from the files' metadata
-        known = [sum(stop - start for _, start, stop in pieces) if self._held.key is None else None
+        known = [None if self._held.key is not None else sum(self._kept(*piece) for piece in pieces)
                  for pieces in buffers]  # each buffer's rows, when the files' metadata tells them
         before = np.cumsum([0, *(k or 0 for k in known)])[:-1]  # the rows before each buffer (when known)
         skipped = [k is not None and b + k <= skip_rows for k, b in zip(known, before)]
@@ -628,7 +677,7 @@ def _chunk(X, y, w, order):
 
 
 class EmptyPartError(ValueError):
-    """A part of a split that holds no file (whole files go to a part by the hash of their names)."""
+    """A source without a file, or a part of a split that holds no row."""
 
 
 def _null_key(file: str, group: int, key: str, count: int) -> ValueError:

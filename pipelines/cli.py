@@ -203,10 +203,10 @@ def check_inputs(cfg: DictConfig, stages: list[str]) -> None:
 
             class_labels(table.y, target_description(cfg.data))
     if "convert" in stages and data_loader(cfg.data) == DataKind.parquet.value:
-        from .data.streams import open_stream
+        from .data.streams import open_stream, split_line
 
         # the path, the target, the key and the feature columns, from the files' metadata
-        open_stream(cfg.data, cfg.get("preprocess"))
+        print(f"ortflow: {split_line(*open_stream(cfg.data, cfg.get('preprocess')))}")
     validate(cfg)
 
 

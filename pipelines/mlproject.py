@@ -1,5 +1,8 @@
 """``mlflow run`` entry: ``python -m pipelines.mlproject <stage> <overrides>``; ``--write`` regenerates MLproject.
 
+``python -m pipelines.mlproject run [URI] [options]`` is ``mlflow run`` guarded (:func:`run_project`): MLflow makes
+its run, then builds python_env.yaml's environment, and leaves the run RUNNING with a traceback when that fails.
+
 ``MLproject``'s entry points are ``main`` and one per stage of the table (pipelines/stages/__init__.py), each
 running this module: ``python -m pipelines.mlproject --write`` writes them from the table (:func:`mlproject_text`;
 a test checks the committed file is what the table gives).
@@ -44,7 +47,9 @@ _HEADER = """\
 # mlflow run . --env-manager local -P overrides="trainer=fwbw trainer.max_iter=5"
 # mlflow run . -e train --env-manager local -P source.run_id=<an add_loss run> -P trainer.max_iter=50
 # Every entry point takes Hydra overrides as one string (overrides) and any key of the config as -P key=value;
-# the chain and each stage log into mlflow run's run.
+# the chain and each stage log into mlflow run's run. Without --env-manager local, MLflow builds python_env.yaml's
+# environment (pyenv, network) after making its run: `python -m pipelines.mlproject run . [options]` refuses first
+# when it cannot, and ends the run FAILED when building fails.
 # Written by `python -m pipelines.mlproject --write` from the stage table (pipelines/stages/__init__.py).
 name: ortflow
 
@@ -119,6 +124,65 @@ def accepted_parameters(stage: str, argv: list[str], environ: dict = os.environ)
     raise SystemExit(USER_ERROR_STATUS)
 
 
+class EnvironmentBuildError(UserError, RuntimeError):
+    """``mlflow run`` cannot build the project's environment (python_env.yaml) here; the message says why."""
+
+    hint = ("--env-manager local runs the project in the environment `make run` set up (source .venv/bin/activate "
+            "first); see '`mlflow run`' in docs/PIPELINES.md")
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of ``--name value`` or ``--name=value`` in ``argv`` (None when absent)."""
+    for i, word in enumerate(argv):
+        if word == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith(f"{name}="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def environment_problem(project: Path, env_manager: str | None) -> str | None:
+    """Why ``mlflow run`` could not build ``project``'s python_env.yaml environment with ``env_manager`` (None:
+    MLflow's default, virtualenv) without downloading an interpreter; None when it can (or builds none)."""
+    import shutil
+    import subprocess
+
+    import yaml
+
+    env_file = project / "python_env.yaml"
+    if env_manager not in (None, "virtualenv") or not env_file.exists():
+        return None
+    python = str(yaml.safe_load(env_file.read_text()).get("python", ""))
+    pyenv = shutil.which("pyenv")
+    if pyenv is None:
+        return (f"{env_file} asks for Python {python}, and mlflow run's default environment manager (virtualenv) "
+                "builds it with pyenv, which is not installed")
+    installed = subprocess.run([pyenv, "versions", "--bare"], capture_output=True, text=True, timeout=60).stdout
+    if not any(v == python or v.startswith(f"{python}.") for v in installed.split()):
+        return (f"{env_file} asks for Python {python}, which pyenv has not installed: mlflow run's default "
+                f"environment manager (virtualenv) would download and build Python {python}'s newest release "
+                f"(network, minutes), or fail; pyenv install {python} first")
+    return None
+
+
+def run_project(argv: list[str]) -> None:
+    """``python -m pipelines.mlproject run [URI] [mlflow run's options]``: ``mlflow run``, which fails before any
+    run when the environment cannot be built here (:func:`environment_problem`), and ends mlflow run's run FAILED
+    with the reason when building it fails later (MLflow leaves it RUNNING: it makes the run first)."""
+    from .tracking import failure_reason, run_mlflow_project
+
+    uri, rest = (argv[0], argv[1:]) if argv[:1] and not argv[0].startswith("-") else (".", argv)
+    problem = environment_problem(Path(uri), _option(argv, "--env-manager"))
+    if problem:
+        raise EnvironmentBuildError(f"mlflow run {uri}: {problem}; no run was made")
+    try:
+        run_mlflow_project(uri, rest)
+    except Exception as exc:  # noqa: BLE001 - MLflow's environment build failed: its run was ended FAILED
+        ended = getattr(exc, "ended_runs", [])
+        raise EnvironmentBuildError(f"mlflow run {uri}: {failure_reason(exc).splitlines()[0]}"
+                                    + (f"; its run {', '.join(ended)} ended FAILED" if ended else "")) from exc
+
+
 def entry_points() -> tuple[str, ...]:
     """``main`` (the chain), then the stages of the table."""
     return (CHAIN, *names())
@@ -137,9 +201,17 @@ def main(argv: list[str] | None = None) -> None:
         MLPROJECT.write_text(mlproject_text())
         print(f"wrote {MLPROJECT} ({', '.join(entry_points())})")
         return
-    usage = f"usage: python -m pipelines.mlproject {{{','.join(entry_points())}}} [overrides ...] | --write"
+    usage = (f"usage: python -m pipelines.mlproject {{{','.join(entry_points())}}} [overrides ...] | --write | "
+             "run [URI] [mlflow run's options]")
     if argv[:1] in (["-h"], ["--help"]):
         print(f"{usage}\n\n{__doc__.strip()}")
+        return
+    if argv[:1] == ["run"]:
+        try:
+            run_project(argv[1:])
+        except UserError as exc:
+            report(exc)
+            raise SystemExit(USER_ERROR_STATUS) from None
         return
     if not argv or argv[0] not in entry_points():
         print(usage, file=sys.stderr)

@@ -350,7 +350,7 @@ def test_odd_column_names_train_in_the_pipelines(data, tmp_path, new_sqlite_stor
                               f"mlflow.root={tmp_path}"], tmp_path / "work")
     assert _metrics(uri, result)["test_r2"] > 0.99
     mlflow.set_tracking_uri(uri)
-    served = mlflow.pyfunc.load_model(f"models:/ortflow-odd-linear/1")
+    served = mlflow.pyfunc.load_model(f"models:/{result.metrics['registered_model']}/1")
     predicted = np.asarray(served.predict(frame[[*ODD_NAMES, "city"]][::-1])).reshape(-1)  # any column order
     assert np.corrcoef(predicted, frame.y[::-1])[0, 1] > 0.99
 

@@ -48,3 +48,30 @@ def test_setuptools_reads_the_project_without_deprecation_warnings():
         config = read_configuration(ROOT / "pyproject.toml")
     assert config["project"]["license"] == "MIT"
     assert not [str(w.message) for w in caught if "license" in str(w.message).lower()], caught
+
+
+@pytest.mark.parametrize("build", ["training", "plain"])
+def test_make_run_installs_what_the_main_job_needs_and_make_test_the_rest(build, tmp_path):
+    """Issue 41 item 4: ``make run`` installed torch (754 MB) and Ray (240 MB), which the default chain does not
+    use. What make would run (``make -n``, in an environment folder that does not exist yet): ``make run`` installs
+    the onnxruntime build and the pipelines, ``make test`` adds the test tools, PostgreSQL's driver and (training
+    build) torch and Ray, so that the README's ``make run`` then ``make test`` still sets everything up."""
+    import shutil
+    import subprocess
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+
+    def extras(target):
+        args = ["make", "-n", "-C", str(ROOT), target, f"VENV={tmp_path / 'venv'}", f"PYTHON={sys.executable}"]
+        if build == "plain":
+            args.append("TRAINING_BUILD=")
+        out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=60).stdout
+        [installed] = re.findall(r'pip install --quiet -e "\.\[([^\]]*)\]"', out)
+        return set(installed.split(","))
+
+    run, test = extras("run"), extras("test")
+    onnxruntime = "cpu" if build == "training" else "ort"
+    assert run == {onnxruntime, "pipelines"}, run
+    assert not run & {"torch", "ray", "test"}
+    assert test >= run | {"test", "postgres"} and (build == "plain" or test >= {"torch", "ray"}), test

@@ -1,6 +1,7 @@
 """The pipelines as users start them: Hydra CLI, -m sweeps (joblib in parallel, Optuna), ``mlflow run``."""
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -257,7 +258,7 @@ def test_the_console_shows_ortflow_lines_not_harmless_third_party_warnings(tmp_p
     assert "t.csv: 1 of 120 rows dropped (missing or non-finite values)" in out  # ortflow's warning (Hydra's log)
     for noise in ("Add type hints", "Warning:", "Creating initial MLflow database tables", "Downloading artifacts"):
         assert noise not in proc.stderr, (noise, proc.stderr[-3000:])
-    assert "models:/ortflow-t-logistic/1" in proc.stdout
+    assert re.search(r"models:/ortflow-t-logistic-label-[0-9a-f]{8}/1", proc.stdout), proc.stdout[-2000:]
 
     from pipelines.cli import is_harmless
 
@@ -268,3 +269,45 @@ def test_the_console_shows_ortflow_lines_not_harmless_third_party_warnings(tmp_p
     assert not is_harmless("Stochastic Optimizer: Maximum iterations", UserWarning,
                            "/x/site-packages/sklearn/neural_network/_multilayer_perceptron.py")
     assert not is_harmless("deprecated", DeprecationWarning, str(REPO / "ortflow" / "base.py"))
+
+
+@pytest.mark.parametrize("fault", ["python", "env-manager"])
+def test_mlflow_run_fails_early_when_its_environment_cannot_be_built(fault, tmp_path, pipeline_subprocess_env):
+    """Seen: ``mlflow run .`` with the default environment manager tried to download Python 3.11.15 (python_env.yaml
+    says 3.11), failed with a 30-line traceback and left a RUNNING run. ``python -m pipelines.mlproject run``
+    refuses before any run when pyenv lacks the python_env.yaml's Python (a copy asking for one no pyenv has), and
+    when building fails after MLflow made its run (``--env-manager conda`` on a python_env project, refused by
+    MLflow after it created the run) ends that run FAILED with the reason: one line and a hint, status 2."""
+    import shutil
+
+    from mlflow import MlflowClient
+
+    project = tmp_path / "project"
+    project.mkdir()
+    root = Path(__file__).resolve().parent.parent
+    shutil.copy(root / "MLproject", project / "MLproject")
+    env = yaml.safe_load((root / "python_env.yaml").read_text())
+    if fault == "python":
+        env["python"] = "3.4"  # no pyenv installs it: virtualenv would download and build it
+    (project / "python_env.yaml").write_text(yaml.safe_dump(env))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    extra = ["--env-manager", "conda"] if fault == "env-manager" else []
+    proc = subprocess.run([sys.executable, "-m", "pipelines.mlproject", "run", str(project), *extra,
+                           "-P", "overrides=trainer.max_iter=1"], cwd=tmp_path,
+                          env={**pipeline_subprocess_env, "MLFLOW_TRACKING_URI": uri,
+                               "MLFLOW_DISABLE_ENV_MANAGER_CONDA_WARNING": "TRUE"}, capture_output=True,
+                          text=True, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    [first] = [line for line in proc.stderr.splitlines() if line.startswith("ortflow: error:")]
+    assert first.startswith("ortflow: error: EnvironmentBuildError: mlflow run "), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "hint: --env-manager local" in proc.stderr
+    client = MlflowClient(uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    if fault == "python":
+        assert "asks for Python 3.4, which pyenv has not installed" in first or "pyenv, which is not installed" in first
+        assert "no run was made" in first and runs == []
+    else:
+        [run] = runs
+        assert run.info.status == "FAILED" and "conda" in run.data.tags["mlflow.note.content"]
+        assert f"its run {run.info.run_id} ended FAILED" in first

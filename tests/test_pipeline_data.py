@@ -1,6 +1,7 @@
 """Your own data (``data=file``): the name, what is refused, what ``data.drop_invalid=true`` drops and reports."""
 
 import logging
+import re
 
 import numpy as np
 import pandas as pd
@@ -35,17 +36,44 @@ def test_name_is_free_text_and_names_the_registered_model(compose_pipeline, tmp_
     path = _table(tmp_path, _frame(), "my houses 2024.csv")
     cfg = compose_pipeline("data=file", f"data.path={path}", "data.target=price", "model=linear")
     assert cfg.data.name == "my_houses_2024"  # the file's name by default
-    assert cfg.mlflow.registered_model_name == "ortflow-my_houses_2024-linear"
+    assert re.fullmatch(r"ortflow-my_houses_2024-linear-price-[0-9a-f]{8}", cfg.mlflow.registered_model_name)
     validate(cfg)
     cfg = compose_pipeline("data=file", f"data.path={path}", "data.target=price", "model=linear",
                            "data.name=house-prices")
-    assert cfg.mlflow.registered_model_name == "ortflow-house-prices-linear"
-    assert logged_model_name(cfg) == "ortflow-house-prices-linear"  # the exported model's LoggedModel
+    assert re.fullmatch(r"ortflow-house-prices-linear-price-[0-9a-f]{8}", cfg.mlflow.registered_model_name)
+    assert logged_model_name(cfg) == cfg.mlflow.registered_model_name  # the exported model's LoggedModel
     # a built-in loader under another name: data.loader picks it
     cfg = compose_pipeline("data=diabetes", "model=linear", "data.name=diabetes-v2")
     validate(cfg)
     X, y, names = load_dataset(cfg.data)
     assert X.shape == (442, 10) and names[0] == "age"
+
+
+def test_another_problem_on_the_same_file_gets_another_registered_model(compose_pipeline, tmp_path):
+    """Seen: the default registered-model name (``ortflow-<file stem>-<model>``) was one for the same file with
+    another target, another format (CSV or Parquet) or fewer features, so a feature-selection run compared itself
+    with the champion of all the features and never registered by default. The name adds the target and a digest
+    of the problem: a rerun of one problem keeps its name, each other problem gets its own (the comparable-data
+    gate of a model's versions stays as it was)."""
+    frame = _frame()
+    csv, parquet = _table(tmp_path, frame), _table(tmp_path, frame, "houses.parquet")
+
+    def name(path, *overrides, data="file"):
+        return str(compose_pipeline(f"data={data}", f"data.path={path}", "model=linear", *overrides)
+                   .mlflow.registered_model_name)
+
+    base = name(csv, "data.target=price")
+    assert base == name(csv, "data.target=price") and base.startswith("ortflow-houses-linear-price-")
+    others = {"another target": name(csv, "data.target=rooms"),
+              "another format": name(parquet, "data.target=price"),
+              "a stream of it": name(parquet, "data.target=price", data="parquet"),
+              "fewer features": name(csv, "data.target=price", "data.features=[area]"),
+              "another task": name(csv, "data.target=rooms", "data.task=classification")}
+    assert base not in others.values() and len(set(others.values())) == len(others), others
+    # the same features listed in another order are the same problem
+    assert name(csv, "data.target=price", "data.features=[area,rooms]") == \
+        name(csv, "data.target=price", "data.features=[rooms,area]")
+    assert compose_pipeline("data=diabetes", "model=linear").mlflow.registered_model_name == "ortflow-diabetes-linear"
 
 
 @pytest.mark.parametrize("overrides,words", [

@@ -151,7 +151,7 @@ def test_a_stage_alone_from_another_problems_run_is_refused(tmp_path, run_chain_
                                                             clean_mlflow_env, new_sqlite_store):
     """Issue 41 item 7: ``python -m pipelines.train source.run_id=<run>`` without that run's config groups trained
     its model but logged ``data.name=regression``, ``model.name=linear``; now refused, naming each difference."""
-    from pipelines.base.config import ConfigError
+    from pipelines.base.schema import ConfigError
     from pipelines.execution.runner import run_standalone
     from pipelines.stages import stage_function
 
@@ -167,3 +167,20 @@ def test_a_stage_alone_from_another_problems_run_is_refused(tmp_path, run_chain_
                                           r"\(source run\) but regression here.*model.name=logistic"):
         run_standalone("train", stage_function("train"), cfg)
     assert len(MlflowClient(uri).search_runs([source.tracking.experiment_id])) == before
+
+
+def test_a_sweeps_best_trial_not_registered_is_said_in_a_sentence():
+    """Seen: a sweep ended with ``ortflow: best trial <id> (...) not registered: false (promotion.register=
+    if_promoted: ...)``, the run's tag printed as it is. The line says why in a sentence, and the way out."""
+    from pipelines.tracking.promotion import Candidate, Decision
+    from pipelines.tracking.sweep import not_registered
+
+    candidate = Candidate("ortflow-regression-linear", "models:/m-1", "run", "test_mse", "minimize", 0.5, "champion",
+                          policy="if_promoted")
+    decision = Decision(False, "kept", "test_mse=0.5 does not beat version 1 (0.4)", "test_mse", "minimize",
+                        "champion", 0.5, "1", 0.4)
+    line = not_registered(candidate, decision)
+    assert line == ("is not registered: promotion.register=if_promoted registers only a model that takes "
+                    "@champion, and this one does not (test_mse=0.5 does not beat version 1 (0.4)). "
+                    "promotion.register=always registers every best trial.")
+    assert "false (" not in line and "(promotion.enabled=false): none does." in not_registered(candidate, None)

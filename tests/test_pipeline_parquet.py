@@ -25,7 +25,7 @@ from mlflow import MlflowClient
 from onnx import numpy_helper
 
 import ortflow
-from ortflow.sources import _stable_fraction
+from ortflow.sources import _position_fractions, _stable_fraction
 from pipelines.base.errors import DataError
 from pipelines.data.datasets import Split
 from pipelines.data.streams import open_stream
@@ -163,6 +163,43 @@ def test_lineage_from_the_files_metadata(chain, table):
             assert "'a'" in dataset.schema or '"a"' in dataset.schema
 
 
+@pytest.mark.parametrize("files", [1, 4])
+def test_a_table_without_a_key_splits_its_rows_as_the_fractions_say(files, tmp_path, compose_pipeline, capsys):
+    """Seen: one Parquet file without ``data.key`` could not run (``holds no Parquet data for this part of the
+    split ... set data.key``), and a folder of 4 files gave a 25/25/50 split silently (whole files went to a part
+    by the hash of their names). Rows are split by a stable hash of their position: one file or four split as the
+    fractions say, the same rows on every open, and the split is printed before the chain runs."""
+    from pipelines.cli import check_inputs
+
+    frame = _table()
+    folder = tmp_path / "table"
+    folder.mkdir()
+    for k, rows in enumerate(np.array_split(np.arange(N), files)):
+        pq.write_table(pa.Table.from_pandas(frame.iloc[rows], preserve_index=False), folder / f"part-{k}.parquet",
+                       row_group_size=GROUP_ROWS)
+    path = folder / "part-0.parquet" if files == 1 else folder
+    cfg = compose_pipeline("data=parquet", f"data.path={path}", "data.target=y", f"data.test_size={TEST}",
+                           f"data.validation_fraction={VALID}")
+    ids = {}
+    for attempt in range(2):
+        _, parts = open_stream(cfg.data)
+        for part, source in parts.items():
+            keyed = type(source)(source.path, "id", [], _held=source._held, files=source.files)
+            found = np.concatenate([y for _, y, _ in keyed.chunks(None)])
+            assert ids.setdefault(part, found).tolist() == found.tolist(), part
+            assert source.n_rows == len(found), part  # known from the files' metadata, before reading
+    every = np.concatenate(list(ids.values()))
+    assert len(every) == len(set(every.tolist())) == N  # disjoint and covering
+    # each part's share within 4 binomial standard deviations of its fraction (1200 rows: 0.2 +- 0.046)
+    for part, fraction in {"test": TEST, "validation": VALID, "train": 1 - TEST - VALID}.items():
+        assert abs(len(ids[part]) / N - fraction) < 4 * np.sqrt(fraction * (1 - fraction) / N), (part, len(ids[part]))
+    check_inputs(cfg, ["convert"])
+    printed = capsys.readouterr().out
+    rows = {p: len(v) for p, v in ids.items()}
+    assert (f"split of {path.resolve()}: {rows['train']} training, {rows['validation']} validation, {rows['test']} "
+            "test rows (a stable hash of each row's position") in printed
+
+
 @pytest.mark.parametrize("override,words", [
     ("data.target=price", ["data.target='price'", "'a'", "'id'"]),
     ("data.key=user", ["data.key='user'"]),
@@ -175,6 +212,55 @@ def test_a_bad_column_is_named(table, compose_pipeline, override, words):
         open_stream(cfg.data)
     for word in words:
         assert word in str(info.value)
+
+
+def test_a_parquet_error_names_what_is_wrong_and_points_to_the_streams_section(table, tmp_path, compose_pipeline):
+    """Seen: ``data.features`` holding the split key was refused as ``includes the target or the split key: ['y',
+    'id']`` (the target was not in it), and the split's errors pointed to 'Your own data' and suggested
+    ``data.drop_invalid``, which streams do not read."""
+    import io
+
+    from pipelines.base.errors import report
+
+    folder, frame = table
+    cfg = compose_pipeline("data=parquet", f"data.path={folder}", "data.target=y", "data.key=id",
+                           "data.features=[a,id]")
+    with pytest.raises(DataError) as info:
+        open_stream(cfg.data)
+    assert "includes the split key 'id'" in str(info.value) and "target" not in str(info.value)
+    pq.write_table(pa.Table.from_pandas(frame.head(50).assign(id=lambda f: f.id.where(f.index != 7)),
+                                        preserve_index=False), tmp_path / "nulls.parquet")
+    cfg = compose_pipeline("data=parquet", f"data.path={tmp_path / 'nulls.parquet'}", "data.target=y", "data.key=id")
+    with pytest.raises(DataError, match="the split key 'id' is missing in 1 row") as info:
+        open_stream(cfg.data)
+    printed = io.StringIO()
+    report(info.value, printed)
+    assert "hint: see 'Parquet larger than memory' in docs/PIPELINES.md (data.test_size" in printed.getvalue()
+    assert "drop_invalid" not in printed.getvalue() and "Your own data" not in printed.getvalue()
+
+
+@pytest.mark.parametrize("key", [None, "id"])
+def test_an_empty_folder_or_a_missing_column_is_said_as_it_is(key, table, tmp_path, compose_pipeline):
+    """Seen: an empty folder gave ``data.target='y' is not a column of ...; its columns: []``; the error of a
+    missing column suggested ``data.key`` when it was set."""
+    import io
+
+    from pipelines.base.errors import report
+
+    folder, _ = table
+    (tmp_path / "empty").mkdir()
+    cfg = compose_pipeline("data=parquet", f"data.path={tmp_path / 'empty'}", "data.target=y")
+    with pytest.raises(DataError, match=r"the folder .*empty holds no Parquet file") as info:
+        open_stream(cfg.data)
+    assert "its columns" not in str(info.value)
+    cfg = compose_pipeline("data=parquet", f"data.path={folder}", "data.target=price",
+                           *([f"data.key={key}"] if key else []))
+    with pytest.raises(DataError, match="data.target='price' is not a column of") as info:
+        open_stream(cfg.data)
+    printed = io.StringIO()
+    report(info.value, printed)
+    hint = printed.getvalue().split("hint:")[1]
+    assert ("data.key" in hint) == (key is None), hint
 
 
 def test_a_column_the_preprocessing_cannot_take_is_named(tmp_path, compose_pipeline):
@@ -285,7 +371,7 @@ def test_a_streamed_training_stopped_inside_an_epoch_and_resumed_ends_with_the_u
 
 
 def test_a_streamed_classifier_scores_its_test_part_as_in_memory(tmp_path, new_sqlite_store, run_chain_clean):
-    """Text labels, split by file names (no key), the features through the default preprocessing (in the graph):
+    """Text labels, split by the rows' positions (no key), the features through the default preprocessing (in the graph):
     the classes come from a scan of the training part's target, the metrics of the whole test part (its files)
     equal those of the same rows in memory."""
     from pipelines.modeling.metrics import classification_metrics
@@ -303,9 +389,10 @@ def test_a_streamed_classifier_scores_its_test_part_as_in_memory(tmp_path, new_s
     evaluate = result.stage_run_ids["evaluate"]
     logged = MlflowClient(uri).get_run(evaluate).data.metrics
     split = Split.load(tmp_path / "work" / "convert" / "split.npz")
-    test_files = sorted(Path(f).name for f in split.stream_parts()["test"].files)
-    assert 0 < len(test_files) < 12
-    test = pd.concat([pq.read_table(folder / f).to_pandas() for f in test_files])
+    test_size = json.loads(split.stream)["test_size"]
+    test = pd.concat([table[_position_fractions(str(file), 0, len(table)) < test_size] for file, table in
+                      ((f, pq.read_table(f).to_pandas()) for f in sorted(folder.iterdir()))])
+    assert 0 < len(test) < N
     assert logged["n_test"] == len(test) and list(split.classes) == ["no", "yes"]
     path = mlflow.artifacts.download_artifacts(run_id=evaluate, artifact_path="graphs/deploy_model.onnx",
                                                tracking_uri=uri)
@@ -355,7 +442,7 @@ def test_a_table_with_text_booleans_dates_and_gaps_streams_through_the_preproces
     assert logged["n_test"] == len(test)
     assert logged["test_r2"] > 0.99  # the text, the boolean and the date's month carry the target too
     mlflow.set_tracking_uri(uri)
-    served = mlflow.pyfunc.load_model("models:/ortflow-shop-linear/1")
+    served = mlflow.pyfunc.load_model(f"models:/{result.metrics['registered_model']}/1")
     predicted = np.asarray(served.predict(test[["price", "city", "member", "day"]])).reshape(-1)
     for key, value in regression_metrics(test["y"].to_numpy(), predicted).items():
         # the same rows in one batch through the same graph: equal predictions, metrics summed in another order

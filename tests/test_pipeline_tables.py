@@ -3,6 +3,7 @@ columns with gaps train without ``data.drop_invalid``; the registered model take
 ISO dates) from ``mlflow.pyfunc`` and from ``mlflow models serve``, and both answer alike."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -127,23 +128,23 @@ def test_a_raw_csv_trains_registers_and_is_served_as_it_is(tmp_path, clean_mlflo
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = _main(tmp_path, "data=file", "data.path=houses.csv", "data.target=price", "+preprocess.columns.kind=drop",
                 "model=linear", "trainer.max_iter=20")
-    assert "model: models:/ortflow-houses-linear/1 (promoted" in out
+    regressor_name = re.search(r"model: models:/(ortflow-houses-linear-price-[0-9a-f]{8})/1 \(promoted", out)[1]
     out = _main(tmp_path, "data=file", "data.path=houses.csv", "data.target=kind", "data.task=classification",
                 "+preprocess.columns.price=drop", "model=logistic", "loss=log", "trainer.max_iter=20")
-    assert "model: models:/ortflow-houses-logistic/1 (promoted" in out
+    classifier_name = re.search(r"model: models:/(ortflow-houses-logistic-kind-[0-9a-f]{8})/1 \(promoted", out)[1]
     mlflow.set_tracking_uri(uri)
     raw = pd.read_csv(tmp_path / "houses.csv")
     assert raw.rooms.dtype == np.int64 and raw.garden.dtype == bool
-    regressor = mlflow.pyfunc.load_model("models:/ortflow-houses-linear@champion")
+    regressor = mlflow.pyfunc.load_model(f"models:/{regressor_name}@champion")
     predictions = regressor.predict(raw.drop(columns=["price", "kind"]))["prediction"].to_numpy()
     assert np.corrcoef(predictions, raw.price)[0, 1] > 0.9
-    classifier = mlflow.pyfunc.load_model("models:/ortflow-houses-logistic@champion")
+    classifier = mlflow.pyfunc.load_model(f"models:/{classifier_name}@champion")
     labels = classifier.predict(raw.drop(columns=["price", "kind"])).to_numpy()
     assert (labels == raw.kind.to_numpy()).mean() > 0.8
     shuffled = raw[["sold", "kind", "area", "garden", "price", "rooms", "city"]]  # any order, extra columns ignored
     np.testing.assert_array_equal(regressor.predict(shuffled)["prediction"].to_numpy(), predictions)
 
-    server = ModelServer(tmp_path / "serve", "models:/ortflow-houses-linear@champion", uri)
+    server = ModelServer(tmp_path / "serve", f"models:/{regressor_name}@champion", uri)
     server.start(timeout=180)
     try:
         split = raw.drop(columns=["price", "kind"]).to_dict(orient="split", index=False)

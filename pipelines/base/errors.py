@@ -32,6 +32,19 @@ class DataError(UserError, ValueError):
 
     hint = "see 'Your own data' in docs/PIPELINES.md (data.drop_invalid=true drops unusable columns and rows)"
 
+    def __init__(self, *args, hint: str | None = None):
+        super().__init__(*args)
+        if hint is not None:  # a hint of its own: a streamed table's (stream_hint), where drop_invalid does not apply
+            self.hint = hint
+
+
+def stream_hint(key_set: bool) -> str:
+    """The hint of a DataError about a Parquet table streamed (``data=parquet``): its doc section and its keys
+    (``data.key`` only where none is set)."""
+    keys = ("" if key_set else "data.key, ") + ("data.test_size, data.validation_fraction, data.features, "
+                                                "preprocess.columns.<column>=drop")
+    return f"see 'Parquet larger than memory' in docs/PIPELINES.md ({keys})"
+
 
 class TrackingUnavailableError(UserError, RuntimeError):
     """The tracking store cannot be reached; the message names its URI and where local outputs were kept."""

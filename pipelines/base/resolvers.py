@@ -7,7 +7,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from .errors import CLOSE_KEYS
-from .schema import Config, close_keys, file_stem, schema_keys
+from .schema import Config, close_keys, file_problem, file_stem, schema_keys
 from .. import stages as stage_table
 from ..stages import names as stage_names
 
@@ -49,6 +49,8 @@ def register_configs() -> None:
     CLOSE_KEYS["find"] = lambda key: close_keys(key, schema_keys())  # the 'did you mean' of a refused key
     if not OmegaConf.has_resolver("ortflow.stem"):
         OmegaConf.register_new_resolver("ortflow.stem", file_stem)
+    if not OmegaConf.has_resolver("ortflow.problem"):  # a table's default registered-model name
+        OmegaConf.register_new_resolver("ortflow.problem", file_problem)
     if not OmegaConf.has_resolver("ortflow.stages"):  # the --help text (conf/hydra/help/ortflow.yaml)
         OmegaConf.register_new_resolver("ortflow.stages", stage_listing)
     if not OmegaConf.has_resolver("ortflow.app_keys"):

@@ -157,7 +157,7 @@ class DataConfig:
     drop_invalid: bool = False
     # preprocess=auto: the cells of a numeric column that are not numbers ('?' among numbers): refused, or gaps
     junk_cells: JunkCells = JunkCells.refuse
-    # parquet: the column whose stable hash splits the rows (None: whole files by the hash of their names), the
+    # parquet: the column whose stable hash splits the rows (None: the hash of each row's position), the
     # rows of each part read to set things up (start model, standardization), the rows held at once when streaming
     key: Optional[str] = None
     sample_rows: int = 10000
@@ -278,7 +278,8 @@ class MlflowConfig:
     artifact_root: Optional[str] = None  # None: <root>/mlartifacts (local stores only)
     experiment_name: str = "ortflow"
     run_name: Optional[str] = None
-    registered_model_name: str = "ortflow-${data.name}-${model.name}"
+    # a table's adds its target and a digest of what makes its problem (ortflow.problem: file_problem)
+    registered_model_name: str = "ortflow-${data.name}-${model.name}${ortflow.problem:${data}}"
     tags: Dict[str, str] = field(default_factory=dict)
     # per-epoch metrics are kept in memory and written asynchronously in batches: every this many seconds ...
     metrics_flush_seconds: float = 10.0
@@ -424,6 +425,26 @@ def file_stem(path: str) -> str:
     :data:`DATA_NAME` (the ``ortflow.stem`` resolver of conf/data/file.yaml)."""
     stem = "".join(c if c.isalnum() or c in "_.-" else "_" for c in Path(str(path)).stem).lstrip("._-")
     return stem[:100] or "table"
+
+
+def file_problem(data) -> str:
+    """What the default registered-model name adds for a table of one's own (the ``ortflow.problem`` resolver): ``-``
+    the target (as :func:`file_stem` reduces a name) ``-`` 8 hex digits of the loader, the file's suffix, the task,
+    the target and the features (sorted; all when unset), so that the same file with another target, format or
+    features names another model, while a rerun of one problem registers versions of one model; nothing for a
+    bundled data set (one problem per name)."""
+    import hashlib
+    import json
+
+    if data.get("target") is None or data.get("path") is None:
+        return ""
+    features = data.get("features")
+    problem = {"loader": str(data.get("loader")), "suffix": Path(str(data.path)).suffix.lower(),
+               "task": str(data.get("task")), "target": str(data.target),
+               "features": None if features is None else sorted(str(f) for f in features)}
+    digest = hashlib.sha256(json.dumps(problem, sort_keys=True).encode()).hexdigest()[:8]
+    target = "".join(c if c.isalnum() or c in "_.-" else "_" for c in str(data.target))[:40]
+    return f"-{target}-{digest}"
 
 
 def data_loader(data: DictConfig) -> str:

@@ -18,7 +18,6 @@ import numpy as np
 from omegaconf import DictConfig
 
 from ..base.schema import data_loader
-from ..base.errors import DataError
 from .labels import class_labels, target_description
 
 
@@ -163,7 +162,7 @@ class Split:
         return digest.hexdigest()[:16]
 
     def summary(self) -> dict:
-        if self.streamed:  # the rows of each part are known without reading only when whole files make it
+        if self.streamed:  # the rows of each part are known without reading unless a key splits them
             parts = self.stream_parts()
             rows = {f"n_{p}": parts[p].n_rows for p in parts}
             return {**{k: v for k, v in rows.items() if v is not None}, "n_sample_train": len(self.y_train),
@@ -311,7 +310,7 @@ def stream_split(data: DictConfig, preprocess: DictConfig | None = None) -> Spli
     from. With ``preprocess=auto`` the samples are the raw columns (their kinds read from the training sample), the
     preprocessing ``convert`` fits scales them inside the graph; without, they are standardized with the training
     sample's statistics."""
-    from .streams import labels_like, open_stream, raw_rows, sample, scan_labels
+    from .streams import labels_like, open_stream, raw_rows, sample, scan_labels, stream_error
     from .tables import column_kind, column_treatments, warn_many_levels
 
     stream, parts = open_stream(data, preprocess)
@@ -336,13 +335,13 @@ def stream_split(data: DictConfig, preprocess: DictConfig | None = None) -> Spli
         found = labels_like(scan_labels(parts["train"]), classes)
         missing = sorted(set(found.tolist()) - set(classes.tolist()))
         if missing:
-            raise DataError(f"{where}: the training part holds the labels {missing[:10]} that its first {rows} rows "
-                            "(data.sample_rows, where the start model is fitted) lack: raise data.sample_rows")
+            raise stream_error(f"{where}: the training part holds the labels {missing[:10]} that its first {rows} "
+                               "rows (data.sample_rows, where the start model is fitted) lack: raise data.sample_rows")
         y_train, y_valid, y_test = (labels_like(y, classes) for y in (y_train, y_valid, y_test))
     else:
         y_train, y_valid, y_test = (np.asarray(y, dtype=np.float64) for y in (y_train, y_valid, y_test))
     if len(y_train) < 2:
-        raise DataError(f"the training part of {stream.path} holds {len(y_train)} rows: too few to train on")
+        raise stream_error(f"the training part of {stream.path} holds {len(y_train)} rows: too few to train on")
     return standardized_split(data, task, (X_train, y_train), (X_valid, y_valid), (X_test, y_test), stream.columns,
                               classes, plain=kinds is not None, kinds=list((kinds or {}).values()),
                               stream=stream.to_json())

@@ -2,8 +2,9 @@
 
 The table is split by one stable hash (:meth:`ortflow.sources.ParquetSource.split`): the rows whose ``data.key``
 hashes in ``[0, test_size)`` are the test part, in ``[test_size, test_size + validation_fraction)`` the validation
-part, the rest the training part; without ``data.key`` whole files go to a part by the hash of their name. The
-same rows on every run and machine, whatever else changes.
+part, the rest the training part; without ``data.key`` the hash is of the row's position (its file's name and its
+row in the file), so one file or a few split as the fractions say. The same rows on every run and machine,
+whatever else changes. :func:`split_line` says how many rows each part holds (printed before the chain runs).
 
 The columns follow ``preprocess`` as a table read whole (``data=file``) does. With ``preprocess=auto`` (the
 default) they stay raw: numbers, booleans, text, categories and dates, each chunk's columns put in the form of
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 from omegaconf import DictConfig
 
-from ..base.errors import DataError
+from ..base.errors import DataError, stream_hint
 
 _log = logging.getLogger("pipelines.data.streams")
 #: the parts of a split, in the order of :meth:`Stream.parts`
@@ -90,8 +91,17 @@ class Stream:
 
 def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple[Stream, dict[str, Any]]:
     """The configured table checked and split: ``(Stream, {part: ParquetSource})``. A :class:`DataError` names a
-    missing path, target, key or feature column, a column ``preprocess`` cannot take (without preprocessing, a
-    non-numeric one) and an empty part. ``preprocess.columns.<column>=drop`` leaves a column out."""
+    missing path, a folder without Parquet files, a missing target, key or feature column, a column ``preprocess``
+    cannot take (without preprocessing, a non-numeric one) and an empty part; its hint suggests ``data.key`` only
+    where none is set. ``preprocess.columns.<column>=drop`` leaves a column out."""
+    try:
+        return _open_stream(data, preprocess)
+    except DataError as exc:
+        exc.hint = stream_hint(key_set=bool(data.get("key")))
+        raise
+
+
+def _open_stream(data: DictConfig, preprocess: DictConfig | None) -> tuple[Stream, dict[str, Any]]:
     from ortflow.sources import EmptyPartError
 
     from ..base.paths import user_path
@@ -99,57 +109,82 @@ def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple
 
     path = user_path(str(data.path)).resolve()
     if not path.exists():
-        raise DataError(f"data.path={data.path!r}: {path} does not exist (a Parquet file or a folder of them)")
+        raise stream_error(f"data.path={data.path!r}: {path} does not exist (a Parquet file or a folder of them)")
+    if path.is_dir() and not any(p.is_file() and not p.name.startswith(("_", ".")) for p in path.rglob("*")):
+        raise stream_error(f"data.path={data.path!r}: the folder {path} holds no Parquet file: write the table's "
+                           "files into it, or point data.path to a Parquet file or a folder of them")
     schema = _schema(path, data)
     repeated = sorted({n for n in schema.names if schema.names.count(n) > 1})
     if repeated:
-        raise DataError(f"data.path={data.path!r}: {path} has several columns named {repeated}: rename them so that "
-                        "each name is one column's")
+        raise stream_error(f"data.path={data.path!r}: {path} has several columns named {repeated}: rename them so "
+                           "that each name is one column's")
     target, key = str(data.target), (str(data.key) if data.get("key") else None)
     for role, name in (("data.target", target), ("data.key", key)):
         if name is not None and name not in schema.names:
-            raise DataError(f"{role}={name!r} is not a column of {path}; its columns: {schema.names}")
+            raise stream_error(f"{role}={name!r} is not a column of {path}; its columns: {schema.names}")
     treatments = column_treatments(preprocess)
     unknown = sorted(set(treatments or ()) - set(schema.names))
     if unknown:
-        raise DataError(f"preprocess.columns names columns {unknown} missing from {path}; its columns: "
-                        f"{schema.names}")
+        raise stream_error(f"preprocess.columns names columns {unknown} missing from {path}; its columns: "
+                           f"{schema.names}")
     if data.features:
         columns = [str(c) for c in data.features]
         missing = [c for c in columns if c not in schema.names]
         if missing:
-            raise DataError(f"data.features names columns {missing} missing from {path}; its columns: "
-                            f"{schema.names}")
-        if target in columns or (key and key in columns):
-            raise DataError(f"data.features includes the target or the split key: {[target, key]}")
+            raise stream_error(f"data.features names columns {missing} missing from {path}; its columns: "
+                               f"{schema.names}")
+        included = [f"the target {target!r}"] * (target in columns) + [f"the split key {key!r}"] * (key in columns)
+        if included:
+            raise stream_error(f"data.features={columns} includes {' and '.join(included)}: list the feature columns "
+                               "only")
     else:
         columns = [n for n in schema.names if n not in (target, key)]
     columns = [c for c in columns if (treatments or {}).get(c) != "drop"]
     if not columns:
-        raise DataError(f"{path} has no feature column besides the target {target!r}")
+        raise stream_error(f"{path} has no feature column besides the target {target!r}")
     if treatments is None:
         other = [c for c in columns if not _numeric(schema.field(c).type)]
         if other:
-            raise DataError(f"data=parquet with preprocess=none trains on numeric columns only, and {path} has the "
-                            f"non-numeric columns {other}: preprocess=auto (the default) encodes text, categories, "
+            raise stream_error(f"data=parquet with preprocess=none trains on numeric columns only, and {path} has the "
+                               f"non-numeric columns {other}: preprocess=auto (the default) encodes text, categories, "
                             "dates and booleans inside the graph, or list the numeric ones in data.features=[...]")
     else:
         other = [f"{c} ({schema.field(c).type})" for c in columns if not _tabular(schema.field(c).type)]
         if other:
-            raise DataError(f"data=parquet takes columns of numbers, booleans, text, categories and dates, and "
-                            f"{path} has the columns {other}: leave them out with data.features=[...] or "
+            raise stream_error(f"data=parquet takes columns of numbers, booleans, text, categories and dates, and "
+                               f"{path} has the columns {other}: leave them out with data.features=[...] or "
                             "preprocess.columns.<column>=drop")
     stream = Stream(str(path), target, tuple(columns), key, float(data.test_size),
                     float(data.validation_fraction), int(data.buffer_rows), str(data.get("junk_cells", "refuse")))
     try:
         stream = replace(stream, files=tuple(stream.source().files))  # the files the run reads, whatever comes later
-        return stream, stream.parts()
-    except EmptyPartError as exc:  # a part the files' names leave empty
-        raise DataError(f"data.path={data.path!r}: {exc}: without data.key whole files go to the test, validation "
-                        "and training parts by the hash of their names; set data.key=<a column> to split rows, or "
-                        "use more files") from None
+        parts = stream.parts()
+        _log.info("%s", split_line(stream, parts))
+        return stream, parts
+    except EmptyPartError as exc:  # a part too small for any row to fall in it
+        raise stream_error(f"data.path={data.path!r}: {exc}: raise data.test_size or data.validation_fraction, or "
+                           "use a larger table") from None
     except (OSError, KeyError, TypeError, ValueError) as exc:  # unreadable, other columns or types, null keys
-        raise DataError(f"data.path={data.path!r}: {exc}") from None
+        raise stream_error(f"data.path={data.path!r}: {exc}") from None
+
+
+def stream_error(message: str) -> DataError:
+    """A DataError about the streamed table, with the hint of its own doc section (``data.drop_invalid`` does not
+    apply to streams; :func:`open_stream` suggests ``data.key`` where none is set)."""
+    return DataError(message, hint=stream_hint(key_set=True))
+
+
+def split_line(stream: Stream, parts: dict[str, Any]) -> str:
+    """The split in one line: the rows of each part (known from the files' metadata when no key splits them) and
+    what the hash is of."""
+    names = {"train": "training", "validation": "validation", "test": "test"}
+    if stream.key is None:
+        rows = ", ".join(f"{parts[p].n_rows} {names[p]}" for p in PARTS if p in parts)
+        return (f"split of {stream.path}: {rows} rows (a stable hash of each row's position; data.key=<a column> "
+                "hashes a column's values)")
+    fractions = f"test {stream.test_size:g}, validation {stream.validation_fraction:g}"
+    return (f"split of {stream.path}: by a stable hash of data.key={stream.key!r} ({fractions}, training the rest; "
+            "the rows of each part are counted as they are read)")
 
 
 def _schema(path, data: DictConfig):
@@ -158,8 +193,8 @@ def _schema(path, data: DictConfig):
     try:
         return ds.dataset(str(path), format="parquet").schema
     except Exception as exc:  # noqa: BLE001 - pyarrow's ArrowInvalid: not Parquet
-        raise DataError(f"data.path={data.path!r}: {path} cannot be read as Parquet: {type(exc).__name__}: "
-                        f"{exc}") from None
+        raise stream_error(f"data.path={data.path!r}: {path} cannot be read as Parquet: {type(exc).__name__}: "
+                           f"{exc}") from None
 
 
 def _numeric(arrow_type) -> bool:
@@ -205,8 +240,8 @@ def check_target(source, y: np.ndarray, where: str) -> None:
     """A chunk's target: a gap or a number beyond float32 (which the model computes in) is a DataError naming the
     column, the part and the file."""
     if _target_gaps(y):
-        raise DataError(f"data.path={source.path!r}: the target {source.target!r} holds missing or non-finite values "
-                        f"(in the {where} rows): fill or drop those rows in the table")
+        raise stream_error(f"data.path={source.path!r}: the target {source.target!r} holds missing or non-finite "
+                           f"values (in the {where} rows): fill or drop those rows in the table")
     _target_range(source, y, where)
 
 
@@ -239,10 +274,10 @@ def finite(source, X: np.ndarray, y: np.ndarray, where: str) -> tuple[np.ndarray
     if _target_gaps(y):
         columns.append(f"{source.target} (the target)")
     if columns:
-        raise DataError(f"data.path={source.path!r}: column(s) {columns} hold missing or non-finite values (in the "
-                        f"{where} rows): data=parquet with preprocess=none feeds numeric columns as they are; fill or "
-                        "drop the gaps in the table, or use preprocess=auto (the default), whose preprocessing "
-                        "imputes them in the graph")
+        raise stream_error(f"data.path={source.path!r}: column(s) {columns} hold missing or non-finite values (in the "
+                           f"{where} rows): data=parquet with preprocess=none feeds numeric columns as they are; "
+                           "fill or drop the gaps in the table, or use preprocess=auto (the default), whose "
+                           "preprocessing imputes them in the graph")
     _target_range(source, y, where)
     return X, y
 

@@ -163,12 +163,12 @@ def check_source_problem(tracking: tr.Tracking, cfg: DictConfig) -> None:
     """A stage run alone from ``source.run_id`` whose config names another data set or model than that run's is
     refused, naming each difference: it would train the source's data and model while logging its own config's
     names and datasets (seen: ``data.name=regression``, ``model.name=linear`` on a run of another table)."""
-    from ..base.config import ConfigError, to_container
+    from ..base.schema import ConfigError, to_container
 
     if not cfg.source.run_id:
         return
     try:
-        params = tracking.client.get_run(str(cfg.source.run_id)).data.params
+        params = tr.run_params(tracking, str(cfg.source.run_id))
     except Exception:  # noqa: BLE001 - Bundle.from_source names a missing run
         return
     flat = tr.flatten(to_container(cfg))

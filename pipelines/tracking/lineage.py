@@ -108,13 +108,13 @@ def stream_lineage(split: Split, path: str | Path) -> dict[str, str]:
         if stream.validation_fraction > 0 else "") + ", train the rest"
     return {"ortflow.data.source": stream.path, "ortflow.data.digest": table["digest"],
             "ortflow.data.rows": str(table["n_rows"]), "ortflow.data.files": str(len(table["files"])),
-            "ortflow.data.split": f"stable hash of {f'column {stream.key!r}' if stream.key else 'file names'}: "
+            "ortflow.data.split": f"stable hash of {f'column {stream.key!r}' if stream.key else 'row positions'}: "
                                   f"{bands}"}
 
 
 def _stream_datasets(split: Split, data: DictConfig, parts: tuple[str, ...]) -> dict:
     """``{part: MetaDataset}`` of a streamed table: its files as the source, a digest of the files and the part's
-    hash band, the schema and, as profile, the rows (from the metadata; a part's own rows when whole files make
+    hash band, the schema and, as profile, the rows (from the metadata; a part's own rows when no key splits
     it), the files and the row groups. Nothing is read but the files' footers."""
     import hashlib
     import json
@@ -145,7 +145,7 @@ def _stream_datasets(split: Split, data: DictConfig, parts: tuple[str, ...]) -> 
         digest = hashlib.sha256(f"{table['digest']}\0{part}\0{stream.to_json()}".encode()).hexdigest()[:16]
         profile = {"table_rows": table["n_rows"], "rows": sources[part].n_rows, "files": len(sources[part].files),
                    "table_files": len(table["files"]), "row_groups": table["n_row_groups"],
-                   "split": f"{'key ' + stream.key if stream.key else 'by file name'}"}
+                   "split": f"{'key ' + stream.key if stream.key else 'by row position'}"}
         datasets[part] = StreamedDataset(_local_source(stream.path), name=f"{data.name}-{part}", digest=digest,
                                          schema=schema, profile=profile)
     return datasets

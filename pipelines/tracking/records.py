@@ -98,6 +98,11 @@ def is_finite(value: Any) -> bool:
         return False
 
 
+def run_params(tracking: Tracking, run_id: str) -> dict[str, str]:
+    """The params run ``run_id`` logged (its flattened config)."""
+    return dict(tracking.call(tracking.client.get_run, run_id).data.params)
+
+
 def log_param(tracking: Tracking, run_id: str, key: str, value: Any) -> None:
     tracking.client.log_param(run_id, key, value)
 

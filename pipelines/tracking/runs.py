@@ -128,6 +128,30 @@ def mark_refused_mlflow_run(run_id: str, reason: str) -> None:
     client.set_terminated(run_id, "FAILED")
 
 
+def run_mlflow_project(uri: str, options: list[str]) -> None:
+    """``mlflow run <uri> <options>`` in this process. MLflow makes its run before it builds the project's
+    environment and leaves it RUNNING when that fails: on an exception, each project run left RUNNING since the
+    call began is ended FAILED, the reason as its note, and the exception is raised again with ``.ended_runs``
+    (their ids). A failed command is MLflow's SystemExit (MLflow ends that run FAILED itself)."""
+    from mlflow.cli import run as mlflow_run
+
+    started = int(time.time() * 1000)
+    try:
+        mlflow_run.main([uri, *options], standalone_mode=False)
+    except Exception as exc:  # noqa: BLE001 - MLflow's environment build failed (or its checks before it)
+        client = mlflow.MlflowClient()
+        ended = [r.info.run_id for r in client.search_runs(
+            [e.experiment_id for e in client.search_experiments()],
+            f"attributes.status = 'RUNNING' and attributes.start_time >= {started}")
+            if r.data.tags.get("mlflow.source.type") == "PROJECT"]  # the run mlflow run made
+        for run_id in ended:
+            client.set_tag(run_id, "mlflow.note.content", f"mlflow run failed: {failure_reason(exc)}"[:4900])
+            client.set_tag(run_id, FAILURE_TAG, failure_reason(exc)[:4900])
+            client.set_terminated(run_id, "FAILED")
+        exc.ended_runs = ended
+        raise
+
+
 def link_mlflow_run(tracking: Tracking, run_id: str) -> None:
     """Under ``mlflow run`` given no experiment (see :mod:`pipelines.mlproject`), tag mlflow run's run
     (``ortflow.pipeline_run``, ``ortflow.pipeline_experiment``) and the top-level run ``run_id`` of the pipelines

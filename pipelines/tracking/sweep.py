@@ -34,6 +34,15 @@ def sweep_direction(config: DictConfig) -> str:
     return str(direction) if direction else default_direction(str(config.optimized_metric))
 
 
+def not_registered(candidate, decision) -> str:
+    """Why a sweep's best trial was not registered, as a sentence (``promotion.register=if_promoted``: only a model
+    that takes the alias is)."""
+    why = (f"this one does not ({decision.reason})" if decision is not None
+           else "promotion is off (promotion.enabled=false): none does")
+    return (f"is not registered: promotion.register={candidate.policy} registers only a model that takes "
+            f"@{candidate.alias}, and {why}. promotion.register=always registers every best trial.")
+
+
 def close_sweep(tracking: Any, config: DictConfig, run_id: str, space: Mapping[str, str],
                 results: dict[str, Any] | None = None) -> None:
     """End the sweep run: job counts, the search ``space`` (parameter -> its distribution, described), the best
@@ -80,7 +89,7 @@ def close_sweep(tracking: Any, config: DictConfig, run_id: str, space: Mapping[s
             if version is None:  # promotion.register=if_promoted and it does not beat the holder
                 tags["ortflow.registered"] = f"false (promotion.register={candidate.policy}" + (
                     f": {decision.reason})" if decision is not None else ")")
-                print(f"{best_line} not registered: {tags['ortflow.registered']}")
+                print(f"{best_line} {not_registered(candidate, decision)}")
             else:
                 tags.update({"ortflow.registered_model": candidate.name, "ortflow.registered_version": version})
                 print(f"{best_line} registered as {candidate.name} version {version}"
