@@ -41,7 +41,7 @@ export function mulberry32(state: number): () => number;
 export function epochOrder(n: number, seed: number, epoch: number): Int32Array;
 
 export interface Schedule {
-  name: 'constant' | 'invscaling' | 'optimal';
+  name: 'constant' | 'invscaling' | 'optimal' | 'optimal_sklearn';
   eta0: number;
   power_t: number;
   alpha: number;

@@ -130,6 +130,7 @@ def test_shuffle_and_schedules_follow_python():
     cases = [(10, 42, 3), (12, 2026, 0), (1000, 0xFFFFFFFF, 7), (257, 123456789, 65537), (1, 5, 0), (0, 1, 1)]
     schedules = [{"name": "invscaling", "eta0": 0.05, "power_t": 0.25, "alpha": 1e-4},
                  {"name": "optimal", "eta0": 0.01, "power_t": 0.5, "alpha": 3e-4},
+                 {"name": "optimal_sklearn", "eta0": 0.01, "power_t": 0.5, "alpha": 3e-4},
                  {"name": "constant", "eta0": 0.01, "power_t": 0.25, "alpha": 1e-4}]
     seen = [0, 1, 60, 180, 12345, 10 ** 7]
     script = (
