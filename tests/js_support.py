@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import warnings
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bench.portable import chromium_path
+from sklearn_fit import quiet_fit
 from tolerances import TERM_ROUNDINGS, U32
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,32 +75,26 @@ def optimizer(name: str):
 def case_data(case: str):
     """(loss graph, X, y, batch size): small data, a few steps per epoch."""
     from sklearn.datasets import load_digits, make_classification, make_regression
-    from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LinearRegression, LogisticRegression
     from sklearn.neural_network import MLPRegressor
 
     from ortflow import add_loss_output, to_onnx
-
-    def fit(model, X, y):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            return model.fit(X, y)
 
     if case in ("linear", "mlp"):
         X, y = make_regression(60, n_features=5, noise=1.0, random_state=0)
         X, y = X.astype(np.float32), (y / 50).astype(np.float32)
         model = LinearRegression() if case == "linear" else MLPRegressor(hidden_layer_sizes=(8,), max_iter=2,
                                                                           random_state=0)
-        return add_loss_output(to_onnx(fit(model, X, y)), "squared_error"), X, y, 16
+        return add_loss_output(to_onnx(quiet_fit(model, X, y)), "squared_error"), X, y, 16
     if case == "binary":
         X, y = make_classification(60, n_features=6, random_state=0)
         X = X.astype(np.float32)
         labels = np.array(["no", "yes"], dtype=object)[y]  # string classes: labels go through as text
-        return add_loss_output(to_onnx(fit(LogisticRegression(max_iter=2), X, labels)), "log"), X, labels, 16
+        return add_loss_output(to_onnx(quiet_fit(LogisticRegression(max_iter=2), X, labels)), "log"), X, labels, 16
     if case == "digits":
         X, y = load_digits(return_X_y=True)
         X, y = (X[:120] / 16).astype(np.float32), y[:120]
-        return add_loss_output(to_onnx(fit(LogisticRegression(max_iter=2), X, y)), "log"), X, y, 32
+        return add_loss_output(to_onnx(quiet_fit(LogisticRegression(max_iter=2), X, y)), "log"), X, y, 32
     import reference_data
 
     ref = reference_data.load("lenet")

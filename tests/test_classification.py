@@ -1,13 +1,10 @@
 """Classification: the log loss for any number of classes, labels as scikit-learn has them, both trainers as
 classifiers (iris, digits)."""
 
-import warnings
-
 import numpy as np
 import pytest
 from sklearn.base import is_classifier
 from sklearn.datasets import load_digits, load_iris, make_classification
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss
 from sklearn.model_selection import train_test_split
@@ -23,12 +20,7 @@ from ortflow import (
     to_onnx,
 )
 from ortflow._ort import InferenceSession
-
-
-def _one_epoch(model, X, y):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        return model.fit(X, y)
+from sklearn_fit import quiet_fit
 
 
 def _split(loader):
@@ -67,7 +59,7 @@ def test_log_loss_of_k_classes_equals_scikit_learns():
 
 def test_add_loss_output_log_loss_on_a_multiclass_graph_equals_scikit_learn():
     X_train, X_test, y_train, y_test = _split(load_iris)
-    model = _one_epoch(LogisticRegression(max_iter=3), X_train, y_train)
+    model = quiet_fit(LogisticRegression(max_iter=3), X_train, y_train)
     graph = add_loss_output(to_onnx(model), "log", weight_name="weight")
     weight = np.linspace(0.5, 1.5, len(X_test)).astype(np.float32)
     sess = InferenceSession(graph.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -86,7 +78,7 @@ def test_add_loss_output_log_loss_on_a_multiclass_graph_equals_scikit_learn():
 def test_trainers_reach_scikit_learns_accuracy(cls, loader, model):
     """From a one-epoch scikit-learn fit, within 0.02 of scikit-learn's own converged test accuracy."""
     X_train, X_test, y_train, y_test = _split(loader)
-    start = _one_epoch(model, X_train, y_train)
+    start = quiet_fit(model, X_train, y_train)
     reference = type(model)(**{**model.get_params(), "max_iter": 500}).fit(X_train, y_train).score(X_test, y_test)
     onx = to_onnx(start)
     params = dict(max_iter=60, batch_size=16, learning_rate=LearningRateAdam(eta0=0.01), random_state=0)
@@ -110,7 +102,7 @@ def test_binary_labels_of_any_values(cls, labels):
     X, y01 = make_classification(300, n_features=6, random_state=0)
     X = X.astype(np.float32)
     y = np.array(labels, dtype=object if isinstance(labels[0], str) else np.int64)[y01]
-    start = _one_epoch(LogisticRegression(max_iter=1), X, y)
+    start = quiet_fit(LogisticRegression(max_iter=1), X, y)
     onx = to_onnx(start)
     params = dict(max_iter=20, learning_rate=0.05, random_state=0)
     est = (cls(add_loss_output(onx, "log"), **params) if cls is OrtGradientOptimizer
@@ -126,7 +118,7 @@ def test_binary_labels_of_any_values(cls, labels):
 def test_a_label_outside_the_graphs_classes_is_named():
     X, y = make_classification(100, n_features=4, random_state=0)
     X = X.astype(np.float32)
-    onx = to_onnx(_one_epoch(LogisticRegression(max_iter=1), X, y))
+    onx = to_onnx(quiet_fit(LogisticRegression(max_iter=1), X, y))
     y_bad = y.copy()
     y_bad[:3] = 7
     with pytest.raises(ValueError, match=r"labels \[7\] that are not among the classes the graph carries \[0, 1\]"):
@@ -147,7 +139,7 @@ def test_scikit_learn_classifier_checks_that_apply(cls):
     )
 
     X, y = make_classification(60, n_features=4, n_classes=3, n_informative=3, n_redundant=0, random_state=0)
-    onx = to_onnx(_one_epoch(LogisticRegression(max_iter=1), X.astype(np.float32), y))
+    onx = to_onnx(quiet_fit(LogisticRegression(max_iter=1), X.astype(np.float32), y))
     est = cls(add_loss_output(onx, "log") if cls is OrtGradientOptimizer else onx)
     assert is_classifier(est)
     for check in (check_no_attributes_set_in_init, check_get_params_invariance, check_set_params,

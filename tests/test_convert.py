@@ -1,12 +1,9 @@
 """to_onnx: converted graphs predict like scikit-learn (labels, probabilities, classes) and expose trainable
 weights under the documented names."""
 
-import warnings
-
 import numpy as np
 import onnxruntime as ort
 import pytest
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import (
     ElasticNet,
     Lasso,
@@ -20,6 +17,7 @@ from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 from ortflow import UnsupportedModelError, to_onnx, trainable_initializers
 from ortflow.convert import graph_classes
+from sklearn_fit import quiet_fit
 
 
 def _session(onx):
@@ -54,13 +52,6 @@ def test_regressors_match_sklearn(regression_data, model, weights):
     assert trainable_initializers(onx) == weights
 
 
-def _fit(model, X, y):
-    """Fit quietly: short fits are on purpose, the tests compare graphs with whatever scikit-learn reached."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        return model.fit(X, y)
-
-
 def _check_classifier(model, X):
     """Before training the graph predicts what scikit-learn predicts: labels, probabilities, classes."""
     onx = to_onnx(model)
@@ -82,7 +73,7 @@ def _check_classifier(model, X):
 )
 def test_binary_classifiers_give_labels_probabilities_and_raw_score(classification_data, model):
     X, y = classification_data
-    _fit(model, X, y)
+    quiet_fit(model, X, y)
     onx, label, proba, raw = _check_classifier(model, X)
     np.testing.assert_allclose(proba[:, 1], 1 / (1 + np.exp(-raw[:, 0].astype(np.float64))), atol=1e-6)
     assert label.dtype == np.int64
@@ -109,7 +100,7 @@ IRIS_MODELS = [
 @pytest.mark.parametrize("model", IRIS_MODELS, ids=lambda m: f"{type(m).__name__}-{getattr(m, 'activation', '')}")
 def test_multiclass_on_iris_matches_sklearn(iris, model):
     X, y = iris
-    _fit(model, X, y)
+    quiet_fit(model, X, y)
     _, _, proba, raw = _check_classifier(model, X)
     # the probabilities are the softmax of the raw scores
     z = raw.astype(np.float64) - raw.max(axis=1, keepdims=True)
@@ -121,7 +112,7 @@ def test_mlp_on_digits_matches_sklearn():
 
     X, y = load_digits(return_X_y=True)
     X = (X / 16).astype(np.float32)
-    model = _fit(MLPClassifier(hidden_layer_sizes=(32,), max_iter=30, random_state=0), X, y)
+    model = quiet_fit(MLPClassifier(hidden_layer_sizes=(32,), max_iter=30, random_state=0), X, y)
     _check_classifier(model, X)
 
 
@@ -132,7 +123,7 @@ def test_binary_labels_of_any_value(classification_data, classes, kind):
     X, y01 = classification_data
     y = np.asarray(classes)[y01]
     model = LogisticRegression() if kind == "logistic" else MLPClassifier((6,), max_iter=200, random_state=0)
-    _fit(model, X, y)
+    quiet_fit(model, X, y)
     _, label, _, _ = _check_classifier(model, X)
     assert set(label) == set(classes)
 
@@ -154,7 +145,7 @@ def test_one_vs_rest_and_multilabel_are_refused_with_reason(iris):
     with pytest.raises(UnsupportedModelError, match="SGDClassifier with 3 classes scores each class one-vs-rest"):
         to_onnx(SGDClassifier(loss="log_loss", max_iter=5, tol=None, random_state=0).fit(X, y))
     indicator = np.eye(3, dtype=np.int64)[y]
-    multilabel = _fit(MLPClassifier((4,), max_iter=5, random_state=0), X, indicator)
+    multilabel = quiet_fit(MLPClassifier((4,), max_iter=5, random_state=0), X, indicator)
     with pytest.raises(UnsupportedModelError, match="multilabel"):
         to_onnx(multilabel)
 

@@ -12,13 +12,11 @@ sum (the Python trainer runs a graph built for a fixed batch size, the package o
 from __future__ import annotations
 
 import json
-import warnings
 
 import numpy as np
 import onnx
 import pytest
 from sklearn.datasets import load_digits, make_classification, make_regression
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.neural_network import MLPRegressor
 
@@ -47,13 +45,8 @@ from ortflow.package import (
 )
 from ortflow.package_export import unrolled_bound
 from ortflow.shuffle import draws, epoch_order, seed_state
+from sklearn_fit import quiet_fit
 from tolerances import TERM_ROUNDINGS, U32
-
-
-def _quiet_fit(model, X, y):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        return model.fit(X, y)
 
 
 def _regression(n=60, features=5):
@@ -68,15 +61,15 @@ def _case(name):
         return add_loss_output(to_onnx(LinearRegression().fit(X, y)), "squared_error"), X, y
     if name == "mlp":
         X, y = _regression()
-        mlp = _quiet_fit(MLPRegressor(hidden_layer_sizes=(8,), max_iter=2, random_state=0), X, y)
+        mlp = quiet_fit(MLPRegressor(hidden_layer_sizes=(8,), max_iter=2, random_state=0), X, y)
         return add_loss_output(to_onnx(mlp), "squared_error"), X, y
     if name == "binary":
         X, y = make_classification(60, n_features=6, random_state=0)
         X = X.astype(np.float32)
-        return add_loss_output(to_onnx(_quiet_fit(LogisticRegression(max_iter=2), X, y)), "log"), X, y
+        return add_loss_output(to_onnx(quiet_fit(LogisticRegression(max_iter=2), X, y)), "log"), X, y
     X, y = load_digits(return_X_y=True)
     X, y = (X[:120] / 16).astype(np.float32), y[:120]
-    return add_loss_output(to_onnx(_quiet_fit(LogisticRegression(max_iter=2), X, y)), "log"), X, y
+    return add_loss_output(to_onnx(quiet_fit(LogisticRegression(max_iter=2), X, y)), "log"), X, y
 
 
 OPTIMIZERS = {"sgd": lambda: LearningRateSGD(eta0=0.05, learning_rate="invscaling", power_t=0.25),
