@@ -198,7 +198,8 @@ def test_the_docs_name_every_loss_and_every_model():
 
     losses = (ROOT / "docs" / "LOSSES.md").read_text()
     table = {name for line in losses.splitlines() if line.startswith("| `") for name in re.findall(r"`(\w+)`", line)}
-    assert not {cls.names[0] for cls in family("loss").values()} - table
+    ours = {cls.names[0] for cls in family("loss").values() if cls.__module__.startswith("ortflow.")}  # not tests'
+    assert not ours - table
     row = next(line for line in (ROOT / "docs" / "PIPELINES.md").read_text().splitlines()
                if line.startswith("| `model` |")).split(" | ")[1]
     assert not {m.name for m in MODELS} - set(re.findall(r"`(\w+)`", row))
