@@ -43,7 +43,7 @@ from ortflow.package import (
     _targets,
     train_package,
 )
-from ortflow.package_export import unrolled_bound
+from ortflow.package import unrolled_bound
 from ortflow.shuffle import draws, epoch_order, seed_state
 from sklearn_fit import quiet_fit
 from tolerances import TERM_ROUNDINGS, U32

@@ -45,15 +45,15 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from . import graph as g
-from ._ort import MAX_IR_VERSION, InferenceSession
-from .exceptions import ConvergenceError, TrainingPackageError
-from .learning_rates import LEARNING_RATE, STEP
-from .registry import family
-from .runtime import make_session_options
-from .schedules import learning_rate_at
-from .shuffle import epoch_order
-from .validation import encode_labels
+from .. import graph as g
+from .._ort import MAX_IR_VERSION, InferenceSession
+from ..exceptions import ConvergenceError, TrainingPackageError
+from ..learning_rates import LEARNING_RATE, STEP
+from ..registry import family
+from ..runtime import make_session_options
+from ..schedules import learning_rate_at
+from ..shuffle import epoch_order
+from ..validation import encode_labels
 
 FORMAT = "ortflow-training-package"
 FORMAT_VERSION = 1
@@ -212,7 +212,7 @@ class TrainingState:
         """An unfitted :class:`ortflow.OrtGradientOptimizer` of the package's loss graph holding these weights, its
         optimizer, schedule and batch size (``params`` overrides or adds settings: ``max_iter``...). Its ``fit``
         starts new optimizer slots (Adam's moments at zero, ``step`` from 1); the weights continue from here."""
-        from .full import OrtGradientOptimizer
+        from ..full import OrtGradientOptimizer
 
         m = self.package.manifest
         loss_model = g.replace_initializers(onnx.load_from_string(self.package.read(LOSS_FILE)), self.weights)

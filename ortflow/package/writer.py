@@ -22,18 +22,18 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from . import graph as g
-from .add_loss import LOSS_METADATA, add_loss_output
-from .autodiff.training import UPDATED, training_step
-from .convert import graph_classes
-from .exceptions import TrainingPackageError
-from .learning_rates import LEARNING_RATE, STEP, BaseLearningRate
-from .ml_op_rewrites import make_trainable
-from .package import (FLAT_STATE, FLAT_STEP_FILE, FLAT_UPDATED, FORMAT, FORMAT_VERSION, IR_VERSION, LOSS_FILE,
-                      MANIFEST, PREDICT_FILE, STATE_FILE, STEP_FILE, UNROLLED_FILE, UNROLLED_LOSSES)
-from .registry import select
-from .shuffle import GENERATOR
-from .validation import check_weights_to_train
+from .. import graph as g
+from ..add_loss import LOSS_METADATA, add_loss_output
+from ..autodiff.training import UPDATED, training_step
+from ..convert import graph_classes
+from ..exceptions import TrainingPackageError
+from ..learning_rates import LEARNING_RATE, STEP, BaseLearningRate
+from ..ml_op_rewrites import make_trainable
+from .reader import (FLAT_STATE, FLAT_STEP_FILE, FLAT_UPDATED, FORMAT, FORMAT_VERSION, IR_VERSION, LOSS_FILE,
+                     MANIFEST, PREDICT_FILE, STATE_FILE, STEP_FILE, UNROLLED_FILE, UNROLLED_LOSSES)
+from ..registry import select
+from ..shuffle import GENERATOR
+from ..validation import check_weights_to_train
 
 _PROBABILITIES = ("output_probability", "output_label", "probabilities", "label")
 
@@ -115,8 +115,8 @@ def export_training_package(estimator, folder: str | os.PathLike, overwrite: boo
 
 
 def _read_trainer(estimator) -> _Trainer:
-    from .full import OrtGradientOptimizer
-    from .fwbw import OrtGradientForwardBackwardOptimizer
+    from ..full import OrtGradientOptimizer
+    from ..fwbw import OrtGradientForwardBackwardOptimizer
 
     if isinstance(estimator, OrtGradientOptimizer):
         return _full_trainer(estimator)
@@ -176,7 +176,7 @@ def _fitted_state(est, state: dict[str, np.ndarray], moments: bool = True) -> di
 def _fwbw_trainer(est) -> _Trainer:
     from sklearn.base import clone
 
-    from .base import prediction_spec
+    from ..base import prediction_spec
 
     model = make_trainable(g.load_model(est.model_onnx), est.weights_to_train)
     spec = prediction_spec(model, est.output_name, est.weight_name)
