@@ -177,7 +177,7 @@ def test_the_flat_step_graph_takes_the_same_steps(tmp_path, model):
     est = OrtGradientOptimizer(onx, batch_size=16, learning_rate=LearningRateAdam(eta0=0.01))
     folder = ortflow.export_training_package(est, tmp_path / "pkg")
     flat = TrainingPackage(folder).manifest["step_flat"]
-    total = sum(int(np.prod(t["shape"])) for t in TrainingPackage(folder).tensors)
+    total = sum(int(np.prod(t.shape)) for t in TrainingPackage(folder).tensors)
     assert [o["name"] for o in flat["outputs"]] == ["loss", "state_updated"]
     assert next(i for i in flat["inputs"] if i["name"] == "state")["shape"] == [total]
     by_tensor = train_package(folder, X, y, epochs=2, seed=4)
@@ -202,7 +202,7 @@ def test_the_unrolled_graphs_take_the_same_steps(tmp_path, model):
     assert unrolled[1]["outputs"][0]["shape"] == [4]
 
     trained = train_package(folder, X, y, epochs=1, seed=1, flat=True)  # a state that is not the initial one
-    vector = np.concatenate([trained.tensors[t["name"]].ravel() for t in package.tensors])
+    vector = np.concatenate([trained.tensors[t.name].ravel() for t in package.tensors])
     feeds = {"X": X[:28], package.manifest["target"]["name"]: _targets(package.manifest, y[:28], 28),
              "learning_rate": np.array(0.01, np.float32), "step": np.array(5, np.float32)}
     single = InferenceSession(package.read(FLAT_STEP_FILE), providers=["CPUExecutionProvider"])
@@ -374,7 +374,7 @@ def test_a_state_of_other_names_or_shapes_is_refused(linear_package):
         load_training_state(folder, _state_with(state, tensors=reshaped))
     with pytest.raises(TrainingPackageError, match="trained from another package"):
         load_training_state(folder, _state_with(state, package_id="0" * 64))
-    with pytest.raises(TrainingPackageError, match="lies outside the data"):
+    with pytest.raises(TrainingPackageError, match=r"announces \d+ bytes of values, the file holds \d+ \(truncated\)"):
         load_training_state(folder, state.to_bytes()[:-4])
     with pytest.raises(TrainingPackageError, match="not an ortflow training state"):
         load_training_state(folder, b"PK\x03\x04...")
