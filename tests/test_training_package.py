@@ -243,12 +243,34 @@ def test_the_unrolled_graphs_follow_the_steps_cost(linear_package, tmp_path):
         ortflow.export_training_package(OrtGradientOptimizer(onx), tmp_path / "bad", max_unrolled=-1)
     big = X.copy()
     big[20:] = 1e20  # the second batch (rows 16-31, in the first run of steps_2.onnx) overflows
-    messages = []
-    for kwargs in ({"flat": True}, {"unrolled": True}):
+    messages, states = [], []
+    for kwargs in ({"flat": True}, {"unrolled": True}, {}):
         with pytest.raises(ConvergenceError) as caught:
             train_package(folder, big, y, shuffle=False, **kwargs)
         messages.append(str(caught.value))
-    assert messages[0] == messages[1] and "epoch 1, step 2" in messages[0]
+        states.append(caught.value.state)
+    assert messages[0] == messages[1] == messages[2] and "epoch 1, step 2" in messages[0]
+    # the state before the bad step: the one a run of the first batch alone reaches, unrolled or not
+    first = train_package(folder, X[:16], y[:16], shuffle=False, flat=True)
+    for state in states:
+        assert (state.epochs, state.steps, state.rows_seen) == (0, 1, 16)
+        for name, value in first.tensors.items():
+            np.testing.assert_array_equal(state.tensors[name], value, err_msg=name)
+
+
+def test_the_reference_loop_reports_each_epoch(linear_package):
+    """``on_epoch(record)`` gets the record the JavaScript library's ``logs`` hold (INTERFACES.md): the epoch, its
+    mean loss, the steps, the rows seen and the epoch's learning rate (float32, the schedule's)."""
+    folder, X, y = linear_package
+    records = []
+    state = train_package(folder, X, y, epochs=2, seed=3, on_epoch=records.append)
+    package = TrainingPackage(folder)
+    steps = -(-len(X) // 16)
+    assert [sorted(r) for r in records] == [["epoch", "learning_rate", "loss", "rows_seen", "steps"]] * 2
+    assert [(r["epoch"], r["steps"], r["rows_seen"]) for r in records] == [(1, steps, len(X)), (2, 2 * steps,
+                                                                                               2 * len(X))]
+    assert records[1]["learning_rate"] == float(np.float32(package.learning_rate(len(X))))
+    assert all(np.isfinite(r["loss"]) for r in records) and state.steps == 2 * steps
 
 
 @pytest.mark.parametrize("kind", ["full", "fwbw"])
