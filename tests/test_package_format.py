@@ -180,6 +180,11 @@ def _state_faults(good: bytes) -> list[tuple[str, bytes, str]]:
     changed("version true", lambda h: h.__setitem__("format_version", True), "format_version:")
     changed("huge rows", lambda h: h.__setitem__("rows", 2 ** 53), "rows:")
     changed("negative steps", lambda h: h.__setitem__("steps", -1), "steps:")
+    faults.append(("wrong magic", b"PK\x03\x04" + good[4:], "not an ortflow training state"))
+    changed("other package", lambda h: h.__setitem__("package_id", "0" * 64), "trained from another package")
+    changed("other shape", lambda h: h["tensors"][0].__setitem__("shape", [1, 5]), r"other shapes \[.coef: ")
+    faults.append(("NaN value", _state(header, np.float32(np.nan).tobytes() + body[4:]),
+                   "tensor .coef. holds 1 non-finite value"))
     huge = re.sub(r'"rows": \d+', '"rows": 1' + "0" * 400, json.dumps(header))
     faults.append(("rows 10**400", _state(header, body, huge), "rows:"))
     return faults

@@ -124,7 +124,8 @@ class _Step:
     def __init__(self, package: TrainingPackage, entry):
         self.package, self.entry = package, entry
         self.session = _session(package.read(entry.file))
-        self.flat = bool(inputs_by_role(entry, "state"))
+        state_input = inputs_by_role(entry, "state")
+        self.flat, self.state_input = bool(state_input), state_input[0].name if state_input else None
         self.batched = [s.name for s in entry.inputs if s.role in ("data", "target", "sample_weight")]
         self.rate = [s.name for s in inputs_by_role(entry, "learning_rate")]
         self.step = [s.name for s in inputs_by_role(entry, "step")]
@@ -151,7 +152,7 @@ class _Step:
         """The losses (one, or the unrolled graph's) and the state after the step(s) on ``rows``."""
         run = {k: feeds[k][rows] for k in self.batched}
         if self.flat:
-            run[inputs_by_role(self.entry, "state")[0].name] = values[FLAT]
+            run[self.state_input] = values[FLAT]
         else:
             run.update(values)
         run.update(dict.fromkeys(self.rate, rate))
