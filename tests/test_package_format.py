@@ -273,6 +273,16 @@ def test_javascript_refuses_the_same_manifests_and_states(package, tmp_path):
              "states": [base64.b64encode(d).decode() for _, d, _ in faults],
              "good_state": base64.b64encode(good).decode(),
              "state": [float(v) for v in vector], "progress": {"epochs": 3, "steps": 12, "rowsSeen": 180, "rows": 60}}
+    wrong = copy.deepcopy(manifest)
+    wrong["step"]["inputs"][0]["shape"] = ["batch", 6]
+    wrong["step_flat"]["inputs"][1]["dtype"] = "float64"
+    renamed = copy.deepcopy(manifest["predict"])
+    renamed["outputs"][0]["name"] = "other"
+    cases["graphs"] = [
+        {"file": str(folder / e["file"]), "entry": e, "path": p}
+        for p, e in [("step", manifest["step"]), ("step_flat", manifest["step_flat"]), ("unrolled[0]",
+                     manifest["unrolled"][0]), ("predict", manifest["predict"]), ("step", wrong["step"]),
+                     ("step_flat", wrong["step_flat"]), ("predict", renamed)]]
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     node("test/format.mjs", tmp_path / "cases.json", tmp_path / "out.json")
     out = json.loads((tmp_path / "out.json").read_text())
@@ -282,6 +292,10 @@ def test_javascript_refuses_the_same_manifests_and_states(package, tmp_path):
                 (case, message)
     for (what, _, expected), message in zip(faults, out["states"]):
         assert message is not None and re.search(expected, message), (what, message)
+    assert out["graphs"][:4] == [None] * 4, out["graphs"]
+    for message, field in zip(out["graphs"][4:], ["step.inputs[0].shape:", "step_flat.inputs[1].dtype:",
+                                                  "predict.outputs:"]):
+        assert message is not None and message.startswith("manifest.json: ") and field in message, message
     assert out["constants"] == {"FORMAT": fmt.FORMAT, "FORMAT_VERSION": fmt.FORMAT_VERSION,
                                 "STATE_FORMAT": fmt.STATE_FORMAT, "GENERATOR": fmt.GENERATOR}
     assert out["roles"]["state"] == ["state"] and out["roles"]["learning_rate"] == ["learning_rate"]

@@ -413,3 +413,34 @@ export function decodeState(bytes, manifest, where = 'the state') {
   return {state, progress: {epochs: header.epochs, steps: header.steps, rowsSeen: header.rows_seen,
     rows: header.rows}};
 }
+
+/**
+ * The graph entry `entry` of the manifest (`step`, `step_flat`, an `unrolled[i]`, `predict`; `path` names it in
+ * errors) against the onnxruntime session made from its file: the same input and output names in the same order and,
+ * where the runtime gives them (`inputMetadata`, `outputMetadata`), the same dtypes and fixed sizes. Throws a
+ * TrainingPackageError naming the field (`step.inputs[0].shape`), as Python's check_graph does.
+ */
+export function checkGraph(entry, session, path, where = 'the manifest') {
+  for (const [key, names, metadata] of [['inputs', session.inputNames, session.inputMetadata],
+    ['outputs', session.outputNames, session.outputMetadata]]) {
+    const specs = entry[key];
+    if (!sameShape(specs.map((s) => s.name), [...names])) {
+      fail(where, `${path}.${key}`,
+        `the manifest lists ${show(specs.map((s) => s.name))}, the graph has ${show([...names])}`);
+    }
+    (metadata || []).forEach((meta, i) => {
+      const spec = specs[i];
+      if (!meta || !meta.isTensor) return;
+      if (meta.type !== undefined && meta.type !== spec.dtype) {
+        fail(where, `${path}.${key}[${i}].dtype`, `${show(spec.dtype)}, the graph has ${show(meta.type)}`);
+      }
+      const shape = meta.shape || [];
+      if (!spec.shape || !shape.length) return;
+      const fixed = (d) => typeof d === 'number' && d >= 0;
+      if (shape.length !== spec.shape.length ||
+          spec.shape.some((d, k) => fixed(d) && fixed(shape[k]) && d !== shape[k])) {
+        fail(where, `${path}.${key}[${i}].shape`, `${show(spec.shape)}, the graph has ${show(shape)}`);
+      }
+    });
+  }
+}

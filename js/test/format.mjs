@@ -4,10 +4,11 @@
 // written {"$number": "NaN" | "Infinity" | "-Infinity"} becomes that number (JSON cannot hold it). out.json:
 // {manifests: [message or null], states: [message or null], decoded: {state, progress} of states[0] or its error,
 // encoded: base64 of encodeState(manifest, state, progress), roles: inputsByRole(step_flat, r).map(name) by role,
-// constants}.
+// constants, graphs: [message or null] of checkGraph on cases.graphs ({file, entry, path})}.
 import {readFile, writeFile} from 'node:fs/promises';
-import {FORMAT, FORMAT_VERSION, GENERATOR, STATE_FORMAT, TrainingPackageError, decodeState, encodeState, inputsByRole,
-  validateManifest} from '../src/format.js';
+import {createRequire} from 'node:module';
+import {FORMAT, FORMAT_VERSION, GENERATOR, STATE_FORMAT, TrainingPackageError, checkGraph, decodeState, encodeState,
+  inputsByRole, validateManifest} from '../src/format.js';
 
 const revive = (key, value) => (value && typeof value === 'object' && !Array.isArray(value) && '$number' in value ?
   Number(value.$number) : value);
@@ -39,4 +40,11 @@ out.decoded = {state: Array.from(decoded.state), progress: decoded.progress};
 const encoded = encodeState(manifest, Float32Array.from(cases.state), cases.progress);
 out.encoded = Buffer.from(encoded).toString('base64');
 out.encodedOwnBuffer = encoded.byteOffset === 0 && encoded.buffer.byteLength === encoded.length;
+// the graphs against their entries (cases.graphs: [{file, entry, path}], each a graph of the package on disk)
+const ort = createRequire(import.meta.url)('onnxruntime-node');
+out.graphs = [];
+for (const g of cases.graphs) {
+  const session = await ort.InferenceSession.create(await readFile(g.file));
+  out.graphs.push(attempt(() => checkGraph(g.entry, session, g.path, 'manifest.json')));
+}
 await writeFile(outFile, JSON.stringify(out));
