@@ -20,6 +20,7 @@ manifest by :func:`ortflow.package.graphs.check_graph` once read.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -464,6 +465,7 @@ def _describe(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+@functools.lru_cache(maxsize=None)
 def _hints(cls) -> dict:
     return typing.get_type_hints(cls, globalns=vars(sys.modules[__name__]), include_extras=True)
 
