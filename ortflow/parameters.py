@@ -205,11 +205,14 @@ FULL = (
 
 #: the parameters of the trainers that add the loss to a prediction graph themselves (forward-backward, torch)
 LOSS = (
-    Param("learning_loss", "squared_error", _family("loss", "BaseLearningLoss"),
-          "the loss: a registered name (ortflow.registry.names('loss')) or a BaseLearningLoss instance"),
+    Param("learning_loss", None, _optional(_family("loss", "BaseLearningLoss")),
+          "the loss: a registered name (ortflow.registry.names('loss')), a BaseLearningLoss instance, or None: the "
+          "model's own loss, the one add_loss_output picks for the full trainer (ortflow.estimator_loss: log loss "
+          "for a classifier, the estimator's loss and settings; squared_error for a graph without a record)"),
     Param("learning_penalty", None, _family("penalty", "BaseLearningPenalty"),
-          "a penalty on the weights: None, a registered name (ortflow.registry.names('penalty')) or a "
-          "BaseLearningPenalty instance"),
+          "a penalty on the weights: a registered name (ortflow.registry.names('penalty')), a BaseLearningPenalty "
+          "instance, or None: with learning_loss None the estimator's own penalty (as add_loss_output adds it "
+          "without n_samples), else none"),
     Param("output_name", None, _optional(_output),
           "the trained output; None: the only output, or raw_score when present"),
     Param("weight_name", None, _optional(_string), "name of the sample-weight input of the loss graph"),

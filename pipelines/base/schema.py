@@ -207,8 +207,8 @@ class ModelConfig:
     start_max_iter: int = 50
     target_opset: int = 17
     l1_ratio: float = 0.5  # elastic_net
-    # the settings a model shares with a loss: None (unset) leaves the estimator's and the loss's own default. A loss
-    # chosen with loss.name takes them by name (loss.name=quantile model.quantile=0.9 trains the 0.9 quantile)
+    # the estimator's settings that its own loss takes (loss.name unset: ortflow.estimator_loss reads them from the
+    # fitted estimator); None leaves the estimator's default. A loss named with loss.name takes loss.<setting> only
     epsilon: Optional[float] = None  # huber (conf/model/huber.yaml: 1.35)
     quantile: Optional[float] = None  # quantile (conf/model/quantile.yaml: 0.5)
     # sgd_regressor / sgd_classifier: scikit-learn's loss (None: squared_error / log_loss)
@@ -361,11 +361,6 @@ class ConfigError(UserError, ValueError):
 
 #: the option model= takes for each data.task when neither the command line nor an experiment picks one
 TASK_MODEL = {"regression": "linear", "classification": "logistic"}
-
-
-#: the loss of a model with no estimator of its own (model=onnx) when loss.name is unset; every other model trains
-#: with its estimator's own loss (:func:`ortflow.estimator_loss.estimator_loss`)
-TASK_LOSS = {"regression": "square", "classification": "log"}
 
 
 def follow_task(cfg: DictConfig) -> dict[str, str]:
