@@ -17,41 +17,31 @@ from omegaconf import DictConfig, OmegaConf
 import ortflow
 from ortflow.registry import family, names, select, settings_of
 
-from .schema import TRAINERS, ConfigError, TrainerConfig, plain_value, task_of
+from .schema import (OPTIMIZER_SETTINGS, PIPELINE_SET, TRAINER_RENAMED, TRAINERS, ConfigError, TrainerConfig,
+                     plain_value, task_of)
 
 
-#: the keys of the ``trainer`` group named otherwise than the optimizer parameter they set: the rate is an
-#: optimizer's ``eta0``, and the schedule is what SGD's constructor calls ``learning_rate`` (onnxcustom's name)
-OPTIMIZER_RENAMED = {"learning_rate": "eta0", "lr_schedule": "learning_rate"}
 #: what an unset key means for a class that takes its parameter (else: the class's own default)
 OPTIMIZER_DEFAULTS = {"lr_schedule": "constant"}
-#: the keys of the ``trainer`` group named otherwise than the trainer parameter they set
-TRAINER_RENAMED = {"seed": "random_state"}
-#: the trainers' own rate settings, which the pipelines give as an optimizer object instead, and ``verbose``
+#: the ``trainer`` keys of a trainer parameter that the pipelines pass otherwise: ``verbose``
 #: (:func:`trainer_verbose`)
-NOT_TRAINER_KEYS = ("learning_rate", "lr_schedule", "power_t", "verbose")
-
-
-def _trainer_group() -> list[str]:
-    return [f.name for f in fields(TrainerConfig)]
+NOT_TRAINER_KEYS = ("verbose",)
 
 
 def optimizer_keys() -> dict[str, str]:
-    """``trainer.<key>`` -> the optimizer parameter it sets: every key of the ``trainer`` group that names (through
-    :data:`OPTIMIZER_RENAMED`) a constructor parameter of an optimizer of the registry."""
-    taken = {param for cls in family("optimizer").values() for param in settings_of(cls)}
-    return {key: OPTIMIZER_RENAMED.get(key, key) for key in _trainer_group()
-            if OPTIMIZER_RENAMED.get(key, key) in taken}
+    """``trainer.<key>`` -> the optimizer parameter it sets: every constructor parameter of an optimizer of the
+    registry when the schema was generated (:data:`pipelines.base.schema.OPTIMIZER_SETTINGS`)."""
+    return {key: param for key, (param, _, _) in OPTIMIZER_SETTINGS.items()}
 
 
 def trainer_keys() -> dict[str, str]:
     """``trainer.<key>`` -> the trainer parameter it sets: every key of the ``trainer`` group that names (through
-    :data:`TRAINER_RENAMED`) a parameter of a trainer's table (:data:`ortflow.parameters.TRAINERS`), but
-    :data:`NOT_TRAINER_KEYS`. No registry needed."""
+    :data:`~pipelines.base.schema.TRAINER_RENAMED`) a parameter of a trainer's table
+    (:data:`ortflow.parameters.TRAINERS`), but :data:`NOT_TRAINER_KEYS`. No registry needed."""
     from ortflow.parameters import TRAINERS as TABLES
 
-    taken = {p.name for table in TABLES.values() for p in table}
-    return {key: TRAINER_RENAMED.get(key, key) for key in _trainer_group()
+    taken = {p.name for table in TABLES.values() for p in table} - set(PIPELINE_SET)
+    return {key: TRAINER_RENAMED.get(key, key) for key in (f.name for f in fields(TrainerConfig))
             if key not in NOT_TRAINER_KEYS and TRAINER_RENAMED.get(key, key) in taken}
 
 
@@ -185,13 +175,11 @@ def trainer_settings(cfg: DictConfig) -> dict[str, Any]:
     args: dict[str, Any] = {}
     for key, param in trainer_keys().items():
         value = t[key]
+        if value is None:  # unset: the trainer's own default
+            continue
         if param not in taken:
-            if value is not None:
-                raise ConfigError(f"trainer.{key}={plain_value(value)}: trainer={name} takes no {key}")
-            continue
-        if value is None and param in ("gradients", "precision"):
-            continue
-        args[param] = list(value) if key == "weights_to_train" and value else plain_value(value)
+            raise ConfigError(f"trainer.{key}={plain_value(value)}: trainer={name} takes no {key}")
+        args[param] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else plain_value(value)
     return args
 
 
