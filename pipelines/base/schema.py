@@ -5,7 +5,9 @@ and listed first in ``conf/config.yaml``'s defaults, so a value of the wrong typ
 an enum fails at composition with an error naming the key (``full_key: trainer.max_iter``). The choices of
 ``model.name`` come from the table of models (:mod:`pipelines.modeling.models`). The ``loss`` and ``penalty`` groups
 hold a registry name (:mod:`ortflow.registry`) and the settings of its class, which the schema cannot know: they are
-checked by :mod:`pipelines.base.checks`, as is everything a per-key type cannot express.
+checked by :mod:`pipelines.base.checks`, as is everything a per-key type cannot express. The ``trainer`` group
+(:data:`TrainerConfig`) is generated from the core's tables of trainer parameters (:mod:`ortflow.parameters`) and the
+optimizers' constructors, with the pipelines' own defaults on top (:data:`TRAINER_DEFAULTS`).
 """
 
 from __future__ import annotations
