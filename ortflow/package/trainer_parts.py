@@ -16,7 +16,6 @@ from ..convert import graph_classes
 from ..exceptions import TrainingPackageError
 from ..learning_rates import STEP, BaseLearningRate
 from ..ml_op_rewrites import make_trainable
-from ..registry import select
 from ..validation import check_weights_to_train
 
 _PROBABILITIES = ("output_probability", "output_label", "probabilities", "label")
@@ -102,17 +101,16 @@ def _fitted_state(est, state: dict[str, np.ndarray], moments: bool = True) -> di
 
 
 def _fwbw_trainer(est) -> _Trainer:
-    from sklearn.base import clone
-
     from ..base import prediction_spec
+    from ..estimator_loss import own_loss, own_penalty
 
     model = make_trainable(g.load_model(est.model_onnx), est.weights_to_train)
     spec = prediction_spec(model, est.output_name, est.weight_name)
-    penalty = select("penalty", est.learning_penalty)
+    penalty = own_penalty(model, est.learning_loss, est.learning_penalty)
     if not penalty.is_null():
-        raise TrainingPackageError(f"learning_penalty={est.learning_penalty!r}: a training package holds the loss "
-                                   "of add_loss_output without a penalty; train without one to export")
-    loss_object = clone(select("loss", est.learning_loss))
+        raise TrainingPackageError(f"learning_penalty={est.learning_penalty!r} ({penalty!r}): a training package "
+                                   "holds the loss of add_loss_output without a penalty; train without one to export")
+    loss_object = own_loss(model, est.learning_loss)
     taken = g.all_names(model)
     loss, label = _fresh("loss", taken), _fresh("label", taken)
     weight_input = spec.weight_name if spec.weight_name not in taken else _fresh("weight", taken)
