@@ -1,5 +1,5 @@
-"""The fit API of the JavaScript trainer (issue 47 item 3, issue 45 items 10-12), one Node process
-(js/test/fit-api.mjs, onnxruntime-node) for every case: callbacks in TensorFlow.js's order with the per-epoch record,
+"""The fit API of the JavaScript trainer (issue 47 item 3, issue 45 items 10-12), one Node process per runtime
+(js/test/fit-api.mjs, onnxruntime-node and onnxruntime-web's WebAssembly build) for every case: callbacks in TensorFlow.js's order with the per-epoch record,
 ``stopTraining`` and an AbortSignal stopping between steps, validation data and split with ``val_loss`` (evaluate's
 value), ``evaluate`` against the package's loss graph run by Python, the History, ``loadState`` round trips (JS -> JS
 and Python -> JS -> JS -> Python) bit-identical to an uninterrupted run, ``dispose``, TypeError/RangeError for bad
@@ -27,10 +27,11 @@ pytestmark = JS_GROUP
 FIT = {"seed": 5, "shuffle": True}
 
 
-@pytest.fixture(scope="module")
-def fit_api(tmp_path_factory):
+@pytest.fixture(scope="module", params=["node", "web"])
+def fit_api(tmp_path_factory, request):
+    """Every case run by one node process on onnxruntime-node, or on onnxruntime-web's WebAssembly build."""
     require_node()
-    root = tmp_path_factory.mktemp("js_fit")
+    root = tmp_path_factory.mktemp(f"js_fit_{request.param}")
     linear, X, y = make_package("linear", "adam", root / "linear")
     # a forward-backward trainer's package has a sample weight input
     est = ortflow.OrtGradientForwardBackwardOptimizer(ortflow.to_onnx(quiet_fit(LinearRegression(), X, y)),
@@ -43,7 +44,7 @@ def fit_api(tmp_path_factory):
     config = root / "config.json"
     config.write_text(json.dumps({"linear": str(linear), "weighted": str(weighted), "X": X.tolist(),
                                   "y": y.tolist(), "python": str(python), "out": str(out)}))
-    result = json.loads(node("test/fit-api.mjs", "node", config).stdout)
+    result = json.loads(node("test/fit-api.mjs", request.param, config).stdout)
     return {**result, "linear": linear, "X": X, "y": y, "python": python, "out": out}
 
 
@@ -208,3 +209,4 @@ def test_good_arguments_still_train(fit_api):
     assert fit_api["batch_size_same"] == {"thrown": False, "value": [0]}
     assert fit_api["weighted_ok"] == {"thrown": False, "value": [0]}
     assert fit_api["untouched_after_bad"] == {"steps": 4, "epochs": 1}
+    assert fit_api["refused_then_fit"] == ["RangeError", "fulfilled", [1]]

@@ -363,20 +363,22 @@ export class Trainer {
    * Returns the History {epoch: [...], history: {loss: [...], val_loss?: [...]}}.
    */
   fit(X, y, options = {}) {
-    try {
+    let plan;
+    try {  // the arguments checked and the data prepared before the fit counts as running
       this._idle('fit');
-      checkKeys('fit\'s options', options, FIT_OPTIONS);
+      plan = this._fitPlan(X, y, options);
     } catch (err) {
       return Promise.reject(err);
     }
-    const done = this._fit(X, y, options);
+    const done = this._train(plan);
     this._fitting = done;
     return done.finally(() => { this._fitting = null; });
   }
 
-  async _fit(X, y, options) {
+  /** fit's arguments checked (TypeError, RangeError) and its data prepared (TrainingPackageError). */
+  _fitPlan(X, y, options) {
+    checkKeys('fit\'s options', options, FIT_OPTIONS);
     const m = this.manifest;
-    const ort = this.ort;
     const {epochs = 1, shuffle = true, seed = 0, sampleWeight, batchSize: askedBatch, callbacks = {}, onEpoch,
       signal, validationData, validationSplit} = options;
     checkCount('epochs', epochs);
@@ -414,6 +416,12 @@ export class Trainer {
       validation = {n: data.n - at, columns: data.columns.map((c) => sliceColumn(c, at, data.n))};
       data = {n: at, columns: data.columns.map((c) => sliceColumn(c, 0, at))};
     }
+    return {data, validation, epochs, shuffle, seed, callbacks, onEpoch, signal};
+  }
+
+  async _train({data, validation, epochs, shuffle, seed, callbacks, onEpoch, signal}) {
+    const m = this.manifest;
+    const ort = this.ort;
     const n = data.n;
     const batchSize = m.batch_size;
     const maxSteps = Math.max(1, ...this._ladder.keys());

@@ -160,5 +160,8 @@ for (const [name, options] of [['flat', {}], ['tensors', {flat: false}]]) {
   out.batch_size_same = await outcome(async () => (await t.fit(X, y, {batchSize: 16})).epoch);
   out.weighted_ok = await outcome(async () => (await w.fit(X, y, {sampleWeight: y.map((v, i) => i % 3)})).epoch);
   out.untouched_after_bad = {steps: t.steps, epochs: t.epochs};
+  // a refused fit never counts as running: a fit called right after it (same tick) runs
+  const [refused, next] = await Promise.allSettled([t.fit(X, y, {epochs: -1}), t.fit(X, y, {epochs: 1})]);
+  out.refused_then_fit = [refused.reason.name, next.status, next.value && next.value.epoch];
 }
 console.log(JSON.stringify(out));
