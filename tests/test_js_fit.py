@@ -1,10 +1,11 @@
 """The fit API of the JavaScript trainer (issue 47 item 3, issue 45 items 10-12), one Node process per runtime
-(js/test/fit-api.mjs, onnxruntime-node and onnxruntime-web's WebAssembly build) for every case: callbacks in TensorFlow.js's order with the per-epoch record,
-``stopTraining`` and an AbortSignal stopping between steps, validation data and split with ``val_loss`` (evaluate's
-value), ``evaluate`` against the package's loss graph run by Python, the History, ``loadState`` round trips (JS -> JS
-and Python -> JS -> JS -> Python) bit-identical to an uninterrupted run, ``dispose``, TypeError/RangeError for bad
-arguments, ragged rows and negative sample weights refused naming the row, a second fit while one runs refused
-(ConcurrentFitError) and the first one left as if alone."""
+(js/test/fit-api.mjs, onnxruntime-node and onnxruntime-web's WebAssembly build) for every case: callbacks in
+TensorFlow.js's order with the per-epoch record, ``stopTraining`` and an AbortSignal stopping between steps,
+validation data and split with ``val_loss`` (evaluate's value), ``evaluate`` against the package's loss graph run by
+Python, the History, ``loadState`` round trips (JS -> JS and Python -> JS -> JS -> Python) bit-identical to an
+uninterrupted run, ``dispose``, predictions while a fit runs, TypeError/RangeError for bad arguments, ragged rows
+and negative sample weights refused naming the row, a second fit while one runs refused (ConcurrentFitError) and the
+first one left as if alone."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def fit_api(tmp_path_factory, request):
     config = root / "config.json"
     config.write_text(json.dumps({"linear": str(linear), "weighted": str(weighted), "X": X.tolist(),
                                   "y": y.tolist(), "python": str(python), "out": str(out)}))
-    result = json.loads(node("test/fit-api.mjs", request.param, config).stdout)
+    result = json.loads(node("test/fit-api.mjs", request.param, config, timeout=120).stdout)
     return {**result, "linear": linear, "X": X, "y": y, "python": python, "out": out}
 
 
@@ -160,6 +161,18 @@ def test_concurrent_fit_is_refused(fit_api):
         assert fit_api[case]["name"] == "ConcurrentFitError", fit_api[case]
         assert "while a fit of this trainer runs" in fit_api[case]["message"]
     assert fit_api["concurrent_state"]["first"] == fit_api["concurrent_state"]["alone"]
+
+
+def test_predict_while_fitting(fit_api):
+    """predict() calls left running while fit goes on all succeed (the prediction session of old weights is released
+    when its last run ends; runs of one session go one after the other); the predictions follow each epoch's
+    weights."""
+    got = fit_api["predict_during_fit"]
+    assert got["statuses"] == ["fulfilled"]
+    assert len({json.dumps(p) for p in got["perEpoch"]}) == 3
+    assert got["last"] == got["perEpoch"][-1]
+    # calls started together on one trainer (onnxruntime-web hung on two runs of one session at once)
+    assert got["together"][0] == got["together"][1] and got["together"][2] == got["together"][3] == got["last"]
 
 
 def test_dispose(fit_api):

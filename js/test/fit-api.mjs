@@ -115,6 +115,24 @@ for (const [name, options] of [['flat', {}], ['tensors', {flat: false}]]) {
   out.concurrent_state = {first: hex(t.exportState()), alone: hex(alone.exportState())};
 }
 
+// predictions while a fit runs (started in callbacks, not awaited there): each succeeds though the epochs' ends replace
+// the prediction graph's weights; each epoch's predictions follow its weights
+{
+  const t = await load();
+  const running = [];
+  const perEpoch = [];
+  await t.fit(X, y, {...FIT, epochs: 3, callbacks: {
+    onBatchEnd: () => { running.push(t.predict(X.slice(0, 2))); },
+    onEpochEnd: async () => { perEpoch.push(await t.predict(X.slice(0, 1))); },
+  }});
+  const settled = await Promise.allSettled(running);
+  out.predict_during_fit = {statuses: [...new Set(settled.map((s) => s.status))], perEpoch,
+    last: await t.predict(X.slice(0, 1)),
+    together: await Promise.all([t.evaluate(X, y), t.evaluate(X, y), t.predict(X.slice(0, 1)),
+      t.predict(X.slice(0, 1))])};
+  await t.dispose();
+}
+
 // dispose: a running fit stops; every later call throws
 {
   const t = await load();
