@@ -202,6 +202,8 @@ def test_dispose(fit_api):
     ("load_state_type", "TypeError", ["loadState takes the state file's bytes"]),
     ("load_source", "TypeError", ["Trainer.load takes a folder or a URL"]),
     ("load_flat", "TypeError", ['flat="yes" must be true, false or \'auto\'']),
+    ("load_providers", "TypeError", ["executionProviders must be an array"]),
+    ("load_option", "TypeError", ['unknown keys ["unroled"]']),
     # issue 45 item 10: ragged rows, whether or not the total count matches
     ("ragged_total_kept", "TrainingPackageError", ["X is ragged: row 0 has 6 values",
                                                    'the package\'s "X" takes rows of 5']),
@@ -218,8 +220,10 @@ def test_bad_arguments(fit_api, case, error, words):
 
 
 def test_good_arguments_still_train(fit_api):
-    """The package's own batch size may be given; weights of 0 on some rows train; a refused call changes nothing."""
+    """The package's own batch size may be given; execution providers may be named; weights of 0 on some rows
+    train; a refused call changes nothing."""
     assert fit_api["batch_size_same"] == {"thrown": False, "value": [0]}
+    assert fit_api["providers"] == {"thrown": False, "value": [0]}
     assert fit_api["weighted_ok"] == {"thrown": False, "value": [0]}
     assert fit_api["untouched_after_bad"] == {"steps": 4, "epochs": 1}
     assert fit_api["refused_then_fit"] == ["RangeError", "fulfilled", [1]]

@@ -166,6 +166,8 @@ for (const [name, options] of [['flat', {}], ['tensors', {flat: false}]]) {
     load_state_type: () => t.loadState('abc'),
     load_source: () => Trainer.load(42, {ort}),
     load_flat: () => Trainer.load(linear, {ort, flat: 'yes'}),
+    load_providers: () => Trainer.load(linear, {ort, executionProviders: 'cpu'}),
+    load_option: () => Trainer.load(linear, {ort, unroled: false}),
     ragged_total_kept: () => t.fit(X.map((r, i) => (i === 0 ? [...r, 0.5] : i === 1 ? r.slice(0, 4) : row(i, r))), y),
     ragged_7_3: () => t.fit(X.map((r, i) => (i === 10 ? [...r, 1, 2] : i === 11 ? r.slice(0, 3) : r)), y),
     ragged_y: () => t.fit(X, y.map((v, i) => (i === 4 ? [v, v] : v))),
@@ -175,6 +177,8 @@ for (const [name, options] of [['flat', {}], ['tensors', {flat: false}]]) {
     negative_validation_weight: () => w.fit(X, y, {validationData: [X, y, y.map(() => -1)]}),
   };
   for (const [name, f] of Object.entries(cases)) out[name] = await outcome(f);
+  out.providers = await outcome(async () => (await (await load(linear, {executionProviders: [kind === 'web' ? 'wasm' :
+    'cpu']})).fit(X, y)).epoch);
   out.batch_size_same = await outcome(async () => (await t.fit(X, y, {batchSize: 16})).epoch);
   out.weighted_ok = await outcome(async () => (await w.fit(X, y, {sampleWeight: y.map((v, i) => i % 3)})).epoch);
   out.untouched_after_bad = {steps: t.steps, epochs: t.epochs};
