@@ -147,7 +147,7 @@ class Split:
         if self.streamed:  # the test part is the files' rows in the hash band: the description names them
             from .streams import Stream, description
 
-            digest.update(self.stream.encode())
+            digest.update(Stream.from_json(self.stream).rows_json().encode())  # buffer_rows: the same rows
             digest.update(description(Stream.from_json(self.stream))["digest"].encode())
         X_test = self.X_test
         if self.is_table:
@@ -310,7 +310,7 @@ def stream_split(data: DictConfig, preprocess: DictConfig | None = None) -> Spli
     from. With ``preprocess=auto`` the samples are the raw columns (their kinds read from the training sample), the
     preprocessing ``convert`` fits scales them inside the graph; without, they are standardized with the training
     sample's statistics."""
-    from .streams import labels_like, open_stream, raw_rows, sample, scan_labels, stream_error
+    from .streams import labels_by_file, labels_like, open_stream, raw_rows, sample, scan_labels, stream_error
     from .tables import column_kind, column_treatments, warn_many_levels
 
     stream, parts = open_stream(data, preprocess)
@@ -337,6 +337,18 @@ def stream_split(data: DictConfig, preprocess: DictConfig | None = None) -> Spli
         if missing:
             raise stream_error(f"{where}: the training part holds the labels {missing[:10]} that its first {rows} "
                                "rows (data.sample_rows, where the start model is fitted) lack: raise data.sample_rows")
+        trained = set(found.tolist())
+        for part in ("validation", "test"):  # a class the training part never shows cannot be predicted, nor scored
+            if part not in parts:
+                continue
+            for label, file in labels_by_file(parts[part]).items():
+                label = labels_like(np.array([label]), classes)[0].item()
+                if label not in trained:
+                    raise stream_error(
+                        f"{where}: the class {label!r} is in the {part} part (file {file}) and in no row of the "
+                        "training part: no model trained on this split can predict it. Give it training rows (more "
+                        "rows of it, or data.key=<a column> spreading them over the parts), or leave its rows out "
+                        "of the table")
         y_train, y_valid, y_test = (labels_like(y, classes) for y in (y_train, y_valid, y_test))
     else:
         y_train, y_valid, y_test = (np.asarray(y, dtype=np.float64) for y in (y_train, y_valid, y_test))
