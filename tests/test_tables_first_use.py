@@ -233,6 +233,24 @@ def test_row_numbers_are_left_out_with_a_line(compose_pipeline, tmp_path, caplog
     assert read_table(kept.data, kept.preprocess).features == [name, "bill"]
 
 
+def test_a_row_index_in_a_streamed_table_is_left_out(compose_pipeline, tmp_path, caplog):
+    """The same rule on Parquet (``data=parquet``), by the training sample: a pandas index written as a column
+    (``Unnamed: 0``, from a CSV converted) and an ``id`` are left out, the split's features and parts without them."""
+    from pipelines.data.datasets import make_split
+
+    frame = _penguins(600).sample(frac=1, random_state=1)  # the index shuffled: not a sequence, still a label
+    frame = frame.reset_index().rename(columns={"index": "Unnamed: 0"})
+    frame["id"] = np.arange(len(frame))[::-1]
+    _parquet_table(tmp_path / "t", frame)
+    cfg = compose_pipeline("data=parquet", f"data.path={tmp_path / 't'}", "data.target=species",
+                           "data.task=classification", "model=logistic", "data.sample_rows=200")
+    with caplog.at_level(logging.WARNING, logger="pipelines.data.tables"):
+        split = make_split(cfg.data, preprocess=cfg.preprocess)
+    assert list(split.feature_names) == ["bill", "mass"] and list(split.X_train.columns) == ["bill", "mass"]
+    assert all(part.columns == ["bill", "mass"] for part in split.stream_parts().values())
+    assert "column 'Unnamed: 0' of " in caplog.text and "column 'id' of " in caplog.text
+
+
 def test_an_identifier_is_left_out_and_the_printed_overrides_work(compose_pipeline, tmp_path, caplog):
     """Seen: only text IDs with >= 50 levels got a warning, whose advice ``preprocess.columns.tag_id=drop`` failed
     (ConfigCompositionException: the ``+`` form is needed). Now a column with a value per row is left out, and the
@@ -295,3 +313,30 @@ def test_validation_fraction_is_a_share_of_the_non_test_rows_for_files_and_parqu
     n = len(frame)
     for part, share in {"train": 0.64, "validation": 0.16, "test": 0.2}.items():  # 4 binomial standard deviations
         assert abs(parts[part].n_rows / n - share) < 4 * np.sqrt(share * (1 - share) / n), (part, parts[part].n_rows)
+
+
+@pytest.mark.slow
+def test_a_chain_on_thousands_separators_trains_as_the_clean_table_and_an_ambiguous_one_makes_no_run(
+        tmp_path, new_sqlite_store, run_chain_clean):
+    """End to end on a sqlite store: the separators' table trains to the clean table's test R2 (0.31 against 0.999
+    was seen) and is promoted; the ambiguous table stops before any run exists (nothing registered or promoted)."""
+    from mlflow import MlflowClient
+
+    frame = _houses(400)
+    frame.to_csv(tmp_path / "clean.csv", index=False)
+    frame.assign(area=[f"{v:,.1f}" for v in frame.area]).to_csv(tmp_path / "houses.csv", index=False)
+    frame.assign(area=[f"{int(v):,}" for v in frame.area]).to_csv(tmp_path / "ambiguous.csv", index=False)
+    uri = new_sqlite_store(tmp_path / "mlflow.db")
+    common = ["data=file", "data.target=price", "model=linear", "trainer.max_iter=20", f"mlflow.tracking_uri={uri}",
+              f"mlflow.root={tmp_path}"]
+    client = MlflowClient(uri)
+    r2 = {}
+    for name in ("clean", "houses"):
+        result = run_chain_clean([*common, f"data.path={tmp_path / f'{name}.csv'}"], tmp_path / name)
+        r2[name] = client.get_run(result.stage_run_ids["evaluate"]).data.metrics["test_r2"]
+    assert r2["clean"] > 0.99 and r2["houses"] == pytest.approx(r2["clean"], abs=1e-6)
+    runs = len(client.search_runs([e.experiment_id for e in client.search_experiments()]))
+    with pytest.raises(DataError, match="column 'area' of ambiguous.csv holds numbers whose separators read two"):
+        run_chain_clean([*common, f"data.path={tmp_path / 'ambiguous.csv'}"], tmp_path / "ambiguous")
+    assert len(client.search_runs([e.experiment_id for e in client.search_experiments()])) == runs
+    assert not [m for m in client.search_registered_models() if "ambiguous" in m.name]

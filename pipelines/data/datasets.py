@@ -310,17 +310,28 @@ def stream_split(data: DictConfig, preprocess: DictConfig | None = None) -> Spli
     from. With ``preprocess=auto`` the samples are the raw columns (their kinds read from the training sample), the
     preprocessing ``convert`` fits scales them inside the graph; without, they are standardized with the training
     sample's statistics."""
+    from dataclasses import replace
+
     from .streams import labels_by_file, labels_like, open_stream, raw_rows, sample, scan_labels, stream_error
-    from .tables import column_kind, column_treatments, warn_many_levels
+    from .tables import column_kind, column_treatments, leave_out_row_labels, warn_many_levels
 
     stream, parts = open_stream(data, preprocess)
     treatments = column_treatments(preprocess)
     rows = int(data.sample_rows)
     kinds = None
+    raw, y_raw, _ = parts["train"].head(rows)
+    if not data.features:  # row indexes and identifiers (by the training sample): features only when named
+        labels = leave_out_row_labels(raw, [c for c in stream.columns if c not in (treatments or {})],
+                                      f"{stream.path} (its first {len(raw)} training rows)")
+        if len(labels) == len(stream.columns):
+            raise stream_error(f"{stream.path} has no feature column besides the target {stream.target!r} and the "
+                               f"row labels {labels}")
+        if labels:
+            stream = replace(stream, columns=tuple(c for c in stream.columns if c not in labels))
+            parts, raw = stream.parts(), raw.drop(columns=labels)
     if treatments is None:
-        X_train, y_train = sample(parts["train"], rows)
+        X_train, y_train = raw_rows(parts["train"], raw, y_raw, "sample")
     else:  # the kinds of the training sample's columns hold for every chunk of every part
-        raw, y_raw, _ = parts["train"].head(rows)
         kinds = {c: column_kind(raw[c], treatments.get(c)) for c in stream.columns}
         warn_many_levels(raw, kinds, treatments, f"{stream.path} (its first {len(raw)} training rows)")
         X_train, y_train = raw_rows(parts["train"], raw, y_raw, "sample", kinds, stream.junk_cells)

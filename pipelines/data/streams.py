@@ -123,7 +123,7 @@ def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple
     """The configured table checked and split: ``(Stream, {part: ParquetSource})``. A :class:`DataError` names a
     missing path, a folder without Parquet files, a missing target, key or feature column, a column ``preprocess``
     cannot take (without preprocessing, a non-numeric one) and an empty part; its hint suggests ``data.key`` only
-    where none is set. ``preprocess.columns.<column>=drop`` leaves a column out."""
+    where none is set. ``+preprocess.columns.<column>=drop`` leaves a column out."""
     try:
         return _open_stream(data, preprocess)
     except DataError as exc:
@@ -183,7 +183,7 @@ def _open_stream(data: DictConfig, preprocess: DictConfig | None) -> tuple[Strea
         if other:
             raise stream_error(f"data=parquet takes columns of numbers, booleans, text, categories and dates, and "
                                f"{path} has the columns {other}: leave them out with data.features=[...] or "
-                            "preprocess.columns.<column>=drop")
+                            "+preprocess.columns.<column>=drop")
     stream = Stream(str(path), target, tuple(columns), key, float(data.test_size),
                     float(data.validation_fraction), int(data.buffer_rows), str(data.get("junk_cells", "refuse")))
     try:
