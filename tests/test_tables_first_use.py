@@ -36,12 +36,12 @@ def test_numbers_with_thousands_separators_are_read_as_numbers_with_a_line(compo
     frame = _houses()
     written = frame.assign(area=[f"{v:,.1f}" for v in frame.area])
     assert written.area.str.contains(",").mean() > 0.5
-    written.to_csv(tmp_path / "houses.csv", index=False)
+    written.to_csv(tmp_path / "thousands.csv", index=False)  # a name of its own: the line is said once
     with caplog.at_level(logging.WARNING):
-        table = read_table(*_cfg(compose_pipeline, tmp_path / "houses.csv"))
+        table = read_table(*_cfg(compose_pipeline, tmp_path / "thousands.csv"))
     assert table.kinds["area"] == "number"
     np.testing.assert_array_equal(table.X.area.to_numpy(), frame.area.to_numpy())
-    assert "column 'area' of houses.csv holds numbers written with separators: read with ',' separating " \
+    assert "column 'area' of thousands.csv holds numbers written with separators: read with ',' separating " \
         "thousands, '.' the decimal point" in caplog.text
 
 
@@ -51,11 +51,11 @@ def test_decimal_commas_in_a_third_of_the_cells_are_read_as_numbers(compose_pipe
     frame = _houses()
     frame["area"] = frame.area + 0.25  # two decimals: '1234,25' cannot be a thousands separator
     cells = [f"{v:.2f}".replace(".", ",") if i % 3 == 0 else f"{v:.2f}" for i, v in enumerate(frame.area)]
-    frame.assign(area=cells).to_csv(tmp_path / "houses.csv", index=False)
+    frame.assign(area=cells).to_csv(tmp_path / "decimals.csv", index=False)  # a name of its own: said once
     with caplog.at_level(logging.WARNING):
-        table = read_table(*_cfg(compose_pipeline, tmp_path / "houses.csv"))
+        table = read_table(*_cfg(compose_pipeline, tmp_path / "decimals.csv"))
     np.testing.assert_allclose(table.X.area.to_numpy(), frame.area.to_numpy(), rtol=0, atol=0)
-    assert "column 'area' of houses.csv holds numbers written with separators: read with ',' the decimal point" \
+    assert "column 'area' of decimals.csv holds numbers written with separators: read with ',' the decimal point" \
         in caplog.text
 
 
@@ -100,6 +100,17 @@ def test_a_constant_target_is_refused(compose_pipeline, tmp_path):
     with pytest.raises(DataError, match=r"data.target='price' of houses.csv holds one value \(7\) in all 400 rows: "
                                         "nothing to learn"):
         read_table(*_cfg(compose_pipeline, tmp_path / "houses.csv"))
+
+
+def test_a_constant_target_of_a_streamed_table_is_refused(compose_pipeline, tmp_path):
+    """The same on Parquet, from the files' statistics (no row read)."""
+    from pipelines.data.datasets import make_split
+
+    _parquet_table(tmp_path / "t", _houses(600).drop(columns="city").assign(price=7.0))
+    cfg = _parquet(compose_pipeline, tmp_path / "t")
+    with pytest.raises(DataError, match=r"data.target='price' of \S+ holds one value \(7\) in every row \(the files' "
+                                        r"statistics\): nothing to learn"):
+        make_split(cfg.data, preprocess=cfg.preprocess)
 
 
 def test_an_ambiguous_date_is_refused_in_training_as_the_served_model_refuses_it(compose_pipeline, tmp_path):

@@ -312,7 +312,8 @@ def stream_split(data: DictConfig, preprocess: DictConfig | None = None) -> Spli
     sample's statistics."""
     from dataclasses import replace
 
-    from .streams import labels_by_file, labels_like, open_stream, raw_rows, sample, scan_labels, stream_error
+    from .streams import (constant_target, labels_by_file, labels_like, open_stream, raw_rows, sample, scan_labels,
+                          stream_error)
     from .tables import column_kind, column_treatments, leave_out_row_labels, warn_many_levels
 
     stream, parts = open_stream(data, preprocess)
@@ -363,6 +364,10 @@ def stream_split(data: DictConfig, preprocess: DictConfig | None = None) -> Spli
         y_train, y_valid, y_test = (labels_like(y, classes) for y in (y_train, y_valid, y_test))
     else:
         y_train, y_valid, y_test = (np.asarray(y, dtype=np.float64) for y in (y_train, y_valid, y_test))
+        value = constant_target(stream)
+        if value is not None:
+            raise stream_error(f"{where} holds one value ({value:g}) in every row (the files' statistics): nothing to "
+                               "learn (any model predicts it exactly); choose another target column")
     if len(y_train) < 2:
         raise stream_error(f"the training part of {stream.path} holds {len(y_train)} rows: too few to train on")
     return standardized_split(data, task, (X_train, y_train), (X_valid, y_valid), (X_test, y_test), stream.columns,

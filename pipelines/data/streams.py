@@ -337,6 +337,26 @@ def file_signature(file: str) -> str:
     return f"{size}:{hashlib.sha256(footer).hexdigest()[:16]}"
 
 
+def constant_target(stream: Stream) -> float | None:
+    """The one value of the target in every row of the stream's files, when their Parquet statistics say so (every
+    row group's minimum and maximum that value, no null); None otherwise, or where a row group has no statistics.
+    Read: the footers only."""
+    import pyarrow.parquet as pq
+
+    values = set()
+    for file in stream.files:
+        meta = pq.read_metadata(file)
+        index = meta.schema.to_arrow_schema().get_field_index(stream.target)
+        for group in range(meta.num_row_groups):
+            statistics = meta.row_group(group).column(index).statistics
+            if statistics is None or not statistics.has_min_max or statistics.null_count:
+                return None
+            values.update((statistics.min, statistics.max))
+            if len(values) > 1:
+                return None
+    return next(iter(values)) if values else None
+
+
 def labels_by_file(source) -> dict:
     """``{label: the first file holding it}`` of ``source``'s target (its part of the split), read one file and one
     row group at a time (the target column alone)."""
