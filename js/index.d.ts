@@ -1,5 +1,8 @@
-// Typings of ortflow's JavaScript trainer (index.js). The runtime is passed in: onnxruntime-node or onnxruntime-web.
+// Typings of ortflow's JavaScript trainer: the browser entry (index.js) and the Node entry (node.js, the same API; it
+// also reads a package from a folder). The runtime is passed in: onnxruntime-node or onnxruntime-web.
+// TypeScript 5.7 or later (`Uint8Array<ArrayBuffer>`).
 
+// --- the runtime ------------------------------------------------------------------------------------------------
 /** The part of an onnxruntime module (onnxruntime-node, onnxruntime-web) the trainer uses. */
 export interface OrtRuntime {
   InferenceSession: {create(model: Uint8Array, options?: object): Promise<OrtSession>};
@@ -9,6 +12,7 @@ export interface OrtRuntime {
 
 export interface OrtSession {
   run(feeds: Record<string, OrtTensor>): Promise<Record<string, OrtTensor>>;
+  release?(): Promise<void>;
 }
 
 /** A runtime tensor (ort.Tensor of either runtime). */
@@ -18,21 +22,110 @@ export interface OrtTensor {
   readonly data: ArrayLike<number | bigint | string>;
 }
 
+// --- data -------------------------------------------------------------------------------------------------------
 /** One value, or a row of values (nested arrays are flattened: an image row may be [[...], ...]). */
 export type Row = number | bigint | string | ArrayLike<number> | Row[];
 /** Rows of one input: an array of rows, or a runtime tensor whose first axis is the rows. */
 export type Rows = Row[] | OrtTensor;
+/** The rows of the package's data input, or `{inputName: rows}` for a graph of several data inputs. */
+export type Features = Rows | Record<string, Rows>;
 
+// --- the format -------------------------------------------------------------------------------------------------
 export const FORMAT: 'ortflow-training-package';
 export const FORMAT_VERSION: 1;
 export const STATE_FORMAT: 'ortflow-training-state';
 export const GENERATOR: 'mulberry32-fisher-yates';
 
-/** What is wrong with a package, a state or the data given to train it. */
+/** A JSON value (what `manifest.metadata` holds). */
+export type JsonValue = null | boolean | number | string | JsonValue[] | {[key: string]: JsonValue};
+
+/** The standardization a package exported by the pipelines expects (`manifest.metadata.standardization`): features
+ * fed as `(x - x_mean) / x_scale`, a regressor's target as `(y - y_mean) / y_scale`; null where none applies. */
+export type Standardization = {
+  x_mean: number[] | null;
+  x_scale: number[] | null;
+  y_mean: number[] | null;
+  y_scale: number[] | null;
+};
+
+/** What the exporter added (`export_training_package(..., metadata=...)`): any JSON; the pipelines write
+ * `standardization`, `task`, `features`, `model` and where the weights come from. */
+export interface Metadata {
+  [key: string]: JsonValue | undefined;
+  standardization?: Standardization;
+}
+
+/** An input or output of a graph: a shape lists sizes and the batch axis's symbol (`"batch"`, or null). */
+export interface TensorInfo {
+  name: string;
+  shape: Array<number | string | null>;
+  dtype: string;
+  /** inputs of the step graph: `data`, `target`, `sample_weight`, `weight`, `slot`, `learning_rate`, `step`,
+   * `state` */
+  role?: string;
+}
+
+/** A step graph of the manifest (`step`, `step_flat`, an `unrolled[i]`). */
+export interface GraphEntry {
+  file: string;
+  inputs: TensorInfo[];
+  outputs: TensorInfo[];
+  /** step_flat and unrolled graphs: the state vector's input and output */
+  state_input?: string;
+  state_output?: string;
+  /** unrolled graphs: the output of the K losses */
+  losses_output?: string;
+}
+
+/** `manifest.json` of a training package (docs/TRAINING_OUTSIDE_PYTHON.md in the repository). The library checks it
+ * against the format's JSON Schema when it loads a package. */
+export interface Manifest {
+  format: 'ortflow-training-package';
+  format_version: 1;
+  /** the SHA-256 of step.onnx: a state names the package it was trained from with it */
+  package_id: string;
+  batch_size: number;
+  step: GraphEntry;
+  step_flat?: GraphEntry;
+  unrolled?: Array<GraphEntry & {steps: number; rows: number}>;
+  data_inputs: TensorInfo[];
+  feature_names: string[] | null;
+  target: TensorInfo & {classes: Array<string | number> | null; encoding: 'value' | 'binary' | 'one_hot'};
+  sample_weight: string | null;
+  schedule: Schedule;
+  state: {
+    file: string;
+    bytes: number;
+    tensors: Array<{name: string; shape: number[]; dtype: string; offset: number; length: number}>;
+    weights: string[];
+  };
+  progress: {epochs: number; steps: number; rows_seen: number};
+  metadata: Metadata;
+  [key: string]: unknown;
+}
+
+/** What is wrong with a package, a state or the data given to train it (the message names the field, the file,
+ * the row and column). */
 export class TrainingPackageError extends Error {
   name: 'TrainingPackageError';
 }
 
+/** `fit` was called while another `fit` of the same trainer runs. */
+export class ConcurrentFitError extends Error {
+  name: 'ConcurrentFitError';
+}
+
+/** A non-finite training loss; the trainer keeps the state before the step that produced it. */
+export class ConvergenceError extends Error {
+  name: 'ConvergenceError';
+  /** the epoch (1-based, over the state's whole life) and the step (1-based: the update that failed) */
+  readonly epoch: number;
+  readonly step: number;
+  /** the batch of the epoch (from 0) */
+  readonly batch: number;
+}
+
+// --- shuffling and schedules (the same numbers as Python's ortflow.shuffle and ortflow.schedules) -----------------
 /** The shuffle generator's 32-bit state for (seed, epoch). */
 export function seedState(seed: number, epoch: number): number;
 /** mulberry32: successive unsigned 32-bit draws from a 32-bit state. */
@@ -49,17 +142,56 @@ export interface Schedule {
 /** The learning rate of an epoch starting after `rowsSeen` rows (`ortflow.schedules.learning_rate_at`). */
 export function learningRateAt(schedule: Schedule, rowsSeen: number): number;
 
-export interface EpochRecord {
-  /** epochs completed, this one included (counted over the state's whole life) */
-  epoch: number;
-  /** mean training loss of the epoch's batches, weighted by their rows */
+// --- training ---------------------------------------------------------------------------------------------------
+/** What `fit` reports after an epoch (`onEpochEnd`): the numbers of Python's `on_epoch` record (`rowsSeen` for
+ * `rows_seen`, `learningRate` for `learning_rate`). */
+export interface Logs {
+  /** the epoch's mean training loss over its rows */
   loss: number;
-  /** the epoch's learning rate, as fed (float32) */
-  learningRate: number;
-  /** optimizer updates so far */
+  /** the mean loss on the validation rows (`validationData` or `validationSplit`), after each epoch */
+  val_loss?: number;
+  /** optimizer updates so far, over the state's whole life */
   steps: number;
   /** rows trained so far, all epochs */
   rowsSeen: number;
+  /** the epoch's learning rate, as fed (float32) */
+  learningRate: number;
+}
+
+/** What `fit` reports after a batch (`onBatchEnd`). */
+export interface BatchLogs {
+  /** the batch's mean loss */
+  loss: number;
+  /** the batch's rows */
+  size: number;
+  steps: number;
+  learningRate: number;
+}
+
+/** TensorFlow.js's callbacks: each may return a promise, which `fit` awaits. `epoch` counts the epochs of the
+ * state's whole life from 0 (`history.epoch`), `batch` the batches of the epoch from 0. */
+export interface Callbacks {
+  onTrainBegin?(): void | Promise<void>;
+  onEpochEnd?(epoch: number, logs: Logs): void | Promise<void>;
+  onBatchEnd?(batch: number, logs: BatchLogs): void | Promise<void>;
+  /** the last epoch's logs (undefined when no epoch ran) */
+  onTrainEnd?(logs?: Logs): void | Promise<void>;
+}
+
+/** The record of the deprecated `onEpoch` callback. */
+export interface EpochRecord {
+  /** epochs completed, this one included (counted over the state's whole life) */
+  epoch: number;
+  loss: number;
+  learningRate: number;
+  steps: number;
+  rowsSeen: number;
+}
+
+/** What `fit` returns (TensorFlow.js's shape): the epochs it trained and their losses. */
+export interface History {
+  epoch: number[];
+  history: {loss: number[]; val_loss?: number[]};
 }
 
 export interface FitOptions {
@@ -71,8 +203,17 @@ export interface FitOptions {
   seed?: number;
   /** one weight per row, when the package's graph takes sample weights (default 1 for every row) */
   sampleWeight?: Rows;
-  /** awaited after each epoch */
+  /** not an option: the package fixes the batch size (`manifest.batch_size`) */
+  batchSize?: never;
+  callbacks?: Callbacks;
+  /** @deprecated use `callbacks.onEpochEnd` */
   onEpoch?: (record: EpochRecord) => void | Promise<void>;
+  /** stops training between steps once aborted (so does `trainer.stopTraining = true`) */
+  signal?: AbortSignal;
+  /** rows whose loss is reported as `val_loss` after each epoch: `[X, y]` or `[X, y, sampleWeight]` */
+  validationData?: [Features, Rows] | [Features, Rows, Rows];
+  /** the fraction (0 to 1) of the rows, taken from the end before shuffling, kept for `val_loss` */
+  validationSplit?: number;
 }
 
 export interface LoadOptions {
@@ -80,6 +221,8 @@ export interface LoadOptions {
   ort: OrtRuntime;
   /** passed to `ort.InferenceSession.create` (default: one thread, 'cpu' on Node's runtime, 'wasm' on the web's) */
   sessionOptions?: object;
+  /** the execution providers to try in order, e.g. `['webgpu', 'wasm']` */
+  executionProviders?: string[];
   /** run step_flat.onnx (the whole state as one vector in and out) rather than step.onnx; 'auto' (default): when
    * the package has it */
   flat?: boolean | 'auto';
@@ -87,17 +230,11 @@ export interface LoadOptions {
   unrolled?: boolean;
 }
 
-export interface Manifest {
-  format: 'ortflow-training-package';
-  format_version: 1;
-  package_id: string;
-  batch_size: number;
-  [key: string]: unknown;
-}
-
+/** Bad arguments throw `TypeError` (a wrong type) or `RangeError` (a value out of range); bad data and packages
+ * `TrainingPackageError`. After `dispose()` every call throws. */
 export class Trainer {
-  /** Loads the package at `source` (a folder path in Node, a URL in a browser), checking its format version and
-   * the SHA-256 of every file. */
+  /** Loads the package at `source` (a URL, or a folder path with the Node entry), checking the manifest, its format
+   * version and the SHA-256 of every file; files outside the package are refused. */
   static load(source: string | URL, options: LoadOptions): Promise<Trainer>;
 
   readonly manifest: Manifest;
@@ -118,16 +255,23 @@ export class Trainer {
   readonly rowsSeen: number;
   /** rows of the data of the last fit (the state's weight when states are averaged) */
   readonly rows: number;
-  readonly history: EpochRecord[];
+  /** set to true (in a callback, or from elsewhere) to stop `fit` after the running step */
+  stopTraining: boolean;
 
   /** X: rows of the package's data input (or {inputName: rows} for several); y: targets, or class labels. */
-  fit(X: Rows | Record<string, Rows>, y: Rows, options?: FitOptions): Promise<this>;
+  fit(X: Features, y: Rows, options?: FitOptions): Promise<History>;
+  /** The mean loss over the rows (the package's loss graph). */
+  evaluate(X: Features, y: Rows, options?: {sampleWeight?: Rows}): Promise<number>;
   /** The trained graph's first output: one value per row (label, number) or one array of scores per row. */
-  predict(X: Rows | Record<string, Rows>): Promise<Array<number | string | number[]>>;
+  predict(X: Features): Promise<Array<number | string | number[]>>;
   /** Every output of the trained graph as tensors. */
-  run(X: Rows | Record<string, Rows>): Promise<Record<string, OrtTensor>>;
-  /** The state file Python's `ortflow.load_training_state(folder, state)` reads. */
-  exportState(): Uint8Array;
+  run(X: Features): Promise<Record<string, OrtTensor>>;
+  /** The state file Python's `ortflow.load_training_state(folder, state)` reads; a `BlobPart` and a `fetch` body. */
+  exportState(): Uint8Array<ArrayBuffer>;
+  /** Continues from a state file of this package (from `exportState()`, or Python's `TrainingState.to_bytes()`). */
+  loadState(bytes: Uint8Array | ArrayBuffer): this;
   /** The trained prediction graph (ONNX bytes, weights inside). */
-  exportModel(): Uint8Array;
+  exportModel(): Uint8Array<ArrayBuffer>;
+  /** Releases every session; any later call throws. */
+  dispose(): Promise<void>;
 }

@@ -1,0 +1,206 @@
+"""The npm package (js/) as npm users get it (issue 47): its package.json follows npm's conventions, the typings
+declare what the entries export and accept what the examples do (TypeScript 5.9 and 7.0, ``--strict``), the browser
+entry bundles for the browser with no flags, and the packed tarball installs into a new project beside
+onnxruntime-web alone with install scripts on (no onnxruntime-node), bundles with esbuild and Vite, type-checks, and
+its bundled page (examples/browser/bundled) trains a package in headless Chromium and sends the state back.
+
+npm 11 runs no dependency's install script unless allowed: ``--dangerously-allow-all-scripts`` runs them all, as
+npm 10 and earlier did. npm's own cache (``~/.npm``, ``--prefer-offline``) makes a rerun quick; the registry is the
+only network these tests need."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.portable import PageServer, open_page
+from ortflow.package import load_training_state, train_package
+
+from js_support import CHROMIUM, JS, JS_GROUP, NODE, NPM, ROOT, make_package, require_node, weights_atol
+
+pytestmark = JS_GROUP
+META = json.loads((JS / "package.json").read_text())
+BUNDLED = ROOT / "examples" / "browser" / "bundled"
+TSC = {"5.9": JS / "node_modules" / "typescript" / "bin" / "tsc", "7.0": JS / "node_modules" / "typescript7" / "bin" / "tsc"}
+#: the compiler options of a browser app (the same for both compilers)
+TSC_ARGS = ("--noEmit", "--strict", "--target", "es2022", "--module", "esnext", "--moduleResolution", "bundler",
+            "--lib", "es2022,dom")
+FIT = {"epochs": 3, "seed": 11, "shuffle": True}
+
+
+def require_npm() -> None:
+    require_node()
+    if NPM is None:
+        pytest.skip("npm is not installed: the packaging tests need it (Node 20 brings it)")
+
+
+def run(*args, cwd: Path, timeout: float = 300) -> str:
+    """Run a command, failing with its output; returns stdout and stderr together."""
+    done = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, args))} exited {done.returncode}:\n{output[-6000:]}")
+    return output
+
+
+def packed_files() -> list[str]:
+    """The files `npm pack` puts in the tarball."""
+    require_npm()
+    [pack] = json.loads(run(NPM, "pack", "--dry-run", "--json", "--ignore-scripts", cwd=JS))
+    return sorted(f["path"] for f in pack["files"])
+
+
+# --- package.json, the tarball's contents -------------------------------------------------------------------
+def test_package_json_follows_npm_conventions():
+    assert "private" not in META, "npm refuses to publish a private package"
+    assert META["license"] == "MIT" == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]
+    assert (JS / "LICENSE").read_bytes() == (ROOT / "LICENSE").read_bytes()
+    assert "MIT License" in (ROOT / "LICENSE").read_text()
+    # the caller passes the runtime in: both are optional peers, never installed for the user
+    assert "dependencies" not in META
+    runtimes = {"onnxruntime-node", "onnxruntime-web"}
+    assert set(META["peerDependencies"]) == runtimes
+    assert all(META["peerDependenciesMeta"][name] == {"optional": True} for name in runtimes)
+    assert runtimes <= set(META["devDependencies"])
+    for name, version in META["devDependencies"].items():  # exact pins: the lockfile's versions, reproducible
+        assert re.fullmatch(r"(npm:[\w@/.-]+@)?\d+\.\d+\.\d+", version), (name, version)
+    assert META["exports"]["."] == {"types": "./index.d.ts", "browser": "./index.js", "node": "./node.js",
+                                    "default": "./index.js"}
+    assert list(META["exports"]["."])[0] == "types", "TypeScript reads the first matching condition"
+    lock = json.loads((JS / "package-lock.json").read_text())["packages"]
+    assert {k: v for k, v in lock[""].items() if k in META} == {k: v for k, v in META.items() if k in lock[""]}
+    assert not any(lock[f"node_modules/{name}"].get("dev") is not True for name in runtimes)
+
+
+def test_tarball_ships_the_library_and_no_tests():
+    files = packed_files()
+    assert {"package.json", "README.md", "LICENSE", "index.js", "index.d.ts", "node.js"} <= set(files)
+    shipped_src = {f for f in files if f.startswith("src/")}
+    assert shipped_src == {p.relative_to(JS).as_posix() for p in (JS / "src").rglob("*") if p.is_file()}
+    assert not [f for f in files if f.startswith(("test/", "bench/")) or f.endswith((".ts", ".tgz"))
+                and f != "index.d.ts"]
+
+
+def test_readme_stands_alone_in_the_tarball():
+    """Every relative link of js/README.md names a file of the tarball (the repository's docs by full URL)."""
+    files = set(packed_files())
+    text = (JS / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    relative = [link.split("#")[0] for link in links if not re.match(r"[a-z]+:|#", link)]
+    assert all(link in files for link in relative), [link for link in relative if link not in files]
+    for needed in ("npm i ortflow onnxruntime-web", "onnxruntime-web/wasm", "exportState()", "ort.wasm.min.mjs"):
+        assert needed in text, needed
+
+
+# --- the typings ----------------------------------------------------------------------------------------------
+def test_typings_declare_what_the_entries_export():
+    require_node()
+    script = ("const names = async (f) => Object.keys(await import(new URL(f, `file://${process.cwd()}/`).href)).sort();"
+              "console.log(JSON.stringify({index: await names('index.js'), node: await names('node.js')}));")
+    entries = json.loads(run(NODE, "--input-type=module", "-e", script, cwd=JS))
+    declared = sorted(re.findall(r"^export (?:const|class|function) (\w+)", (JS / "index.d.ts").read_text(), re.M))
+    assert declared == entries["index"], "index.d.ts and index.js export different values"
+    assert set(entries["index"]) <= set(entries["node"]), "the Node entry lacks some of the browser entry's exports"
+
+
+@pytest.mark.parametrize("version", sorted(TSC))
+def test_usage_type_checks_strict(version):
+    """test/usage.ts (and test/usage-node.ts) do what the examples do: `new Blob([trainer.exportState()])`, a fetch
+    body, a transferred buffer, `manifest.metadata.standardization`, callbacks, errors; its `@ts-expect-error` lines
+    fail the check if the typings accept anything."""
+    require_node()
+    run(NODE, TSC[version], *TSC_ARGS, "test/usage.ts", "test/usage-node.ts", cwd=JS)
+
+
+# --- bundling ---------------------------------------------------------------------------------------------------
+def test_browser_entry_bundles_with_no_node_module(tmp_path):
+    require_node()
+    esbuild = JS / "node_modules" / "esbuild" / "bin" / "esbuild"
+    run(esbuild, "index.js", "--bundle", "--format=esm", "--platform=browser", f"--outfile={tmp_path / 'out.js'}",
+        f"--metafile={tmp_path / 'meta.json'}", cwd=JS)
+    inputs = json.loads((tmp_path / "meta.json").read_text())["inputs"]
+    imports = [i["path"] for entry in inputs.values() for i in entry["imports"]]
+    assert not [path for path in imports if path.startswith("node:")]
+
+
+# --- the tarball in a new project, bundled, trained in Chromium -------------------------------------------------
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    """A new project with the packed tarball and onnxruntime-web installed (install scripts on), the bundled example
+    copied in."""
+    require_npm()
+    tmp = tmp_path_factory.mktemp("npm")
+    tarball = tmp / json.loads(run(NPM, "pack", "--json", "--ignore-scripts", "--pack-destination", tmp,
+                                   cwd=JS))[0]["filename"]
+    project = tmp / "app"
+    project.mkdir()
+    (project / "package.json").write_text(json.dumps({"name": "app", "private": True, "type": "module"}))
+    for name in ("index.html", "app.js"):
+        shutil.copy(BUNDLED / name, project / name)
+    shutil.copy(JS / "test" / "usage.ts", project / "usage.ts")
+    web = f"onnxruntime-web@{META['devDependencies']['onnxruntime-web']}"
+    run(NPM, "install", "--dangerously-allow-all-scripts", "--prefer-offline", "--no-audit", "--no-fund", tarball,
+        web, cwd=project, timeout=600)
+    return project
+
+
+def test_tarball_installs_beside_onnxruntime_web_alone(app):
+    installed = app / "node_modules"
+    assert (installed / "ortflow" / "package.json").is_file() and (installed / "onnxruntime-web").is_dir()
+    assert not (installed / "onnxruntime-node").exists(), "a browser app got onnxruntime-node (437 MB, CUDA script)"
+    run(NODE, TSC["5.9"], *TSC_ARGS, "usage.ts", cwd=app)
+    # the Node entry reads a package from a folder; import by the package's name picks it
+    out = run(NODE, "--input-type=module", "-e",
+              "import * as o from 'ortflow'; console.log(JSON.stringify(Object.keys(o)))", cwd=app)
+    assert "Trainer" in json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def bundles(app):
+    """The bundled example built by esbuild (the .wasm copied beside, as its comment says) and by Vite."""
+    tools = JS / "node_modules"
+    esbuild_dir = app / "dist-esbuild"
+    out = run(tools / "esbuild" / "bin" / "esbuild", "app.js", "--bundle", "--format=esm", "--platform=browser",
+              f"--outfile={esbuild_dir / 'app.js'}", cwd=app)
+    assert "warning" not in out.lower(), out
+    shutil.copy(app / "index.html", esbuild_dir)
+    shutil.copy(app / "node_modules" / "onnxruntime-web" / "dist" / "ort-wasm-simd-threaded.wasm", esbuild_dir)
+    out = run(NODE, tools / "vite" / "bin" / "vite.js", "build", "--outDir", "dist-vite", cwd=app)
+    assert not re.search(r"node:|externali[sz]ed|warn", out, re.IGNORECASE), out
+    return {"esbuild": esbuild_dir, "vite": app / "dist-vite"}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    folder, X, y = make_package("mlp", "adam", tmp_path_factory.mktemp("package") / "package")
+    data = folder.parent / "data"
+    data.mkdir()
+    (data / "data.json").write_text(json.dumps({"X": X.tolist(), "y": y.tolist()}))
+    return {"folder": folder, "data": data, "X": X, "y": y,
+            "reference": train_package(folder, X, y, **FIT)}
+
+
+@pytest.mark.parametrize("bundler", ["esbuild", "vite"])
+def test_bundled_page_trains_in_chromium_and_sends_the_state_back(bundles, site, bundler):
+    if CHROMIUM is None:
+        pytest.fail("chromium is not installed: `make chromium` installs Debian's package")
+    # "/" (the bundle) last: the first matching prefix serves
+    with PageServer({"/package/": site["folder"], "/input/": site["data"], "/": bundles[bundler]}) as server:
+        query = f"package=/package/&data=/input/data.json&epochs={FIT['epochs']}&seed={FIT['seed']}&post=/state"
+        page = open_page(f"{server.url}/index.html?{query}", timeout=120)
+        posted = server.posted
+    losses = page["history"]["history"]["loss"]
+    assert len(losses) == FIT["epochs"] and losses[-1] < losses[0]
+    assert posted is not None, "the page sent no state"
+    state, reference = load_training_state(site["folder"], posted), site["reference"]
+    assert (state.epochs, state.steps, state.rows_seen) == (reference.epochs, reference.steps, reference.rows_seen)
+    for name, expected in reference.tensors.items():
+        np.testing.assert_allclose(state.tensors[name], expected, rtol=0,
+                                   atol=weights_atol(reference.steps, expected), err_msg=name)
