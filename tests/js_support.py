@@ -59,6 +59,15 @@ def weights_atol(steps: int, reference: np.ndarray) -> float:
     return 2 * steps * TERM_ROUNDINGS * U32 * float(np.abs(reference).max(initial=0.0))
 
 
+def state_atol(reference, name: str) -> float:
+    """The rule above for the tensor ``name`` of the state ``reference`` (a TrainingState) at the scale of the terms
+    its updates are computed from: a gradient sums products at the scale of the model's weights and cancels to
+    much less (an intercept near 0, Adam's first moment of a small gradient differ by ~u32 of the weights' scale), so
+    each tensor's scale is the larger of its own and the model's largest weight."""
+    largest = max(float(np.abs(w).max(initial=0.0)) for w in reference.weights.values())
+    return weights_atol(reference.steps, np.array([largest, float(np.abs(reference.tensors[name]).max(initial=0.0))]))
+
+
 # --- issue 38's models as training packages --------------------------------------------------------------------
 CASES = ("linear", "mlp", "binary", "digits", "lenet")
 OPTIMIZERS = ("sgd", "adam")

@@ -8,7 +8,7 @@
 // instead.
 import {readFile, writeFile} from 'node:fs/promises';
 import {createRequire} from 'node:module';
-import {Trainer} from '../index.js';
+import {Trainer} from '../node.js';
 
 const require = createRequire(import.meta.url);
 
