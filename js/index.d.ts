@@ -203,8 +203,8 @@ export interface FitOptions {
   seed?: number;
   /** one weight per row, when the package's graph takes sample weights (default 1 for every row) */
   sampleWeight?: Rows;
-  /** not an option: the package fixes the batch size (`manifest.batch_size`) */
-  batchSize?: never;
+  /** the package's graphs fix the batch size: only `manifest.batch_size` is accepted (RangeError otherwise) */
+  batchSize?: number;
   callbacks?: Callbacks;
   /** @deprecated use `callbacks.onEpochEnd` */
   onEpoch?: (record: EpochRecord) => void | Promise<void>;
@@ -238,6 +238,10 @@ export class Trainer {
   static load(source: string | URL, options: LoadOptions): Promise<Trainer>;
 
   readonly manifest: Manifest;
+  /** the runtime passed to `load` */
+  readonly ort: OrtRuntime;
+  /** where the package was read from (in messages) */
+  readonly where: string;
   /** every state tensor (weights, then optimizer slots) by name */
   readonly tensors: Record<string, Float32Array>;
   /** the trained weights by name */
@@ -246,7 +250,7 @@ export class Trainer {
   /** whether steps run step_flat.onnx */
   readonly flat: boolean;
   /** the unrolled step graphs fit uses, by their number of steps (empty: one step per run) */
-  readonly unrolled: Map<number, {file: string; steps: number; rows: number}>;
+  readonly unrolled: Map<number, GraphEntry & {steps: number; rows: number}>;
   /** the runtime runs fit made so far (one per step, one per run of an unrolled graph) */
   readonly runs: number;
   /** progress of the state, continued across fit() calls */
@@ -255,6 +259,8 @@ export class Trainer {
   readonly rowsSeen: number;
   /** rows of the data of the last fit (the state's weight when states are averaged) */
   readonly rows: number;
+  /** every epoch this trainer trained, over all `fit` calls (`epoch` from 1 over the state's whole life) */
+  readonly history: Array<EpochRecord & {val_loss?: number}>;
   /** set to true (in a callback, or from elsewhere) to stop `fit` after the running step */
   stopTraining: boolean;
 

@@ -100,14 +100,33 @@ def test_readme_stands_alone_in_the_tarball():
 
 
 # --- the typings ----------------------------------------------------------------------------------------------
-def test_typings_declare_what_the_entries_export():
+def declared_members(text: str, cls: str) -> set[str]:
+    """The members the class ``cls`` of a .d.ts declares (one per line, the file's style)."""
+    body = text[text.index(f"export class {cls} "):]
+    body = body[:body.index("\n}\n")]
+    return set(re.findall(r"^  (?:static |readonly )*(\w+)[?]?[(:<]", body, re.M))
+
+
+def test_typings_declare_what_the_entries_export(tmp_path):
+    """index.d.ts declares the values index.js exports, and the Trainer's members that a loaded trainer has (its
+    fields, methods and getters; `_` ones are private), so the typings follow the code."""
     require_node()
-    script = ("const names = async (f) => Object.keys(await import(new URL(f, `file://${process.cwd()}/`).href)).sort();"
-              "console.log(JSON.stringify({index: await names('index.js'), node: await names('node.js')}));")
-    entries = json.loads(run(NODE, "--input-type=module", "-e", script, cwd=JS))
-    declared = sorted(re.findall(r"^export (?:const|class|function) (\w+)", (JS / "index.d.ts").read_text(), re.M))
-    assert declared == entries["index"], "index.d.ts and index.js export different values"
-    assert set(entries["index"]) <= set(entries["node"]), "the Node entry lacks some of the browser entry's exports"
+    folder, _, _ = make_package("linear", "sgd", tmp_path / "package")
+    script = """
+      const names = async (f) => Object.keys(await import(new URL(f, `file://${process.cwd()}/`).href)).sort();
+      const ort = (await import('onnxruntime-node')).default;
+      const {Trainer} = await import(new URL('node.js', `file://${process.cwd()}/`).href);
+      const trainer = await Trainer.load(process.argv[1], {ort});
+      const own = (o) => Object.getOwnPropertyNames(o).filter((k) => !k.startsWith('_') && k !== 'constructor');
+      const members = [...own(trainer), ...own(Trainer.prototype), ...own(Trainer).filter((k) => typeof Trainer[k] === 'function')];
+      console.log(JSON.stringify({index: await names('index.js'), node: await names('node.js'), members}));
+    """
+    found = json.loads(run(NODE, "--input-type=module", "-e", script, folder, cwd=JS))
+    text = (JS / "index.d.ts").read_text()
+    declared = sorted(re.findall(r"^export (?:const|class|function) (\w+)", text, re.M))
+    assert declared == found["index"], "index.d.ts and index.js export different values"
+    assert set(found["index"]) <= set(found["node"]), "the Node entry lacks some of the browser entry's exports"
+    assert declared_members(text, "Trainer") == set(found["members"]), "index.d.ts's Trainer differs from the code's"
 
 
 @pytest.mark.parametrize("version", sorted(TSC))
@@ -151,6 +170,7 @@ def app(tmp_path_factory):
     return project
 
 
+@pytest.mark.slow
 def test_tarball_installs_beside_onnxruntime_web_alone(app):
     installed = app / "node_modules"
     assert (installed / "ortflow" / "package.json").is_file() and (installed / "onnxruntime-web").is_dir()
@@ -187,6 +207,7 @@ def site(tmp_path_factory):
             "reference": train_package(folder, X, y, **FIT)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bundler", ["esbuild", "vite"])
 def test_bundled_page_trains_in_chromium_and_sends_the_state_back(bundles, site, bundler):
     if CHROMIUM is None:

@@ -37,8 +37,9 @@ export async function trainAndSendBack(packageUrl: string, X: number[][], y: Arr
   const validation: number | undefined = history.history.val_loss?.[0];
   console.log(history.epoch, last, validation, await trainer.evaluate(rows, y));
   await trainer.fit(rows, y, {validationData: [rows.slice(0, 4), y.slice(0, 4)]});
-  // @ts-expect-error the package fixes the batch size
-  await trainer.fit(rows, y, {batchSize: 32});
+  await trainer.fit(rows, y, {batchSize: trainer.manifest.batch_size});
+  // @ts-expect-error fit calls no onEpochBegin (it refuses unknown callbacks)
+  await trainer.fit(rows, y, {callbacks: {onEpochBegin: () => undefined}});
   // @ts-expect-error the state is bytes
   const text: string = trainer.exportState();
 
