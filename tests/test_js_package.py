@@ -2,7 +2,8 @@
 declare what the entries export and accept what the examples do (TypeScript 5.9 and 7.0, ``--strict``), the browser
 entry bundles for the browser with no flags, and the packed tarball installs into a new project beside
 onnxruntime-web alone with install scripts on (no onnxruntime-node), bundles with esbuild and Vite, type-checks, and
-its bundled page (examples/browser/bundled) trains a package in headless Chromium and sends the state back.
+its bundled pages (examples/browser/bundled) and README.md's plain page train a package in headless Chromium and send
+the state back: the weights Python's reference loop reaches (the rule of tests/js_support.py).
 
 npm 11 runs no dependency's install script unless allowed: ``--dangerously-allow-all-scripts`` runs them all, as
 npm 10 and earlier did. npm's own cache (``~/.npm``, ``--prefer-offline``) makes a rerun quick; the registry is the
@@ -222,6 +223,30 @@ def test_bundled_page_trains_in_chromium_and_sends_the_state_back(bundles, site,
     assert posted is not None, "the page sent no state"
     state, reference = load_training_state(site["folder"], posted), site["reference"]
     assert (state.epochs, state.steps, state.rows_seen) == (reference.epochs, reference.steps, reference.rows_seen)
+    for name, expected in reference.tensors.items():
+        np.testing.assert_allclose(state.tensors[name], expected, rtol=0,
+                                   atol=weights_atol(reference.steps, expected), err_msg=name)
+
+
+@pytest.mark.slow
+def test_readmes_plain_page_trains_from_the_installed_package(app, site):
+    """js/README.md's plain page (no bundler), as written, served beside the installed node_modules; a line added
+    after it POSTs the state and reports the end."""
+    if CHROMIUM is None:
+        pytest.fail("chromium is not installed: `make chromium` installs Debian's package")
+    readme = (JS / "README.md").read_text()
+    [snippet] = re.findall(r"```html\n(.*?)```", readme, re.S)
+    report = ("await fetch('/state', {method: 'POST', body: trainer.exportState()});\n"
+              "  window.ortflowResult = {log: document.getElementById('log').textContent};\n</script>")
+    (app / "plain.html").write_text(f"<!doctype html>\n<meta charset=\"utf-8\">\n{snippet.replace('</script>', report)}")
+    with PageServer({"/package/": site["folder"], "/data.json": site["data"] / "data.json", "/": app}) as server:
+        page = open_page(f"{server.url}/plain.html", timeout=120)
+        posted = server.posted
+    losses = [float(line.split(": ")[1]) for line in page["log"].splitlines()]
+    assert len(losses) == 5 and losses[-1] < losses[0]
+    state = load_training_state(site["folder"], posted)
+    reference = train_package(site["folder"], site["X"], site["y"], epochs=5, seed=0, shuffle=True)
+    assert state.steps == reference.steps
     for name, expected in reference.tensors.items():
         np.testing.assert_allclose(state.tensors[name], expected, rtol=0,
                                    atol=weights_atol(reference.steps, expected), err_msg=name)
