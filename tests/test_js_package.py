@@ -40,6 +40,10 @@ def require_npm() -> None:
     require_node()
     if NPM is None:
         pytest.skip("npm is not installed: the packaging tests need it (Node 20 brings it)")
+    if not all((JS / "node_modules" / name / "package.json").is_file() for name in META["devDependencies"]):
+        # a node_modules installed before these tools joined the lockfile: `make` reinstalls it, so does this
+        subprocess.run([NPM, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=JS, check=True,
+                       capture_output=True)
 
 
 def run(*args, cwd: Path, timeout: float = 300) -> str:
@@ -111,7 +115,7 @@ def declared_members(text: str, cls: str) -> set[str]:
 def test_typings_declare_what_the_entries_export(tmp_path):
     """index.d.ts declares the values index.js exports, and the Trainer's members that a loaded trainer has (its
     fields, methods and getters; `_` ones are private), so the typings follow the code."""
-    require_node()
+    require_npm()
     folder, _, _ = make_package("linear", "sgd", tmp_path / "package")
     script = """
       const names = async (f) => Object.keys(await import(new URL(f, `file://${process.cwd()}/`).href)).sort();
@@ -135,13 +139,13 @@ def test_usage_type_checks_strict(version):
     """test/usage.ts (and test/usage-node.ts) do what the examples do: `new Blob([trainer.exportState()])`, a fetch
     body, a transferred buffer, `manifest.metadata.standardization`, callbacks, errors; its `@ts-expect-error` lines
     fail the check if the typings accept anything."""
-    require_node()
+    require_npm()
     run(NODE, TSC[version], *TSC_ARGS, "test/usage.ts", "test/usage-node.ts", cwd=JS)
 
 
 # --- bundling ---------------------------------------------------------------------------------------------------
 def test_browser_entry_bundles_with_no_node_module(tmp_path):
-    require_node()
+    require_npm()
     esbuild = JS / "node_modules" / "esbuild" / "bin" / "esbuild"
     run(esbuild, "index.js", "--bundle", "--format=esm", "--platform=browser", f"--outfile={tmp_path / 'out.js'}",
         f"--metafile={tmp_path / 'meta.json'}", cwd=JS)
