@@ -54,6 +54,14 @@ def node(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     return done
 
 
+def assert_named(outcome: dict, error: str, words: list[str]) -> None:
+    """A JavaScript call's outcome ({thrown, name, message}) is the error ``error`` whose message holds ``words``."""
+    assert outcome["thrown"], "no error"
+    assert outcome["name"] == error, outcome
+    for word in words:
+        assert word in outcome["message"], (word, outcome["message"])
+
+
 def weights_atol(steps: int, reference: np.ndarray) -> float:
     """The rule above for one tensor after ``steps`` steps."""
     return 2 * steps * TERM_ROUNDINGS * U32 * float(np.abs(reference).max(initial=0.0))

@@ -1,7 +1,8 @@
 """Bad input to the JavaScript trainer (js/), each injected: a package of another format version, a file whose
 checksum does not match, non-finite values in X or y, a label outside the classes, a sample weight the graph does
-not take, rows of the wrong width, a training loss that overflows. Each raises a TrainingPackageError naming what is
-wrong, and a failed fit leaves the state as it was before the failing step. One node process (onnxruntime-node)
+not take, rows of the wrong width, a training loss that overflows. Each raises an error naming what is wrong
+(TrainingPackageError; TypeError or RangeError for a bad argument; ConvergenceError for a non-finite loss), and a
+failed fit leaves the state as it was before the failing step. One node process (onnxruntime-node)
 runs every case; the checks are the library's own code, the same on onnxruntime-web."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 
 from ortflow.package import TrainingPackage, train_package
 
-from js_support import JS_GROUP, make_package, node, require_node, weights_atol
+from js_support import JS_GROUP, assert_named, make_package, node, require_node, weights_atol
 
 pytestmark = JS_GROUP
 
@@ -31,7 +32,7 @@ const Xb = rows(60, 6, (i, j) => ((i + j) %% 5) / 5);
 const out = {};
 async function expectError(name, f) {
   try { await f(); out[name] = {thrown: false}; }
-  catch (e) { out[name] = {thrown: true, name: e.name, message: e.message}; }
+  catch (e) { out[name] = {thrown: true, name: e.name, message: e.message, epoch: e.epoch, step: e.step}; }
 }
 await expectError('version', () => Trainer.load(versioned, {ort}));
 await expectError('checksum', () => Trainer.load(tampered, {ort}));
@@ -88,11 +89,7 @@ def outcomes(tmp_path_factory):
     ("label_type", "TrainingPackageError", ["y holds the label 0 (row 0)", 'classes ["no","yes"]']),
 ])
 def test_bad_input_is_named(outcomes, case, error, words):
-    outcome = outcomes[case]
-    assert outcome["thrown"], f"{case}: no error"
-    assert outcome["name"] == error, outcome
-    for word in words:
-        assert word in outcome["message"], (word, outcome["message"])
+    assert_named(outcomes[case], error, words)
 
 
 def test_failed_step_keeps_the_state_before_it(outcomes):
@@ -102,6 +99,7 @@ def test_failed_step_keeps_the_state_before_it(outcomes):
     assert 2 in [u["steps"] for u in TrainingPackage(outcomes["linear"]).manifest["unrolled"]]
     after = outcomes["after_loss"]
     assert (after["steps"], after["epochs"]) == (1, 0)
+    assert (outcomes["loss"]["epoch"], outcomes["loss"]["step"]) == (1, 2)
     i, j = np.mgrid[0:16, 0:5]
     exact = ((i * 7 + j * 3) % 11) / 10 - 0.5  # as the script computes them, in double precision
     X, y = exact.astype(np.float32), (exact[:, 0] - exact[:, 1]).astype(np.float32)

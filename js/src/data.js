@@ -114,8 +114,9 @@ function encodeLabels(y, target, what) {
     const key = textual ? label : (typeof label === 'bigint' ? Number(label) : label);
     const k = (textual ? typeof label === 'string' : typeof key === 'number') ? index.get(key) : undefined;
     if (k === undefined) {
-      throw new TrainingPackageError(`${what} holds the label ${JSON.stringify(typeof label === 'bigint' ? String(label) :
-        label)} (row ${i}), which is not among the package's classes ${JSON.stringify(classes)}`);
+      const shown = JSON.stringify(typeof label === 'bigint' ? String(label) : label);
+      throw new TrainingPackageError(`${what} holds the label ${shown} (row ${i}), which is not among the package's ` +
+        `classes ${JSON.stringify(classes)}`);
     }
     if (oneHot) data[i * width + k] = 1;
     else data[i] = k === 1 ? 1 : 0;
@@ -166,7 +167,9 @@ export function dataColumns(specs, X, what = 'X') {
 
 /** Sample weights as a float32 column of n rows (all 1 when not given), each finite and >= 0, not all 0. */
 export function weightsOf(sampleWeight, spec, n, what = 'sampleWeight') {
-  if (sampleWeight === undefined || sampleWeight === null) return {spec, n, width: 1, data: new Float32Array(n).fill(1)};
+  if (sampleWeight === undefined || sampleWeight === null) {
+    return {spec, n, width: 1, data: new Float32Array(n).fill(1)};
+  }
   const w = columnOf(what, {...spec, dtype: 'float32'}, sampleWeight, 1);
   if (w.n !== n) throw new TrainingPackageError(`${what} has ${w.n} rows, X has ${n}`);
   const negative = w.data.findIndex((v) => v < 0);

@@ -87,7 +87,9 @@ function graphPlan(m, entry, what) {
       stateOut: has(entry.state_output, 'state_output')};
   }
   const loss = has(entry.loss_output || m.loss.output, 'loss output');
-  if (inputsByRole(entry, 'state').length) return {entry, steps: 1, loss, stateOut: has(entry.state_output, 'state_output')};
+  if (inputsByRole(entry, 'state').length) {
+    return {entry, steps: 1, loss, stateOut: has(entry.state_output, 'state_output')};
+  }
   const tensors = entry.inputs.filter((i) => i.role === 'weight' || i.role === 'slot').map((i) => i.name);
   const updated = outputs.filter((o) => o !== loss);  // in the order of the state inputs, as Python reads them
   if (updated.length !== tensors.length) {
@@ -128,7 +130,9 @@ export class Trainer {
     const vector = new Float32Array(m.state.tensors.reduce((total, t) => total + t.length, 0));
     for (let i = 0; i < vector.length; i++) vector[i] = view.getFloat32(4 * i, true);
     this._setState(vector);
-    for (const t of m.state.tensors) checkFinite(`${m.state.file} (${JSON.stringify(t.name)})`, this.tensors[t.name], 1);
+    for (const t of m.state.tensors) {
+      checkFinite(`${m.state.file} (${JSON.stringify(t.name)})`, this.tensors[t.name], 1);
+    }
     const progress = m.progress || {};
     this.epochs = progress.epochs || 0;
     this.steps = progress.steps || 0;
@@ -322,7 +326,9 @@ export class Trainer {
 
   _batch(batchers, order, start, rows) {
     const batch = {};
-    for (const b of batchers) batch[b.name] = tensorFor(this.ort, b.dtype, batchRows(b, order, start, rows), b.dims(rows));
+    for (const b of batchers) {
+      batch[b.name] = tensorFor(this.ort, b.dtype, batchRows(b, order, start, rows), b.dims(rows));
+    }
     return batch;
   }
 
@@ -383,7 +389,7 @@ export class Trainer {
     }
     checkKeys('callbacks', callbacks, CALLBACKS);
     for (const [name, f] of [...Object.entries(callbacks), ['onEpoch', onEpoch]]) checkType(name, f, 'function');
-    if (signal !== undefined && (signal === null || typeof signal !== 'object' || typeof signal.aborted !== 'boolean')) {
+    if (signal !== undefined && (!signal || typeof signal !== 'object' || typeof signal.aborted !== 'boolean')) {
       throw new TypeError('signal must be an AbortSignal');
     }
     if (validationData !== undefined && (!Array.isArray(validationData) || validationData.length < 2 ||
