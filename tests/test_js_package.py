@@ -133,6 +133,37 @@ def test_typings_declare_what_the_entries_export(tmp_path):
     assert declared_members(text, "Trainer") == set(found["members"]), "index.d.ts's Trainer differs from the code's"
 
 
+#: the interfaces of index.d.ts that type the manifest's records, and the records of the format's schema they type
+MANIFEST_TYPES = {"Manifest": "Manifest", "TensorSpec": "TensorSpec", "StepGraph": "StepGraph",
+                  "FlatStepGraph": "FlatStepGraph", "UnrolledGraph": "UnrolledGraph", "Target": "Target", "Loss": "Loss",
+                  "Optimizer": "Optimizer", "Schedule": "Schedule", "StateTable": "StateTable",
+                  "StateTensor": "StateTensor", "Progress": "Progress", "WeightPatch": "Patch",
+                  "PredictGraph": "PredictGraph", "LossModel": "LossModel", "Shuffle": "Shuffle", "FileEntry": "FileEntry"}
+
+
+def interface_fields(text: str, name: str) -> dict[str, bool]:
+    """{field: optional} of an interface of index.d.ts (one field per line), with those of the one it extends."""
+    head = re.search(rf"^export interface {name}(?: extends (\w+))? {{\n(.*?)^}}", text, re.M | re.S)
+    fields = interface_fields(text, head.group(1)) if head.group(1) else {}
+    fields.update({m.group(1): bool(m.group(2)) for m in re.finditer(r"^  (\w+)(\?)?:", head.group(2), re.M)})
+    return fields
+
+
+def test_manifest_typings_follow_the_format_schema():
+    """Each manifest record of index.d.ts has the fields of the schema's record, optional where the schema does not
+    require them (src/manifest.schema.json, generated from Python's one definition of the format)."""
+    schema_file = JS / "src" / "manifest.schema.json"
+    if not schema_file.is_file():
+        pytest.skip("js/src/manifest.schema.json is not generated in this tree")
+    records = json.loads(schema_file.read_text())["$defs"]
+    text = (JS / "index.d.ts").read_text()
+    for ours, theirs in MANIFEST_TYPES.items():
+        record = records[theirs]
+        expected = {field: field not in record.get("required", []) for field in record["properties"]}
+        assert interface_fields(text, ours) == expected, ours
+    assert set(MANIFEST_TYPES.values()) >= set(records) - {"StateHeader", "StateEntry"}, "a record without typings"
+
+
 @pytest.mark.parametrize("version", sorted(TSC))
 def test_usage_type_checks_strict(version):
     """test/usage.ts (and test/usage-node.ts) do what the examples do: `new Blob([trainer.exportState()])`, a fetch

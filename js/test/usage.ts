@@ -19,9 +19,9 @@ function standardize(X: number[][], s: Standardization | undefined): number[][] 
 export async function trainAndSendBack(packageUrl: string, X: number[][], y: Array<number | string>,
                                        postUrl: string): Promise<History> {
   const trainer = await Trainer.load(new URL(packageUrl, location.href), {ort, executionProviders: ['wasm']});
-  const task = trainer.manifest.metadata.task;  // any JSON value
+  const task = trainer.manifest.metadata?.task;  // any JSON value
   if (typeof task === 'string') console.log(task, trainer.manifest.batch_size, trainer.packageId);
-  const rows = standardize(X, trainer.manifest.metadata.standardization);
+  const rows = standardize(X, trainer.manifest.metadata?.standardization);
   const controller = new AbortController();
   const losses: number[] = [];
   const history = await trainer.fit(rows, y, {
