@@ -39,8 +39,9 @@ export const GENERATOR: 'mulberry32-fisher-yates';
 /** A JSON value (what `manifest.metadata` holds). */
 export type JsonValue = null | boolean | number | string | JsonValue[] | {[key: string]: JsonValue};
 
-/** The standardization a package exported by the pipelines expects (`manifest.metadata.standardization`): features
- * fed as `(x - x_mean) / x_scale`, a regressor's target as `(y - y_mean) / y_scale`; null where none applies. */
+/** The standardization the pipelines fitted on a model's training rows (`manifest.metadata.standardization`):
+ * `x' = (x - x_mean) / x_scale` per feature, a regressor's target `y' = (y - y_mean) / y_scale`; null where none
+ * applies. */
 export type Standardization = {
   x_mean: number[] | null;
   x_scale: number[] | null;
