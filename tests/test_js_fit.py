@@ -1,10 +1,11 @@
-"""The fit API of the JavaScript trainer (issue 47 item 3, issue 45 items 10-12), one Node process
-(js/test/fit-api.mjs, onnxruntime-node) for every case: callbacks in TensorFlow.js's order with the per-epoch record,
-``stopTraining`` and an AbortSignal stopping between steps, validation data and split with ``val_loss`` (evaluate's
-value), ``evaluate`` against the package's loss graph run by Python, the History, ``loadState`` round trips (JS -> JS
-and Python -> JS -> JS -> Python) bit-identical to an uninterrupted run, ``dispose``, TypeError/RangeError for bad
-arguments, ragged rows and negative sample weights refused naming the row, a second fit while one runs refused
-(ConcurrentFitError) and the first one left as if alone."""
+"""The fit API of the JavaScript trainer (issue 47 item 3, issue 45 items 10-12), one Node process per runtime
+(js/test/fit-api.mjs, onnxruntime-node and onnxruntime-web's WebAssembly build) for every case: callbacks in
+TensorFlow.js's order with the per-epoch record, ``stopTraining`` and an AbortSignal stopping between steps,
+validation data and split with ``val_loss`` (evaluate's value), ``evaluate`` against the package's loss graph run by
+Python, the History, ``loadState`` round trips (JS -> JS and Python -> JS -> JS -> Python) bit-identical to an
+uninterrupted run, ``dispose``, predictions while a fit runs, TypeError/RangeError for bad arguments, ragged rows
+and negative sample weights refused naming the row, a second fit while one runs refused (ConcurrentFitError) and the
+first one left as if alone."""
 
 from __future__ import annotations
 
@@ -27,10 +28,11 @@ pytestmark = JS_GROUP
 FIT = {"seed": 5, "shuffle": True}
 
 
-@pytest.fixture(scope="module")
-def fit_api(tmp_path_factory):
+@pytest.fixture(scope="module", params=["node", "web"])
+def fit_api(tmp_path_factory, request):
+    """Every case run by one node process on onnxruntime-node, or on onnxruntime-web's WebAssembly build."""
     require_node()
-    root = tmp_path_factory.mktemp("js_fit")
+    root = tmp_path_factory.mktemp(f"js_fit_{request.param}")
     linear, X, y = make_package("linear", "adam", root / "linear")
     # a forward-backward trainer's package has a sample weight input
     est = ortflow.OrtGradientForwardBackwardOptimizer(ortflow.to_onnx(quiet_fit(LinearRegression(), X, y)),
@@ -43,7 +45,7 @@ def fit_api(tmp_path_factory):
     config = root / "config.json"
     config.write_text(json.dumps({"linear": str(linear), "weighted": str(weighted), "X": X.tolist(),
                                   "y": y.tolist(), "python": str(python), "out": str(out)}))
-    result = json.loads(node("test/fit-api.mjs", "node", config).stdout)
+    result = json.loads(node("test/fit-api.mjs", request.param, config, timeout=120).stdout)
     return {**result, "linear": linear, "X": X, "y": y, "python": python, "out": out}
 
 
@@ -161,6 +163,18 @@ def test_concurrent_fit_is_refused(fit_api):
     assert fit_api["concurrent_state"]["first"] == fit_api["concurrent_state"]["alone"]
 
 
+def test_predict_while_fitting(fit_api):
+    """predict() calls left running while fit goes on all succeed (the prediction session of old weights is released
+    when its last run ends; runs of one session go one after the other); the predictions follow each epoch's
+    weights."""
+    got = fit_api["predict_during_fit"]
+    assert got["statuses"] == ["fulfilled"]
+    assert len({json.dumps(p) for p in got["perEpoch"]}) == 3
+    assert got["last"] == got["perEpoch"][-1]
+    # calls started together on one trainer (onnxruntime-web hung on two runs of one session at once)
+    assert got["together"][0] == got["together"][1] and got["together"][2] == got["together"][3] == got["last"]
+
+
 def test_dispose(fit_api):
     """dispose() stops a running fit before its next step and releases the sessions; any later call throws, a
     second dispose() does nothing."""
@@ -188,6 +202,8 @@ def test_dispose(fit_api):
     ("load_state_type", "TypeError", ["loadState takes the state file's bytes"]),
     ("load_source", "TypeError", ["Trainer.load takes a folder or a URL"]),
     ("load_flat", "TypeError", ['flat="yes" must be true, false or \'auto\'']),
+    ("load_providers", "TypeError", ["executionProviders must be an array"]),
+    ("load_option", "TypeError", ['unknown keys ["unroled"]']),
     # issue 45 item 10: ragged rows, whether or not the total count matches
     ("ragged_total_kept", "TrainingPackageError", ["X is ragged: row 0 has 6 values",
                                                    'the package\'s "X" takes rows of 5']),
@@ -204,7 +220,10 @@ def test_bad_arguments(fit_api, case, error, words):
 
 
 def test_good_arguments_still_train(fit_api):
-    """The package's own batch size may be given; weights of 0 on some rows train; a refused call changes nothing."""
+    """The package's own batch size may be given; execution providers may be named; weights of 0 on some rows
+    train; a refused call changes nothing."""
     assert fit_api["batch_size_same"] == {"thrown": False, "value": [0]}
+    assert fit_api["providers"] == {"thrown": False, "value": [0]}
     assert fit_api["weighted_ok"] == {"thrown": False, "value": [0]}
     assert fit_api["untouched_after_bad"] == {"steps": 4, "epochs": 1}
+    assert fit_api["refused_then_fit"] == ["RangeError", "fulfilled", [1]]

@@ -36,6 +36,23 @@ const CALLBACKS = ['onEpochEnd', 'onBatchEnd', 'onTrainBegin', 'onTrainEnd'];
 const LOAD_OPTIONS = ['ort', 'sessionOptions', 'flat', 'unrolled', 'executionProviders'];
 const DATA_ROLES = ['data', 'target', 'sample_weight'];
 
+/**
+ * A session of `ort` for `model` whose runs go one after the other: onnxruntime-web never settles two runs of one
+ * session at once (nor any run after them), and a predict() or evaluate() may start while another runs.
+ */
+async function createSession(ort, model, options) {
+  const session = await ort.InferenceSession.create(model, options);
+  let last = Promise.resolve();
+  return {
+    run(feeds, fetches) {
+      const result = last.then(() => (fetches ? session.run(feeds, fetches) : session.run(feeds)));
+      last = result.catch(() => {});
+      return result;
+    },
+    release: () => last.then(() => session.release()),
+  };
+}
+
 function tensorFor(ort, dtype, data, dims) {
   return new ort.Tensor(ORT_TYPES[dtype] || dtype, data, dims);
 }
@@ -218,7 +235,7 @@ export class Trainer {
     const sessionSettings = {executionProviders: [onNode ? 'cpu' : 'wasm'], intraOpNumThreads: 1,
       interOpNumThreads: 1, ...(sessionOptions || {}), ...(executionProviders ? {executionProviders} : {})};
     const trainer = new Trainer(ort, m, files, sessionSettings, singlePlan, null, ladderPlans, reader.where);
-    trainer._step = await ort.InferenceSession.create(files[single.file], sessionSettings);
+    trainer._step = await createSession(ort, files[single.file], sessionSettings);
     return trainer;
   }
 
@@ -251,10 +268,10 @@ export class Trainer {
     for (const t of this.manifest.state.tensors) {
       this.tensors[t.name] = vector.subarray(t.offset / 4, t.offset / 4 + t.length);
     }
-    if (this._predict) {
-      const old = this._predict;
+    if (this._predict) {  // the prediction graph holds the old weights: released once no run uses it
+      this._predict.stale = true;
+      releaseIdle(this._predict);
       this._predict = null;
-      old.then((s) => s.release()).catch(() => {});
     }
   }
 
@@ -363,20 +380,22 @@ export class Trainer {
    * Returns the History {epoch: [...], history: {loss: [...], val_loss?: [...]}}.
    */
   fit(X, y, options = {}) {
-    try {
+    let plan;
+    try {  // the arguments checked and the data prepared before the fit counts as running
       this._idle('fit');
-      checkKeys('fit\'s options', options, FIT_OPTIONS);
+      plan = this._fitPlan(X, y, options);
     } catch (err) {
       return Promise.reject(err);
     }
-    const done = this._fit(X, y, options);
+    const done = this._train(plan);
     this._fitting = done;
     return done.finally(() => { this._fitting = null; });
   }
 
-  async _fit(X, y, options) {
+  /** fit's arguments checked (TypeError, RangeError) and its data prepared (TrainingPackageError). */
+  _fitPlan(X, y, options) {
+    checkKeys('fit\'s options', options, FIT_OPTIONS);
     const m = this.manifest;
-    const ort = this.ort;
     const {epochs = 1, shuffle = true, seed = 0, sampleWeight, batchSize: askedBatch, callbacks = {}, onEpoch,
       signal, validationData, validationSplit} = options;
     checkCount('epochs', epochs);
@@ -414,6 +433,12 @@ export class Trainer {
       validation = {n: data.n - at, columns: data.columns.map((c) => sliceColumn(c, at, data.n))};
       data = {n: at, columns: data.columns.map((c) => sliceColumn(c, 0, at))};
     }
+    return {data, validation, epochs, shuffle, seed, callbacks, onEpoch, signal};
+  }
+
+  async _train({data, validation, epochs, shuffle, seed, callbacks, onEpoch, signal}) {
+    const m = this.manifest;
+    const ort = this.ort;
     const n = data.n;
     const batchSize = m.batch_size;
     const maxSteps = Math.max(1, ...this._ladder.keys());
@@ -495,7 +520,7 @@ export class Trainer {
 
   async _unrolledSession(count) {
     if (!this._unrolledSessions.has(count)) {
-      this._unrolledSessions.set(count, this.ort.InferenceSession.create(
+      this._unrolledSessions.set(count, createSession(this.ort,
         this._files[this._ladder.get(count).entry.file], this._sessionOptions));
     }
     return this._unrolledSessions.get(count);
@@ -504,15 +529,24 @@ export class Trainer {
   /** The trained prediction graph's outputs for X: {outputName: ort.Tensor}. */
   async run(X) {
     this._alive();
-    if (!this._predict) this._predict = this.ort.InferenceSession.create(this.exportModel(), this._sessionOptions);
-    const session = await this._predict;
     const feeds = {};
     for (const c of dataColumns(this._dataSpecs, X)) {
       const spec = this.manifest.predict.inputs.find((i) => i.name === c.spec.name) || c.spec;
       feeds[c.spec.name] = tensorFor(this.ort, c.spec.dtype, c.data, [c.n, ...spec.shape.slice(1).map((d, i) =>
         (typeof d === 'number' ? d : c.spec.shape[i + 1]))]);
     }
-    return session.run(feeds);
+    if (!this._predict) {
+      this._predict = {session: createSession(this.ort, this.exportModel(), this._sessionOptions), busy: 0,
+        stale: false};
+    }
+    const predict = this._predict;
+    predict.busy += 1;
+    try {
+      return await (await predict.session).run(feeds);
+    } finally {
+      predict.busy -= 1;
+      releaseIdle(predict);
+    }
   }
 
   /**
@@ -574,11 +608,23 @@ export class Trainer {
       await this._fitting.catch(() => {});
     }
     this._disposed = true;
-    const sessions = [this._step, ...this._unrolledSessions.values(), this._predict].filter(Boolean);
+    const sessions = [this._step, ...this._unrolledSessions.values()];
     this._unrolledSessions.clear();
-    this._predict = null;
-    await Promise.all(sessions.map(async (s) => (await s).release()));
+    let predict = null;
+    if (this._predict) {  // a prediction running now releases its session when it ends
+      this._predict.stale = true;
+      predict = releaseIdle(this._predict);
+      this._predict = null;
+    }
+    await Promise.all([...sessions.map(async (s) => (await s).release()), predict]);
   }
+}
+
+/** Release a prediction session whose weights are stale once no run uses it: the release's promise, or null. */
+function releaseIdle(predict) {
+  if (!predict.stale || predict.busy > 0 || predict.released) return null;
+  predict.released = true;
+  return predict.session.then((s) => s.release()).catch(() => {});
 }
 
 function batchRows(b, order, start, rows) {

@@ -115,6 +115,24 @@ for (const [name, options] of [['flat', {}], ['tensors', {flat: false}]]) {
   out.concurrent_state = {first: hex(t.exportState()), alone: hex(alone.exportState())};
 }
 
+// predictions while a fit runs (started in callbacks, not awaited there): each succeeds though the epochs' ends replace
+// the prediction graph's weights; each epoch's predictions follow its weights
+{
+  const t = await load();
+  const running = [];
+  const perEpoch = [];
+  await t.fit(X, y, {...FIT, epochs: 3, callbacks: {
+    onBatchEnd: () => { running.push(t.predict(X.slice(0, 2))); },
+    onEpochEnd: async () => { perEpoch.push(await t.predict(X.slice(0, 1))); },
+  }});
+  const settled = await Promise.allSettled(running);
+  out.predict_during_fit = {statuses: [...new Set(settled.map((s) => s.status))], perEpoch,
+    last: await t.predict(X.slice(0, 1)),
+    together: await Promise.all([t.evaluate(X, y), t.evaluate(X, y), t.predict(X.slice(0, 1)),
+      t.predict(X.slice(0, 1))])};
+  await t.dispose();
+}
+
 // dispose: a running fit stops; every later call throws
 {
   const t = await load();
@@ -148,6 +166,8 @@ for (const [name, options] of [['flat', {}], ['tensors', {flat: false}]]) {
     load_state_type: () => t.loadState('abc'),
     load_source: () => Trainer.load(42, {ort}),
     load_flat: () => Trainer.load(linear, {ort, flat: 'yes'}),
+    load_providers: () => Trainer.load(linear, {ort, executionProviders: 'cpu'}),
+    load_option: () => Trainer.load(linear, {ort, unroled: false}),
     ragged_total_kept: () => t.fit(X.map((r, i) => (i === 0 ? [...r, 0.5] : i === 1 ? r.slice(0, 4) : row(i, r))), y),
     ragged_7_3: () => t.fit(X.map((r, i) => (i === 10 ? [...r, 1, 2] : i === 11 ? r.slice(0, 3) : r)), y),
     ragged_y: () => t.fit(X, y.map((v, i) => (i === 4 ? [v, v] : v))),
@@ -157,8 +177,13 @@ for (const [name, options] of [['flat', {}], ['tensors', {flat: false}]]) {
     negative_validation_weight: () => w.fit(X, y, {validationData: [X, y, y.map(() => -1)]}),
   };
   for (const [name, f] of Object.entries(cases)) out[name] = await outcome(f);
+  out.providers = await outcome(async () => (await (await load(linear, {executionProviders: [kind === 'web' ? 'wasm' :
+    'cpu']})).fit(X, y)).epoch);
   out.batch_size_same = await outcome(async () => (await t.fit(X, y, {batchSize: 16})).epoch);
   out.weighted_ok = await outcome(async () => (await w.fit(X, y, {sampleWeight: y.map((v, i) => i % 3)})).epoch);
   out.untouched_after_bad = {steps: t.steps, epochs: t.epochs};
+  // a refused fit never counts as running: a fit called right after it (same tick) runs
+  const [refused, next] = await Promise.allSettled([t.fit(X, y, {epochs: -1}), t.fit(X, y, {epochs: 1})]);
+  out.refused_then_fit = [refused.reason.name, next.status, next.value && next.value.epoch];
 }
 console.log(JSON.stringify(out));
