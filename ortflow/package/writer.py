@@ -25,8 +25,8 @@ from ..learning_rates import LEARNING_RATE, STEP
 from .folder import sha256_bytes, write_folder
 from .format import (FLAT_STATE, FLAT_STEP_FILE, FLAT_UPDATED, FORMAT, FORMAT_VERSION, GENERATOR, LOSS_FILE, MANIFEST,
                      PREDICT_FILE, STATE_FILE, STEP_FILE, UNROLLED_FILE, UNROLLED_LOSSES, Manifest, Shuffle)
-from .graphs import (IR_VERSION, MAX_UNROLLED, UNROLLED_TARGET_US, describe, flat_step, patchable, unrollable,
-                     unrolled_bound, unrolled_step, with_ir)
+from .graphs import (IR_VERSION, MAX_UNROLLED, UNROLLED_TARGET_US, describe, device_counts, flat_step, patchable,
+                     unrollable, unrolled_bound, unrolled_step, with_ir, within_buffers)
 from .trainer_parts import _read_trainer, _Trainer
 
 
@@ -74,7 +74,8 @@ def _package_files(parts: _Trainer, max_unrolled: int | None = None) -> tuple[di
     """The files of the package (but the manifest) and the manifest (but the checksums)."""
     loss_graph = g.replace_initializers(g.keep_outputs(parts.loss_model, [parts.loss_output]),
                                         {w: parts.state[w] for w in parts.weights})
-    step = with_ir(training_step(loss_graph, parts.weights, optimizer=parts.rate, loss_output=parts.loss_output))
+    raw = with_ir(training_step(loss_graph, parts.weights, optimizer=parts.rate, loss_output=parts.loss_output))
+    step = within_buffers(device_counts(raw))  # what a GPU runs through WebGPU too (ortflow.package.graphs)
     state_names = [o.name[: -len(UPDATED)] for o in step.graph.output[1:]]
     roles = {parts.label: "target", **({parts.weight_input: "sample_weight"} if parts.weight_input else {}),
              **dict.fromkeys(parts.weights, "weight"), LEARNING_RATE: "learning_rate", STEP: "step"}
@@ -139,7 +140,7 @@ def _package_files(parts: _Trainer, max_unrolled: int | None = None) -> tuple[di
     manifest["unrolled"] = []
     count = 2
     while count <= bound and unrollable(step):
-        model = unrolled_step(step, count, parts.batch_size, table)
+        model = unrolled_step(raw, count, parts.batch_size, table)
         name = UNROLLED_FILE.format(count)
         files[name] = model.SerializeToString()
         manifest["unrolled"].append({
