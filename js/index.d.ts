@@ -232,6 +232,14 @@ export class ConvergenceError extends Error {
   readonly batch: number;
 }
 
+/** A GPU execution provider failed (a run threw there, the WebGPU device reported an error, or a run gave an all-zero
+ * state from a non-zero one); the trainer keeps the state before that run. */
+export class ExecutionProviderError extends Error {
+  name: 'ExecutionProviderError';
+  /** the execution providers the trainer's sessions were created with */
+  readonly executionProviders: string[];
+}
+
 // --- shuffling and schedules (the same numbers as Python's ortflow.shuffle and ortflow.schedules) -----------------
 /** The shuffle generator's 32-bit state for (seed, epoch). */
 export function seedState(seed: number, epoch: number): number;
