@@ -108,21 +108,22 @@ def test_bad_scalings_are_refused_naming_the_problem(raw, tmp_path):
         Manifest.from_json(manifest)
 
 
-@pytest.mark.parametrize("cell, message", [("", "is empty"), ("x", "is 'x', not a number"),
-                                           (None, "is nan, not a finite number")])
+@pytest.mark.parametrize("cell, message", [("", "an empty cell"), ("x", '"x", not a number,'),
+                                           (None, r"a non-finite value \(NaN\)")])
 def test_the_reference_loop_refuses_an_empty_or_non_numeric_cell(raw, tmp_path, cell, message):
+    """Named by row and column (from 0) as the JavaScript library names a non-finite value (tests/test_js_errors.py)."""
     est, X, y, features, target, *_ = raw
     folder = ortflow.export_training_package(est, tmp_path / "p", feature_names=NAMES, feature_scaling=features,
                                              target_scaling=target)
     rows = X.astype(object)
     rows[4, 1] = cell
-    with pytest.raises(TrainingPackageError, match=rf"X \('X'\): row 4, column 1 \('b'\) {message}"):
+    with pytest.raises(TrainingPackageError, match=rf"X \('X'\) holds {message} at row 4, column 1 \('b'\)"):
         train_package(folder, rows, y)
     bad = X.copy()
-    bad[2, 2] = np.nan
-    with pytest.raises(TrainingPackageError, match=r"row 2, column 2 \('c'\) is nan, not a finite number"):
+    bad[2, 2] = -np.inf
+    with pytest.raises(TrainingPackageError, match=r"a non-finite value \(-Infinity\) at row 2, column 2 \('c'\)"):
         train_package(folder, bad, y)
     targets = y.astype(object)
     targets[7] = ""
-    with pytest.raises(TrainingPackageError, match="y: row 7 is empty"):
+    with pytest.raises(TrainingPackageError, match="y holds an empty cell at row 7"):
         train_package(folder, X, targets)

@@ -12,6 +12,7 @@ step ``s`` (an unrolled run that met one is replayed one step at a time from its
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Callable, Mapping
 
@@ -169,7 +170,9 @@ def _check_finite(what: str, array: np.ndarray, n: int, columns: list[str] | Non
         raise TrainingPackageError(f"{what} has {len(array)} rows, X has {n}")
     if array.dtype.kind == "f" and not np.isfinite(array).all():
         where = tuple(np.argwhere(~np.isfinite(array))[0].tolist())
-        raise TrainingPackageError(f"{what}: {_cell(where, columns)} is {array[where]}, not a finite number")
+        value = float(array[where])
+        spelled = "NaN" if np.isnan(value) else "Infinity" if value > 0 else "-Infinity"  # JavaScript's spelling
+        raise TrainingPackageError(f"{what} holds a non-finite value ({spelled}) at {_cell(where, columns)}")
 
 
 def _numbers(what: str, values, dtype, columns: list[str] | None = None) -> np.ndarray:
@@ -189,13 +192,13 @@ def _numbers(what: str, values, dtype, columns: list[str] | None = None) -> np.n
                 np.asarray(cell, dtype=dtype)
             except (TypeError, ValueError):
                 blank = cell is None or (isinstance(cell, str) and not cell.strip())
-                raise TrainingPackageError(f"{what}: {_cell(index, columns)} is "
-                                           f"{'empty' if blank else f'{cell!r}, not a number'}") from exc
+                found = "an empty cell" if blank else f"{json.dumps(str(cell))}, not a number,"
+                raise TrainingPackageError(f"{what} holds {found} at {_cell(index, columns)}") from exc
         raise TrainingPackageError(f"{what}: {exc}") from exc
 
 
 def _cell(index: tuple, columns: list[str] | None) -> str:
-    """``row r, column c ('name')`` of an array index (rows and columns from 0)."""
+    """``row r, column c ('name')`` of an array index (rows and columns from 0, as the JavaScript library's)."""
     where = f"row {index[0]}" if index else "the value"
     if len(index) == 2:
         name = f" ({columns[index[1]]!r})" if columns and index[1] < len(columns) else ""

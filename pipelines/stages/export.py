@@ -13,8 +13,8 @@ beats the current holder's); see :mod:`pipelines.tracking.promotion`.
 
 The run also logs ``training_package/``: the trained weights as a training package (docs/TRAINING_OUTSIDE_PYTHON.md,
 :func:`ortflow.export_training_package` of ``model_with_loss.onnx`` holding the trained weights, with the configured
-optimizer, schedule and batch size), which a browser, Node or a device trains on the raw rows (the standardization sits inside its graphs, which
-predict in the target's units: the manifest's ``preprocess``); ``python -m
+optimizer, schedule and batch size), which a browser, Node or a device trains on the raw rows (the standardization
+sits inside its graphs, which predict in the target's units: the manifest's ``preprocess``); ``python -m
 pipelines.import_states`` brings the states trained there back as a new version.
 
     python -m pipelines.export source.run_id=<evaluate run> promotion.metric=test_r2
