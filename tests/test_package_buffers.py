@@ -108,3 +108,16 @@ def test_wide_nodes_become_trees_of_the_same_values():
     feeds = {"x": np.random.default_rng(0).standard_normal(3 * n).astype(np.float32) * 1e3}
     for got, want in zip(_run(narrow, feeds), _run(model, feeds)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_convolutional_package_is_within_the_bound(tmp_path):
+    """The exported LeNet (PyTorch, Adam): every graph within the bound; in the unrolled graphs (fixed batches) the
+    max pools' gradients' ``Size`` of their input is a constant too."""
+    from js_support import make_package
+
+    folder, _, _ = make_package("lenet", "adam", tmp_path / "lenet")
+    for path in sorted(folder.glob("*.onnx")):
+        model = onnx.load(path)
+        assert wide_nodes(model) == [], path.name
+        if path.name.startswith("steps_"):
+            assert not {n.op_type for n in model.graph.node} & HOST_ONLY, path.name

@@ -186,7 +186,8 @@ def device_counts(step: onnx.ModelProto, batch: int | None = None) -> onnx.Model
     gradient, a weighted loss's row count) are computed with float ops a GPU runs, not with int64 ops that fall
     back to the CPU there: a constant when the shapes are known (``batch`` rows: the unrolled graphs' fixed
     batches), else ``ReduceSum`` of ones along the ``batch`` axis times a constant. The values are the same floats
-    (exact integers below 2**24), so the steps are bit for bit the same. Counts of other shapes are kept."""
+    (exact integers below 2**24), so the steps are bit for bit the same. Counts of other shapes are kept; any
+    other ``Size`` of a fixed shape becomes an int64 constant."""
     model = onnx.ModelProto()
     model.CopyFrom(step)
     graph = model.graph
@@ -259,6 +260,12 @@ def device_counts(step: onnx.ModelProto, batch: int | None = None) -> onnx.Model
             added.append(helper.make_tensor(factor, TensorProto.FLOAT, [], [float(number)]))
             new.append(helper.make_node("Mul", [count, factor], [out]))
         replaced[id(cast)] = new
+    for size in graph.node:  # any other Size of a fixed shape (a max pool's gradient): an int64 constant
+        shape = shapes.get(size.input[0]) if size.op_type == "Size" and id(size) not in dropped else None
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            dropped.add(id(size))
+            added.append(helper.make_tensor(size.output[0], TensorProto.INT64, [],
+                                            [int(np.prod(shape, dtype=np.int64))]))
     if not dropped:
         return step
     nodes = []

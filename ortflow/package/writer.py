@@ -108,11 +108,12 @@ def _package_files(parts: _Trainer, max_unrolled: int | None = None) -> tuple[di
                       "length": int(array.size)})
         offset += 4 * int(array.size)
     state_bytes = b"".join(np.ascontiguousarray(parts.state[n], dtype="<f4").tobytes() for n in state_names)
-    prediction = with_ir(g.replace_initializers(parts.prediction,
-                                                 {w: parts.state[w] for w in parts.weights
-                                                  if w in {i.name for i in parts.prediction.graph.initializer}}))
+    prediction = within_buffers(with_ir(g.replace_initializers(
+        parts.prediction, {w: parts.state[w] for w in parts.weights
+                           if w in {i.name for i in parts.prediction.graph.initializer}})))
     predict_bytes, patches = patchable(prediction, {w: parts.state[w] for w in parts.weights})
-    loss_model = with_ir(g.replace_initializers(parts.loss_model, {w: parts.state[w] for w in parts.weights}))
+    loss_model = within_buffers(with_ir(g.replace_initializers(parts.loss_model,
+                                                               {w: parts.state[w] for w in parts.weights})))
     step_bytes = step.SerializeToString()
     flat = flat_step(step, table)
     rate = parts.rate
