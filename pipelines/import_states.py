@@ -119,7 +119,7 @@ def _import_states(cfg: DictConfig, model: str, version: str, paths: list[Path],
                                f"than this config's: {'; '.join(differ)}; pass the overrides its chain ran with "
                                "(its run's ortflow.overrides tag and params)")
     package = _source_package(tracking, model, version, source_run, work_dir / "source")
-    loaded, record = _read_states(package, paths)
+    loaded, record = _read_states(package, paths, f"the training package of version {version} of {model!r}")
     lineage = {f"{LINEAGE_TAG}source_model": model, f"{LINEAGE_TAG}source_version": version,
                f"{LINEAGE_TAG}source_run_id": source_run, **states_tags(record)}
 
@@ -176,9 +176,11 @@ def _source_package(tracking, model: str, version: str, source_run: str, folder:
 _UNREADABLE = (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError, OSError)
 
 
-def _read_states(package, paths: list[Path]) -> tuple[list, list[dict]]:
+def _read_states(package, paths: list[Path], where: str) -> tuple[list, list[dict]]:
     """Each state read and checked against ``package``; ``(states, records)``, a record being a state's file name,
-    the artifact it is logged as, its SHA-256, rows, epochs and steps. The same state given twice is refused."""
+    the artifact it is logged as, its SHA-256, rows, epochs and steps. The same state given twice is refused;
+    ``where`` names the package in messages."""
+    from ortflow import TrainingPackageError
     from ortflow.package import load_training_state
 
     loaded, record, seen = [], [], {}
@@ -192,8 +194,11 @@ def _read_states(package, paths: list[Path]) -> tuple[list, list[dict]]:
         seen[digest] = str(path)
         try:
             state = load_training_state(package, data)
-        except _UNREADABLE as exc:  # TrainingPackageError is a ValueError
+        except TrainingPackageError as exc:
             raise StateImportError(f"the state {str(path)!r}: {exc}") from exc
+        except _UNREADABLE as exc:  # a manifest or header whose structure was not checked
+            raise StateImportError(f"the state {str(path)!r} could not be read against {where}: "
+                                   f"{type(exc).__name__}: {exc}") from exc
         if state.rows <= 0:
             raise StateImportError(f"the state {str(path)!r} says it was trained on {state.rows} rows")
         loaded.append(state)
