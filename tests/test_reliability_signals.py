@@ -105,3 +105,38 @@ def test_sigterm_inside_an_sqlite_write_ends_the_command_within_seconds(tmp_path
     assert "store busy" not in stderr  # no retry against its own lock
     runs = _check_store(sqlite_uri)
     assert "KILLED" in {r.info.status for r in runs}
+
+
+def test_a_non_finite_prediction_and_an_interrupt_are_one_line_unless_a_traceback_is_asked(monkeypatch, capsys):
+    """Issue 45, weak result: ``NonFinitePredictionError`` and Ctrl-C printed full tracebacks (issue 46, item 9: a
+    70-line one for Ctrl-C). Now one line each (the interrupt's naming the runs it ended) and status 2, 130 or
+    143; ``ORTFLOW_TRACEBACK=1`` (every entry point) or ``--verbose``/``debug=true`` keep the traceback."""
+    from pipelines.base.errors import exit_if_expected, exit_if_interrupted
+    from pipelines.base.interrupts import Terminated, interruption
+    from pipelines.modeling.predictions import NonFinitePredictionError
+
+    monkeypatch.delenv("ORTFLOW_TRACEBACK", raising=False)
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    error = NonFinitePredictionError("the deploy graph predicts non-finite values on 3 of 40 test rows")
+    with pytest.raises(SystemExit) as stopped:
+        exit_if_expected(error)
+    err = capsys.readouterr().err.splitlines()
+    assert stopped.value.code == 2 and err[0].startswith("ortflow: error: NonFinitePredictionError: the deploy")
+    assert len(err) == 2 and err[1].startswith("  hint: the model diverged")
+
+    killed = interruption(signal.SIGTERM)
+    assert isinstance(killed, Terminated) and str(killed) == "signal SIGTERM received"
+    killed.ortflow_ended_runs = ["abc KILLED", "def KILLED"]
+    with pytest.raises(SystemExit) as stopped:
+        exit_if_interrupted(killed)
+    assert stopped.value.code == 143
+    assert capsys.readouterr().err == "ortflow: interrupted (SIGTERM): runs ended: abc KILLED, def KILLED\n"
+    with pytest.raises(SystemExit) as stopped:
+        exit_if_interrupted(KeyboardInterrupt())
+    assert stopped.value.code == 130 and "no run was open" in capsys.readouterr().err
+
+    exit_if_interrupted(KeyboardInterrupt(), ["--verbose"])  # returns: the caller re-raises, with its traceback
+    exit_if_expected(error, ["debug=true"])
+    monkeypatch.setenv("ORTFLOW_TRACEBACK", "1")
+    exit_if_expected(error)
+    exit_if_interrupted(killed)
