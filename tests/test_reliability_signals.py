@@ -140,3 +140,28 @@ def test_a_non_finite_prediction_and_an_interrupt_are_one_line_unless_a_tracebac
     monkeypatch.setenv("ORTFLOW_TRACEBACK", "1")
     exit_if_expected(error)
     exit_if_interrupted(killed)
+
+
+def test_a_signal_waits_for_the_store_call_and_stops_its_retries():
+    """Item 8, in process: SIGTERM during a store call is raised once the call's attempt ended (never inside it),
+    and an attempt that failed as "database is locked" while the signal waits is not retried (the retries used
+    to wait on the process's own lock)."""
+    from sqlite3 import OperationalError
+
+    from pipelines.base.interrupts import Terminated, deferred, terminate_as_interrupt
+    from pipelines.tracking.retries import call
+
+    attempts = []
+
+    def locked() -> None:
+        attempts.append(1)
+        if len(attempts) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at once: held back by the attempt's deferred block
+        attempts.append("after the signal")
+        raise OperationalError("database is locked")
+
+    with pytest.raises(Terminated, match="signal SIGTERM received"):
+        with terminate_as_interrupt(), deferred():  # a registration: one block around the call
+            call(locked, retries=8, retry_seconds=60.0)
+    assert attempts == [1, "after the signal"]
+    assert signal.getsignal(signal.SIGTERM) is not None  # handlers given back

@@ -88,6 +88,11 @@ def deferred(raise_at_end: bool = True) -> Iterator[None]:
             raise_pending()
 
 
+def pending() -> bool:
+    """Whether a signal waits for the end of a deferred block (retries stop: the block must end soon)."""
+    return _state["pending"] is not None
+
+
 def raise_pending() -> None:
     """Raise the signal that waited for a deferred block, if any (outside every block)."""
     signum = _state["pending"]
