@@ -165,3 +165,30 @@ def test_a_signal_waits_for_the_store_call_and_stops_its_retries():
             call(locked, retries=8, retry_seconds=60.0)
     assert attempts == [1, "after the signal"]
     assert signal.getsignal(signal.SIGTERM) is not None  # handlers given back
+
+
+def test_a_version_registered_from_a_run_that_fails_is_deleted_and_its_alias_given_back(
+        compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
+    """Item 7: a version is registered only from a finished run: one registered from a stage run that ends
+    otherwise (FAILED here, KILLED on a signal) is deleted on the way out, and the alias it took goes back."""
+    from pipelines import tracking as tr
+    from pipelines.tracking.runs import hold_version
+
+    tracking = tr.setup(compose_pipeline(f"mlflow.tracking_uri={sqlite_uri}", f"mlflow.root={tmp_path}"))
+    client = MlflowClient(sqlite_uri)
+    client.create_registered_model("m")
+    first = client.create_model_version("m", str(tmp_path)).version
+    client.set_registered_model_alias("m", "champion", first)
+    with pytest.raises(RuntimeError, match="after registration"):
+        with tr.stage_run(tracking, "export") as run_id:
+            second = client.create_model_version("m", str(tmp_path), run_id=run_id).version
+            hold_version(run_id, "m", second)
+            client.set_registered_model_alias("m", "champion", second)
+            hold_version(run_id, "m", second, {"champion": first})
+            tr.set_tags(tracking, run_id, {"ortflow.registered_version": second})
+            raise RuntimeError("failed after registration")
+    assert [str(v.version) for v in client.search_model_versions("name='m'")] == [str(first)]
+    assert str(client.get_model_version_by_alias("m", "champion").version) == str(first)
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED" and "ortflow.registered_version" not in run.data.tags
+    assert run.data.tags["ortflow.registered"] == "false (m version 2 deleted: the run did not finish)"
