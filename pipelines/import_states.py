@@ -35,7 +35,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -119,7 +118,8 @@ def _import_states(cfg: DictConfig, model: str, version: str, paths: list[Path],
                                f"than this config's: {'; '.join(differ)}; pass the overrides its chain ran with "
                                "(its run's ortflow.overrides tag and params)")
     package = _source_package(tracking, model, version, source_run, work_dir / "source")
-    loaded, record = _read_states(package, paths, f"the training package of version {version} of {model!r}")
+    loaded, record = _read_states(package, paths, f"the training package of version {version} of {model!r}",
+                                  work_dir)
     lineage = {f"{LINEAGE_TAG}source_model": model, f"{LINEAGE_TAG}source_version": version,
                f"{LINEAGE_TAG}source_run_id": source_run, **states_tags(record)}
 
@@ -131,11 +131,8 @@ def _import_states(cfg: DictConfig, model: str, version: str, paths: list[Path],
         listing = ctx.work_dir / Path(STATES_ARTIFACT).name
         listing.write_text(json.dumps(record, indent=1))
         ctx.log_file(listing, str(Path(STATES_ARTIFACT).parent))
-        for path, entry in zip(paths, record):  # under unique names: two clients' "model.state" both kept
-            named = ctx.work_dir / "states" / Path(entry["artifact"]).name
-            named.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, named)
-            ctx.log_file(named, "states")
+        for entry in record:  # the bytes checked, under unique names: two clients' "model.state" both kept
+            ctx.log_file(work_dir / entry["artifact"], "states")
         pause_point("import_states")
         merged = average_states(loaded)
         deploy = deploy_graph(split, merged.get_trained_onnx(), params.get("model.name"))
@@ -176,10 +173,10 @@ def _source_package(tracking, model: str, version: str, source_run: str, folder:
 _UNREADABLE = (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError, OSError)
 
 
-def _read_states(package, paths: list[Path], where: str) -> tuple[list, list[dict]]:
+def _read_states(package, paths: list[Path], where: str, folder: Path) -> tuple[list, list[dict]]:
     """Each state read and checked against ``package``; ``(states, records)``, a record being a state's file name,
-    the artifact it is logged as, its SHA-256, rows, epochs and steps. The same state given twice is refused;
-    ``where`` names the package in messages."""
+    the artifact it is logged as (its bytes are written there, under ``folder``), its SHA-256, rows, epochs and
+    steps. The same state given twice is refused; ``where`` names the package in messages."""
     from ortflow import TrainingPackageError
     from ortflow.package import load_training_state
 
@@ -204,6 +201,9 @@ def _read_states(package, paths: list[Path], where: str) -> tuple[list, list[dic
         loaded.append(state)
         record.append({"file": path.name, "artifact": f"states/{index:0{width}d}-{path.name}", "sha256": digest,
                        "rows": state.rows, "epochs": state.epochs, "steps": state.steps})
+        copy = folder / record[-1]["artifact"]
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(data)
     return loaded, record
 
 

@@ -202,7 +202,13 @@ def _drop_held_versions(client: Any, run_id: str) -> list[str]:
 def _mark_failed(tracking: Tracking, run_id: str, exc: BaseException, fluent: bool) -> None:
     """Delete the versions registered from the run, tag the reason and end the run FAILED (KILLED on Ctrl-C or
     SIGTERM). When the store itself is lost, one attempt each, without retries: the error must reach the user
-    now, not after minutes of waiting; after a signal, retries for a few seconds only."""
+    now, not after minutes of waiting; after a signal, retries for a few seconds only. A signal received
+    meanwhile is raised once the run is ended (and no call is retried while it waits)."""
+    with deferred():
+        _end_unfinished(tracking, run_id, exc, fluent)
+
+
+def _end_unfinished(tracking: Tracking, run_id: str, exc: BaseException, fluent: bool) -> None:
     lost = isinstance(exc, TrackingUnavailableError)
     interrupted = isinstance(exc, KeyboardInterrupt)
     client = (tracking.client._client if lost else RetryingClient(tracking.client._client, 3, 5.0) if interrupted
