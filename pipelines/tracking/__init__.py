@@ -12,7 +12,7 @@ Every store call retries transient errors (:mod:`.retries`); a store that stays 
 | ``retries`` | which errors are transient, the retrying call and client |
 | ``locks`` | file locks next to a local sqlite store |
 | ``store`` | the store and experiment: URI, artifact location, reachability, :func:`setup`, :class:`Tracking` |
-| ``runs`` | run lifecycles: process tags and heartbeat, failure reasons, stage and parent runs |
+| ``runs`` | run lifecycles: process tags and heartbeat, failure reasons, stage and parent runs, versions of unfinished runs deleted |
 | ``records`` | config as params and YAML, metrics, tags, artifacts; artifacts read back |
 | ``epoch_metrics`` | the buffered epoch-metrics callback and :func:`resend` of what it spooled |
 | ``lineage`` | the data a stage read as dataset inputs, the source tags, the logged model's name, a registered version's run and lineage tags |
