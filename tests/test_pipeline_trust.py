@@ -1,0 +1,147 @@
+"""Issue 46, what gets promoted can be trusted: the promotion margin, the sweeps' metric and search space, and the
+winner of a sweep across models (real Hydra multirun sweeps, Optuna's and the basic sweeper, on a sqlite store)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from mlflow import MlflowClient
+
+from pipelines.tracking import promotion
+from pipelines.tracking import setup
+
+ALIAS = "champion"
+
+
+def _version(tracking, name: str, metric: str, value: float) -> tuple[str, str]:
+    """(version, run id) of a new version of ``name`` whose run carries ``metric=value``."""
+    run = tracking.client.create_run(tracking.experiment_id, run_name=f"{name}-{value}")
+    tracking.client.log_metric(run.info.run_id, metric, value)
+    version = tracking.client.create_model_version(name, f"{run.info.artifact_uri}/model", run.info.run_id)
+    return str(version.version), run.info.run_id
+
+
+def test_a_challenger_within_float_noise_keeps_the_champion(compose_pipeline, sqlite_uri, tmp_path):
+    """Seen: changing only the trainer moved @champion twice, ``test_log_loss 0.0375766 beats 0.0375766`` (the values
+    6e-10 apart). A challenger must beat the holder by more than max(absolute, relative x holder)."""
+    cfg = compose_pipeline(f"mlflow.tracking_uri={sqlite_uri}", f"mlflow.root={tmp_path}")
+    assert (cfg.promotion.min_relative_improvement, cfg.promotion.min_absolute_improvement) == (1e-3, 1e-6)
+    tracking = setup(cfg)
+    name, metric = "noise", "test_log_loss"
+    tracking.client.create_registered_model(name)
+    first = 0.0375766
+    margin = promotion.Margin(cfg.promotion.min_relative_improvement, cfg.promotion.min_absolute_improvement)
+
+    def promote(value: float) -> promotion.Decision:
+        version, run_id = _version(tracking, name, metric, value)
+        return promotion.promote(tracking, name, version, run_id, value, metric, "minimize", ALIAS, margin=margin)
+
+    assert promote(first).promoted
+    noise = promote(first - 6e-10)
+    assert not noise.promoted and noise.decision == "kept", noise
+    assert "beats 0.0375766 by only 6e-10" in noise.reason and "needs more than 3.76e-05" in noise.reason
+    assert "promotion.min_relative_improvement=0.001" in noise.reason
+    assert str(tracking.client.get_model_version_by_alias(name, ALIAS).version) == "1"  # settle did not move it either
+    real = promote(first * 0.99)
+    assert real.promoted and "needs more than 3.76e-05" in real.reason, real
+    assert str(tracking.client.get_model_version_by_alias(name, ALIAS).version) == "3"
+    # the absolute floor: a metric near zero needs more than 1e-6
+    assert not promotion.better(1e-7, 5e-7, "minimize", margin) and promotion.better(0.0, 2e-6, "minimize", margin)
+    assert promotion.better(0.91, 0.9, "maximize", margin) and not promotion.better(0.9005, 0.9, "maximize", margin)
+
+
+def _run(args: list[str], cwd, env, timeout: int = 400) -> tuple[subprocess.CompletedProcess, str]:
+    proc = subprocess.run([sys.executable, "-m", "pipelines.main", "-m", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    return proc, proc.stdout + proc.stderr
+
+
+#: a chain of a few seconds: small data, a few epochs
+SMALL = ["data.n_samples=200", "trainer.max_iter=2", "model.start_max_iter=5"]
+
+
+@pytest.mark.parametrize("sweeper", [["hparams_search=optuna", "hydra.sweeper.n_trials=2"],
+                                     ["trainer.learning_rate=0.01,0.02"]], ids=["optuna", "basic"])
+def test_a_mistyped_optimized_metric_is_refused_before_any_trial(sweeper, tmp_path, pipeline_subprocess_env):
+    """Seen: ``-m hparams_search=optuna optimized_metric=test_msee`` ran every trial, ``test_msee = None``,
+    ``{'complete': 0, 'fail': 2}``, nothing registered, exit 0."""
+    proc, out = _run([*sweeper, "optimized_metric=test_msee", *SMALL], tmp_path, pipeline_subprocess_env)
+    assert proc.returncode == 2, out[-3000:]
+    assert "ConfigError: optimized_metric='test_msee' is not a metric the chain writes" in out
+    assert "did you mean optimized_metric=test_mse" in out
+    assert "Launching" not in out and not (tmp_path / "mlflow.db").exists()  # no trial, no run
+
+
+@pytest.mark.parametrize("sweep", [["hparams_search=optuna_mlp", "hydra.sweeper.n_trials=2"],
+                                   ["model.hidden_layer_sizes=[8],[16]"]], ids=["optuna", "basic"])
+def test_a_search_space_the_model_ignores_is_refused(sweep, tmp_path, pipeline_subprocess_env):
+    """Seen: the documented ``-m hparams_search=optuna`` on regression (the linear model) searched
+    ``model.hidden_layer_sizes``, which a linear model ignores: every trial trained the same model."""
+    proc, out = _run([*sweep, *SMALL], tmp_path, pipeline_subprocess_env)
+    assert proc.returncode == 2, out[-3000:]
+    assert ("the sweep searches model.hidden_layer_sizes but model=linear does not use it (its settings: alpha, "
+            "fit_intercept)") in out
+    assert "hparams_search=optuna)" in out and "mlp_regressor" in out
+    assert "Launching" not in out and not (tmp_path / "mlflow.db").exists()
+
+
+def test_each_model_kind_has_a_search_space_of_its_own_settings():
+    from hydra import compose, initialize_config_dir
+
+    from pipelines.base.resolvers import register_configs
+    from pipelines.base.schema import CONFIG_DIR
+    from pipelines.orchestration.sweep_checks import SEARCH_SPACES, check_search_space, sweep_models, swept
+
+    register_configs()
+    for model, space in [("linear", "optuna"), ("huber", "optuna"), ("mlp_regressor", "optuna_mlp")]:
+        assert SEARCH_SPACES.get(model, "optuna") == space
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            cfg = compose("config", overrides=[f"model={model}", f"hparams_search={space}"],
+                          return_hydra_config=True)
+        dimensions = swept(cfg)
+        assert {d.key.split(".")[0] for d in dimensions} <= {"trainer", "model"} and dimensions
+        check_search_space(sweep_models(cfg, dimensions), dimensions)  # nothing the model ignores
+
+
+def _sweep_runs(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("ortflow").experiment_id], max_results=1000)
+    sweep = next(r for r in runs if r.data.tags.get("ortflow.sweep") == "true")
+    return sweep, [r for r in runs if r.data.tags.get("mlflow.parentRunId") == sweep.info.run_id]
+
+
+@pytest.mark.slow
+def test_a_sweep_across_models_chooses_on_the_metric_they_share(tmp_path, pipeline_subprocess_env, new_sqlite_store):
+    """Seen: ``-m model=linear,huber,mlp_regressor`` picked the winner by each model's own validation loss (Huber
+    0.888 against squared error 0.333). The basic sweeper: the best trial is chosen on validation_mse, and said."""
+    new_sqlite_store(tmp_path / "mlflow.db")
+    proc, out = _run(["model=linear,huber", *SMALL], tmp_path, pipeline_subprocess_env)
+    assert proc.returncode == 0, out[-4000:]
+    assert ("the trials train different models (linear, huber): their validation_loss is each one's own loss, "
+            "which does not compare; the best trial is chosen on validation_mse") in out
+    sweep, jobs = _sweep_runs(tmp_path)
+    assert len(jobs) == 2 and all(r.info.status == "FINISHED" for r in jobs)
+    best = min(jobs, key=lambda r: r.data.metrics["validation_mse"])
+    assert sweep.data.tags["ortflow.best_run_id"] == best.info.run_id
+    assert sweep.data.tags["ortflow.selection_metric"] == "validation_mse"
+    assert sweep.data.metrics["best_validation_mse"] == best.data.metrics["validation_mse"]
+    assert f"ortflow: best trial {best.info.run_id} (validation_mse=" in out
+
+
+@pytest.mark.slow
+def test_an_optuna_study_across_models_optimizes_the_metric_they_share(tmp_path, pipeline_subprocess_env,
+                                                                     new_sqlite_store):
+    """Optuna's trials across models return validation_mse (what Optuna optimizes), not their own losses."""
+    new_sqlite_store(tmp_path / "mlflow.db")
+    proc, out = _run(["hparams_search=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.n_jobs=1",
+                      "model=choice(linear,huber)", "hydra.sweeper.sampler.n_startup_trials=2",
+                      "stages=[convert,add_loss,train,evaluate]", *SMALL], tmp_path, pipeline_subprocess_env)
+    assert proc.returncode == 0, out[-4000:]
+    assert "the best trial is chosen on validation_mse" in out
+    sweep, jobs = _sweep_runs(tmp_path)
+    finished = [r for r in jobs if r.info.status == "FINISHED"]
+    assert finished and all(r.data.metrics["objective"] == r.data.metrics["validation_mse"] for r in finished)
+    best = min(finished, key=lambda r: r.data.metrics["validation_mse"])
+    assert sweep.data.tags["ortflow.best_run_id"] == best.info.run_id
