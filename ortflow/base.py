@@ -589,6 +589,8 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         )
         self.diverged_ = True
         if self.exc:
+            if batch:  # the losses seen are recorded (as onnxcustom does): the epoch's batches before the bad one
+                self.train_losses_ = [*(r["train_loss"] for r in self.history_), float(np.mean(losses[:batch]))]
             raise ConvergenceError(message, epoch=epoch + 1, batch=batch + 1)
         warnings.warn(message + "; the weights of the last finite epoch are kept", RuntimeWarning, stacklevel=3)
         self.set_state(last_good)
@@ -618,9 +620,13 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         self._set_weights(weights)
         self._set_optimizer_state(state)
 
-    def get_trained_onnx(self) -> onnx.ModelProto:
-        """The prediction graph with the trained weights, loadable by a plain InferenceSession."""
+    def get_trained_onnx(self, model: g.ModelLike | None = None) -> onnx.ModelProto:
+        """The prediction graph with the trained weights, loadable by a plain InferenceSession; with ``model`` (a
+        graph, bytes or a path: onnxcustom's argument), that graph with the trained weights in place of its
+        initializers of the same names (a KeyError names a trained weight it lacks)."""
         self._check_fitted()
+        if model is not None:
+            return g.replace_initializers(g.load_model(model), self.get_state())
         trained = g.replace_initializers(self._prediction_graph(), self.get_state())
         # the estimator the graph came from stays recorded (the loss record does not: the graph has no loss)
         trained.metadata_props.extend(e for e in self._model.metadata_props if e.key == ESTIMATOR_METADATA)
