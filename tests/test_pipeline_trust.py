@@ -3,8 +3,10 @@ winner of a sweep across models (real Hydra multirun sweeps, Optuna's and the ba
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
@@ -145,3 +147,55 @@ def test_an_optuna_study_across_models_optimizes_the_metric_they_share(tmp_path,
     assert finished and all(r.data.metrics["objective"] == r.data.metrics["validation_mse"] for r in finished)
     best = min(finished, key=lambda r: r.data.metrics["validation_mse"])
     assert sweep.data.tags["ortflow.best_run_id"] == best.info.run_id
+
+
+@pytest.mark.slow
+def test_an_environment_build_failing_inside_mlflow_says_what_failed_and_what_works(tmp_path, pipeline_subprocess_env):
+    """Seen: ``python -m pipelines.mlproject run .`` got past its check (pyenv has the Python), then MLflow's
+    environment build failed and the run ended FAILED with ``ShellCommandException: Non-zero exit code: 1`` only.
+    Injected: a pyenv that lists python_env.yaml's Python and fails every other command."""
+    import shutil
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(root / "MLproject", project / "MLproject")
+    shutil.copy(root / "python_env.yaml", project / "python_env.yaml")
+    python = str(yaml.safe_load((root / "python_env.yaml").read_text())["python"])
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "pyenv").write_text(f"#!/bin/sh\ncase \"$1\" in\n  versions) echo {python}.99;;\n  root) echo {tmp_path};;\n"
+                                "  *) echo 'python-build: definition not found' >&2; exit 1;;\nesac\n")
+    (fake / "pyenv").chmod(0o755)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**pipeline_subprocess_env, "MLFLOW_TRACKING_URI": uri,
+           "PATH": f"{fake}{os.pathsep}{pipeline_subprocess_env['PATH']}"}
+    proc = subprocess.run([sys.executable, "-m", "pipelines.mlproject", "run", str(project), "-P",
+                           "overrides=trainer.max_iter=1"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("ortflow: error:")]
+    assert "building the project's environment failed: ShellCommandException: Non-zero exit code: 1 from [" in line
+    assert f"{fake / 'pyenv'}" in line and "which said: python-build: definition not found" in line
+    assert line.endswith(f"what works here: python -m pipelines.mlproject run {project} --env-manager local -P "
+                         "overrides=trainer.max_iter=1"), line
+    runs = MlflowClient(uri).search_runs(["0"])
+    assert [r.info.status for r in runs] == ["FAILED"]
+
+
+def test_a_mistyped_key_gets_the_projects_did_you_mean_not_hydras_append_advice(tmp_path, pipeline_subprocess_env):
+    """Seen: ``trainer.max_iters=5``: Hydra's ``To append to your config use +trainer.max_iters=5`` came first,
+    which the checks then refuse (the schema takes no key it does not declare); the project's did-you-mean came
+    after it, in the hint. Now the hint's did-you-mean is the only advice."""
+    proc = subprocess.run([sys.executable, "-m", "pipelines.main", "trainer.max_iters=5"], cwd=tmp_path,
+                          env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    [line] = [x for x in proc.stderr.splitlines() if x.startswith("ortflow: error:")]
+    assert "+trainer.max_iters" not in proc.stderr and "Could not override 'trainer.max_iters'" in line
+    assert "hint: did you mean trainer.max_iter? " in proc.stderr, proc.stderr
+    # a dict's key can be added: Hydra's advice stays
+    proc = subprocess.run([sys.executable, "-m", "pipelines.main", "mlflow.tags.team=a"], cwd=tmp_path,
+                          env=pipeline_subprocess_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "To append to your config use +mlflow.tags.team=a" in proc.stderr
