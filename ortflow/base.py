@@ -60,7 +60,7 @@ from .registry import select
 from .runtime import THREADS_WORK_THRESHOLD, SessionOptions, threads_for_work, training_session_options
 from .shuffle import epoch_order
 from .sources import is_source, replays_order, source_identity
-from .validation import check_positive_int, check_targets, check_weights_to_train
+from .validation import batch_rows, check_targets, check_weights_to_train
 
 __all__ = ["BaseTrainer", "GraphSpec", "TrainData", "prediction_spec"]  # the types stay importable from here
 
@@ -100,18 +100,21 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
             return self._fit_source(X, y, sample_weight, validation_data, resume_from)
         model, spec, feeds, names, train_model, prefix = self._graph_and_feeds(X)
         data, val = self._prepare_data(spec, prefix, feeds, names, y, sample_weight, validation_data)
-        check_positive_int("batch_size", self.batch_size, data.n_samples, "the number of training samples")
-        rng = check_random_state(self.random_state)
-        if val is None and self.validation_fraction is not None:
-            data, val = self._split_validation(data, rng)
-        rng, max_iter = self._begin(model, spec, train_model, feeds, names, rng, resume_from)
+        given, self.batch_size = self.batch_size, batch_rows(self.batch_size, data.n_samples)  # this fit's batches
+        try:
+            rng = check_random_state(self.random_state)
+            if val is None and self.validation_fraction is not None:
+                data, val = self._split_validation(data, rng)
+            rng, max_iter = self._begin(model, spec, train_model, feeds, names, rng, resume_from)
 
-        def chunks(epoch):
-            yield data, self._epoch_order(rng, data.n_samples, epoch)
+            def chunks(epoch):
+                yield data, self._epoch_order(rng, data.n_samples, epoch)
 
-        self._rt_prefix, self._rng = prefix, rng
-        self._train_epochs(range(len(self.history_), max_iter), chunks, lambda epoch: epoch * data.n_samples, val,
-                           rng)
+            self._rt_prefix, self._rng = prefix, rng
+            self._train_epochs(range(len(self.history_), max_iter), chunks, lambda epoch: epoch * data.n_samples,
+                               val, rng)
+        finally:
+            self.batch_size = given  # the parameter as set (get_params, clone)
         self._samples_seen = len(self.history_) * data.n_samples
         return self
 

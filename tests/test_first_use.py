@@ -79,3 +79,32 @@ def test_a_script_next_to_the_clone_imports_the_package_not_the_clones_folder(tm
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ortflow.full", proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("trainer", ["full", "fwbw"])
+def test_a_table_smaller_than_the_batch_trains_in_one_batch_with_a_line(trainer):
+    """Seen: a table smaller than ``batch_size`` was refused (``batch_size=32 is larger than the number of training
+    samples``); scikit-learn clips the batch to the rows. Now each epoch is one batch of every row, with a line,
+    and the parameter stays as set."""
+    import numpy as np
+    from sklearn.linear_model import LinearRegression
+
+    from ortflow import OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer, add_loss_output, to_onnx
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(6, 3)).astype(np.float32)
+    y = (X @ np.array([1.0, -2.0, 0.5]) + 0.3).astype(np.float32)
+    graph = to_onnx(LinearRegression().fit(X, y * 0), X)
+    est = (OrtGradientOptimizer(add_loss_output(graph), batch_size=32, max_iter=3, learning_rate=0.05)
+           if trainer == "full" else
+           OrtGradientForwardBackwardOptimizer(graph, batch_size=32, max_iter=3, learning_rate=0.05))
+    with pytest.warns(UserWarning, match="batch_size=32 is larger than the 6 training samples: each epoch trains "
+                                         "them in one batch of 6"):
+        est.fit(X, y)
+    assert est.get_params()["batch_size"] == 32 and len(est.train_losses_) == 3
+    assert est.train_losses_[-1] < est.train_losses_[0]
+    # one batch of 6 per epoch: the weights of batch_size=6, within float32 rounding of 3 epochs' sums of 6 rows
+    same = est.__class__(**{**est.get_params(), "batch_size": 6}).fit(X, y)
+    coef = same.get_state()["coef"]
+    np.testing.assert_allclose(est.get_state()["coef"], coef,
+                               atol=3 * 6 * np.finfo(np.float32).eps * float(np.abs(coef).max() + np.abs(X).max()))
