@@ -17,15 +17,14 @@ import os
 
 import numpy as np
 import onnx
-from sklearn.base import clone
 
 from . import graph as g
 from ._ort import backend
 from .base import BaseTrainer
+from .estimator_loss import own_loss, own_penalty
 from .graph_spec import GraphSpec, TrainData, prediction_spec
 from .learning_rates import BaseLearningRate, slot_name
 from .parameters import TRAINERS, init_from
-from .registry import select
 from .runtime import DeviceBuffer, OnnxFunction, make_session_options
 
 
@@ -103,7 +102,7 @@ class TorchTrainer(BaseTrainer):
         return prediction_spec(model, self.output_name, self.weight_name)
 
     def _loss_object(self):
-        return clone(select("loss", self.learning_loss))
+        return own_loss(self._model, self.learning_loss)
 
     def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec, rate: BaseLearningRate) -> None:
         from .torch import OnnxModule, RuleOptimizer
@@ -121,7 +120,7 @@ class TorchTrainer(BaseTrainer):
         function = OnnxFunction(loss.build_onnx_function(weight_name="weight", rank=rank, width=width,
                                                          scaled_weight=True), "cpu", make_session_options(1))
         self._rt_module, self._rt_rate, self._rt_loss = module, rate, _family_loss(function)
-        self._rt_penalty = clone(select("penalty", self.learning_penalty))
+        self._rt_penalty = own_penalty(self._model, self.learning_loss, self.learning_penalty)
         self._rt_penalty.check()
         self._rt_penalty_value = _penalty_value(self._rt_penalty)
         self._rt_optimizer = RuleOptimizer(list(module.parameters()), rate)

@@ -10,7 +10,7 @@
 import {readFile, writeFile} from 'node:fs/promises';
 import {createRequire} from 'node:module';
 import {parseArgs} from 'node:util';
-import {Trainer} from '../../js/index.js';
+import {Trainer} from '../../js/node.js';
 
 const {values: opts, positionals} = parseArgs({allowPositionals: true, options: {
   epochs: {type: 'string', default: '5'}, seed: {type: 'string', default: '0'},

@@ -14,16 +14,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from sklearn.base import clone
 
 from .. import graph as g
 from .._ort import OrtValueVector, backend
 from ..base import BaseTrainer
+from ..estimator_loss import own_loss, own_penalty
 from ..graph_spec import GraphSpec, TrainData, prediction_spec
 from ..learning_rates import BaseLearningRate
 from ..onnx_builder import DEFAULT_OPSET
 from ..parameters import TRAINERS, init_from
-from ..registry import select
 from ..runtime import DeviceBuffer, OnnxFunction, make_session_options
 from ..validation import resolve_device
 from .forward_backward import OrtGradientForwardBackward
@@ -92,11 +91,11 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         return prediction_spec(model, self.output_name, self.weight_name)
 
     def _loss_object(self):
-        return clone(select("loss", self.learning_loss))
+        return own_loss(self._model, self.learning_loss)
 
     def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec, rate: BaseLearningRate) -> None:
         loss = self._loss_object()
-        penalty = clone(select("penalty", self.learning_penalty))
+        penalty = own_penalty(self._model, self.learning_loss, self.learning_penalty)
         device = resolve_device(self.device)
         output = spec.trained_output
         train_graph = g.keep_outputs(model, [output])
