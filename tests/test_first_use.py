@@ -108,3 +108,36 @@ def test_a_table_smaller_than_the_batch_trains_in_one_batch_with_a_line(trainer)
     coef = same.get_state()["coef"]
     np.testing.assert_allclose(est.get_state()["coef"], coef,
                                atol=3 * 6 * np.finfo(np.float32).eps * float(np.abs(coef).max() + np.abs(X).max()))
+
+
+def test_a_folder_named_ortflow_where_the_pipelines_run_is_named(tmp_path):
+    """The same shadowing met by the pipelines (``python -m pipelines.main`` from the folder holding the clone, the
+    project installed editable in setuptools' default mode, whose finder the path goes before): refused at once,
+    naming the folder and the fix, instead of an ImportError deep inside. Emulated: a finder like setuptools'
+    (``ortflow``/``pipelines`` -> this repository) asked after the path, which starts at a folder holding ``ortflow/``
+    without ``__init__.py``."""
+    (tmp_path / "ortflow").mkdir()
+    code = f"""
+import importlib.machinery, sys
+class Editable:  # setuptools' strict editable finder: a meta path finder after the path's
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name in ("ortflow", "pipelines"):
+            return importlib.machinery.PathFinder.find_spec(name, [{str(ROOT)!r}])
+        return None
+sys.meta_path = [f for f in sys.meta_path if "__editable__" not in getattr(f, "__module__", "")]  # the venv's own
+sys.meta_path.append(Editable)
+sys.path = [{str(tmp_path)!r}] + [p for p in sys.path if p not in ("", {str(ROOT)!r})]
+import pipelines
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1
+    assert (f"ImportError: 'ortflow' resolves to the folder {tmp_path / 'ortflow'}, which holds no ortflow package "
+            "(no __init__.py)") in proc.stderr, proc.stderr[-2000:]
+    assert "editable_mode=compat" in proc.stderr
+    (tmp_path / "ortflow").rename(tmp_path / "elsewhere")  # without the folder: the package, through the finder
+    proc = subprocess.run([sys.executable, "-c", code + "import ortflow; print(ortflow.__file__)"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == str(ROOT / "ortflow" / "__init__.py"), proc.stderr
