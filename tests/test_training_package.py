@@ -411,11 +411,11 @@ def test_non_finite_values_in_a_state_or_the_data_are_named(linear_package):
         load_training_state(folder, _state_with(state, body=bytes(body)))
     X_bad = X.copy()
     X_bad[3, 2] = np.inf
-    with pytest.raises(TrainingPackageError, match=r"X \('X'\) holds non-finite values \(first at index \[3, 2\]\)"):
+    with pytest.raises(TrainingPackageError, match=r"X \('X'\) holds a non-finite value \(Infinity\) at row 3, column 2"):
         train_package(folder, X_bad, y)
     y_bad = y.copy()
     y_bad[5] = np.nan
-    with pytest.raises(TrainingPackageError, match=r"y holds non-finite values \(first at index \[5"):
+    with pytest.raises(TrainingPackageError, match=r"y holds a non-finite value \(NaN\) at row 5\b"):
         train_package(folder, X, y_bad)
 
 

@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from .. import graph as g
 from .._ort import MAX_IR_VERSION
@@ -16,6 +16,9 @@ from ..autodiff.training import UPDATED
 from ..exceptions import TrainingPackageError
 from ..learning_rates import LEARNING_RATE, STEP
 from .format import FLAT_STATE, FLAT_UPDATED, UNROLLED_LOSSES, TensorSpec
+
+#: the key of a graph's ``metadata_props`` holding the preprocessing its nodes do (the manifest's ``preprocess``)
+PREPROCESS_KEY = "ortflow.preprocess"
 
 #: the IR version of the package's graphs: onnxruntime 1.19 (the training build) to 1.32 read it
 IR_VERSION = MAX_IR_VERSION
@@ -180,6 +183,47 @@ def flat_step(step: onnx.ModelProto, table: list[dict]) -> onnx.ModelProto:
     model = helper.make_model(flat, opset_imports=list(step.opset_import), ir_version=step.ir_version,
                               producer_name=step.producer_name)
     return model
+
+
+def standardize_input(model: onnx.ModelProto, name: str, mean, scale, prefix: str) -> onnx.ModelProto:
+    """A copy of ``model`` whose nodes read ``(name - mean) / scale`` where they read the input ``name`` (``Sub``
+    and ``Div`` in front, the float32 constants ``<prefix>mean`` and ``<prefix>scale``: not weights)."""
+    inner = f"{prefix}standardized"
+    return _affine(model, name, inner, [("Sub", mean, "mean", f"{prefix}centered"), ("Div", scale, "scale", inner)],
+                   prefix, front=True)
+
+
+def unscale_output(model: onnx.ModelProto, name: str, mean, scale, prefix: str) -> onnx.ModelProto:
+    """A copy of ``model`` whose output ``name`` is ``value * scale + mean`` of what it was (``Mul`` and ``Add``
+    behind; the nodes that read it still read the value before)."""
+    inner = f"{prefix}standardized"
+    return _affine(model, name, inner, [("Mul", scale, "scale", f"{prefix}scaled"), ("Add", mean, "mean", name)],
+                   prefix, front=False)
+
+
+def _affine(model: onnx.ModelProto, name: str, inner: str, ops: list, prefix: str, front: bool) -> onnx.ModelProto:
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    taken = g.all_names(new)
+    clash = sorted({inner, *(f"{prefix}{key}" for _, _, key, _ in ops), *(out for *_, out in ops[:-1])} & taken)
+    if clash:
+        raise TrainingPackageError(f"the graph already uses the names {clash}")
+    graph = new.graph
+    for node in graph.node:
+        node.input[:] = [inner if x == name else x for x in node.input]
+        if not front:
+            node.output[:] = [inner if x == name else x for x in node.output]
+    added, source = [], name if front else inner
+    for op, values, key, out in ops:
+        constant = f"{prefix}{key}"
+        graph.initializer.append(numpy_helper.from_array(
+            np.asarray(values, dtype=np.float32).reshape(-1), constant))
+        added.append(helper.make_node(op, [source, constant], [out], name=f"{prefix}{op.lower()}"))
+        source = out
+    nodes = [*added, *graph.node] if front else [*graph.node, *added]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return new
 
 
 def patchable(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> tuple[bytes, list[dict]]:
