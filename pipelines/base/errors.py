@@ -123,9 +123,20 @@ def report(exc: BaseException, stream: TextIO | None = None) -> None:
         for problem in problems:
             print(f"  - {problem}", file=stream)
     else:
-        print(f"ortflow: error: {one_line(exc)}", file=stream)
+        print(f"ortflow: error: {_without_append_advice(one_line(exc))}", file=stream)
     print(f"  hint: {_close_key_hint(exc)}{hint_for(exc) or UserError.hint}; debug=true shows the traceback",
           file=stream)
+
+
+def _without_append_advice(line: str) -> str:
+    """``line`` without Hydra's ``To append to your config use +trainer.max_iters=5`` for a key of a typed group
+    (``Key 'max_iters' not in 'TrainerConfig'``): the checks refuse it (the schema takes no key it does not
+    declare), so the project's did-you-mean (the hint) is the advice given."""
+    import re
+
+    if not re.search(r"not in '\w+Config'", line):
+        return line
+    return re.sub(r"To append to your config use \+\S+\s*", "", line)
 
 
 def _close_key_hint(exc: BaseException) -> str:
