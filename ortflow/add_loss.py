@@ -17,7 +17,7 @@ from .losses import BaseLearningLoss
 from .ml_op_rewrites import holds_linear_ops, make_trainable
 from .onnx_builder import GraphBuilder
 from .penalties import BaseLearningPenalty, ElasticLearningPenalty
-from .registry import family, select, settings_of
+from .registry import lookup, select, settings_of
 
 PenaltySpec = Mapping[str, Union[float, Mapping[str, float]]]
 #: metadata key under which add_loss_output records the loss it added (read by ``OrtGradientOptimizer.losses``)
@@ -59,7 +59,8 @@ def add_loss_output(
     original outputs are kept after the loss, except a result the graph computes under ``label_name`` (skl2onnx's
     predicted ``label``): it is dropped, as onnxcustom does, so that the label input takes its name. A
     classification loss on skl2onnx's binary probabilities ``[1 - sigmoid(s), sigmoid(s)]`` applies to ``s``,
-    added as the output ``raw_score``.
+    added as the output ``raw_score``, and its label input is int64 (the labels 0 and 1, as onnxcustom declares it;
+    the trainers feed it as the graph declares); every other label input is float32.
 
     A graph straight from skl2onnx, whose ``ai.onnx.ml`` LinearRegressor / LinearClassifier keeps its weights in
     attributes, is first made trainable with :func:`ortflow.make_trainable` (the rewrite is exact and unique, so
@@ -79,7 +80,7 @@ def add_loss_output(
     else:
         # l1_weight and l2_weight are the elastic loss's settings (onnxcustom's signature passes them to every loss);
         # None leaves the loss class's default
-        elastic = isinstance(score_name, str) and "l1_weight" in settings_of(family("loss").get(score_name, object))
+        elastic = isinstance(score_name, str) and "l1_weight" in settings_of(lookup("loss", score_name) or object)
         given = {k: v for k, v in dict(l1_weight=l1_weight, l2_weight=l2_weight).items() if v is not None}
         loss = select("loss", score_name, "score_name", **(given if elastic else {}))
     loss.check()
@@ -89,8 +90,10 @@ def add_loss_output(
                          f"({record['class']}): pick a regression loss")
     output = pick_output(model, output_index, "output_index")
     model = _free_label_name(model, label_name, output)
+    label_type = TensorProto.FLOAT
     if loss.task == "classification" and output in PROBABILITY_OUTPUTS:
         model, output = _raw_score_behind(model, output, score_name)
+        label_type = TensorProto.INT64  # onnxcustom's binary path: the labels themselves, 0 or 1, as int64
     existing = all_names(model)
     for arg, name in (("loss_name", loss_name), ("label_name", label_name), ("weight_name", weight_name)):
         if name is not None and name in existing:
@@ -104,14 +107,15 @@ def add_loss_output(
     width = shape[1] if len(shape) == 2 and isinstance(shape[1], int) and shape[1] > 0 else None
 
     b = GraphBuilder(prefix=f"{loss_name}", taken=all_names(model))  # its nodes join the model's graph
-    total = loss.mean_loss(b, output, label_name, weight_name, len(shape), width)
+    target = label_name if label_type == TensorProto.FLOAT else b.op("Cast", [label_name], to=TensorProto.FLOAT)
+    total = loss.mean_loss(b, output, target, weight_name, len(shape), width)
     if penalty:
         total = b.add_all([total, *_penalty_terms(b, model, penalty)])
     b.output(total, loss_name, [])
 
     new = onnx.ModelProto()
     new.CopyFrom(model)
-    new.graph.input.append(helper.make_tensor_value_info(label_name, TensorProto.FLOAT, ["N"] + [width] * (len(shape) - 1)))
+    new.graph.input.append(helper.make_tensor_value_info(label_name, label_type, ["N"] + [width] * (len(shape) - 1)))
     if weight_name is not None:
         new.graph.input.append(helper.make_tensor_value_info(weight_name, TensorProto.FLOAT, ["N"]))
     new.graph.node.extend(b.nodes)

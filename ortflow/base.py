@@ -60,7 +60,7 @@ from .registry import select
 from .runtime import THREADS_WORK_THRESHOLD, SessionOptions, threads_for_work, training_session_options
 from .shuffle import epoch_order
 from .sources import is_source, replays_order, source_identity
-from .validation import check_positive_int, check_targets, check_weights_to_train
+from .validation import batch_rows, check_targets, check_weights_to_train
 
 __all__ = ["BaseTrainer", "GraphSpec", "TrainData", "prediction_spec"]  # the types stay importable from here
 
@@ -100,18 +100,21 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
             return self._fit_source(X, y, sample_weight, validation_data, resume_from)
         model, spec, feeds, names, train_model, prefix = self._graph_and_feeds(X)
         data, val = self._prepare_data(spec, prefix, feeds, names, y, sample_weight, validation_data)
-        check_positive_int("batch_size", self.batch_size, data.n_samples, "the number of training samples")
-        rng = check_random_state(self.random_state)
-        if val is None and self.validation_fraction is not None:
-            data, val = self._split_validation(data, rng)
-        rng, max_iter = self._begin(model, spec, train_model, feeds, names, rng, resume_from)
+        given, self.batch_size = self.batch_size, batch_rows(self.batch_size, data.n_samples)  # this fit's batches
+        try:
+            rng = check_random_state(self.random_state)
+            if val is None and self.validation_fraction is not None:
+                data, val = self._split_validation(data, rng)
+            rng, max_iter = self._begin(model, spec, train_model, feeds, names, rng, resume_from)
 
-        def chunks(epoch):
-            yield data, self._epoch_order(rng, data.n_samples, epoch)
+            def chunks(epoch):
+                yield data, self._epoch_order(rng, data.n_samples, epoch)
 
-        self._rt_prefix, self._rng = prefix, rng
-        self._train_epochs(range(len(self.history_), max_iter), chunks, lambda epoch: epoch * data.n_samples, val,
-                           rng)
+            self._rt_prefix, self._rng = prefix, rng
+            self._train_epochs(range(len(self.history_), max_iter), chunks, lambda epoch: epoch * data.n_samples,
+                               val, rng)
+        finally:
+            self.batch_size = given  # the parameter as set (get_params, clone)
         self._samples_seen = len(self.history_) * data.n_samples
         return self
 
@@ -589,6 +592,8 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         )
         self.diverged_ = True
         if self.exc:
+            if batch:  # the losses seen are recorded (as onnxcustom does): the epoch's batches before the bad one
+                self.train_losses_ = [*(r["train_loss"] for r in self.history_), float(np.mean(losses[:batch]))]
             raise ConvergenceError(message, epoch=epoch + 1, batch=batch + 1)
         warnings.warn(message + "; the weights of the last finite epoch are kept", RuntimeWarning, stacklevel=3)
         self.set_state(last_good)
@@ -618,9 +623,13 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         self._set_weights(weights)
         self._set_optimizer_state(state)
 
-    def get_trained_onnx(self) -> onnx.ModelProto:
-        """The prediction graph with the trained weights, loadable by a plain InferenceSession."""
+    def get_trained_onnx(self, model: g.ModelLike | None = None) -> onnx.ModelProto:
+        """The prediction graph with the trained weights, loadable by a plain InferenceSession; with ``model`` (a
+        graph, bytes or a path: onnxcustom's argument), that graph with the trained weights in place of its
+        initializers of the same names (a KeyError names a trained weight it lacks)."""
         self._check_fitted()
+        if model is not None:
+            return g.replace_initializers(g.load_model(model), self.get_state())
         trained = g.replace_initializers(self._prediction_graph(), self.get_state())
         # the estimator the graph came from stays recorded (the loss record does not: the graph has no loss)
         trained.metadata_props.extend(e for e in self._model.metadata_props if e.key == ESTIMATOR_METADATA)

@@ -176,7 +176,9 @@ class OrtGradientOptimizer(BaseTrainer):
         self._rt_feed_order = train_inputs
 
     def _arrays(self, data: TrainData) -> list[np.ndarray]:
-        by_name = {**data.feeds, self.label_name: data.y, self._spec.weight_name: data.weight}
+        # the label as the graph declares it: float32, or int64 (add_loss_output's log loss on binary probabilities)
+        label = np.asarray(data.y, dtype=onnx.helper.tensor_dtype_to_np_dtype(g.elem_type(self._model, self.label_name)))
+        by_name = {**data.feeds, self.label_name: label, self._spec.weight_name: data.weight}
         return [by_name[name] for name in self._rt_feed_order]
 
     def _set_learning_rate(self, learning_rate: float) -> None:

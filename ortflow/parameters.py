@@ -62,12 +62,12 @@ def _names(name: str, value: Any) -> None:
 
 def _learning_rate(name: str, value: Any) -> None:
     from .learning_rates import BaseLearningRate
-    from .registry import names
+    from .registry import lookup, names
 
     if isinstance(value, BaseLearningRate):
         value.check()
     elif isinstance(value, str):
-        if value not in names("optimizer"):
+        if lookup("optimizer", value) is None:
             raise ValueError(f"{name}={value!r} is not a learning rate; use a positive float, one of "
                              f"{names('optimizer')} or a BaseLearningRate instance")
     else:

@@ -91,6 +91,24 @@ def family(kind: str) -> dict[Any, type]:
     return dict(Registered._registry[kind])
 
 
+#: onnxcustom's other spellings of registered names (its ``select`` methods), accepted and not listed
+ONNXCUSTOM_NAMES = {"optimizer": {"Nesterov": "SGDNesterov"},
+                    "loss": {"elastic_error": "elastic", "neglog": "neg_log", "logloss": "log"}}
+
+
+def lookup(kind: str, name: Any) -> type | None:
+    """The class of family ``kind`` registered as ``name``, or named so (its class name, as onnxcustom's code
+    passes them: ``'LearningRateSGDNesterov'``, ``'SquareLearningLoss'``), or an onnxcustom spelling of a
+    registered name (:data:`ONNXCUSTOM_NAMES`); None for any other name."""
+    classes = family(kind)
+    if name in classes:
+        return classes[name]
+    if not isinstance(name, str):
+        return None
+    name = ONNXCUSTOM_NAMES.get(KIND_ALIASES.get(kind, kind), {}).get(name, name)
+    return classes.get(name) or {cls.__name__: cls for cls in classes.values()}.get(name)
+
+
 def names(kind: str) -> list[str]:
     """The names registered in family ``kind`` (strings only, sorted)."""
     return sorted(n for n in family(kind) if isinstance(n, str))
@@ -109,9 +127,9 @@ def select(kind: str, value: Any, argument: str | None = None, **kwargs) -> Any:
             raise ValueError(f"{argument}={value!r} is an instance: settings {sorted(kwargs)} cannot apply to it")
         return value
     if isinstance(value, str) or value is None:
-        if value not in classes:
+        cls = lookup(kind, value)
+        if cls is None:
             raise ValueError(f"{argument}={value!r} is unknown; choose an instance or one of {names(kind)}")
-        cls = classes[value]
         taken = settings_of(cls)
         refused = [k for k in kwargs if k not in taken]
         if refused:

@@ -124,6 +124,18 @@ def check_positive_int(name: str, value, upper: int | None = None, upper_name: s
     return int(value)
 
 
+def batch_rows(batch_size, n_samples: int) -> int:
+    """The rows of a batch: ``batch_size`` (checked), shrunk to ``n_samples`` with a warning when the table is
+    smaller (each epoch is then one batch of every row, as scikit-learn clips its batch size)."""
+    batch_size = check_positive_int("batch_size", batch_size)
+    if batch_size > n_samples:
+        import warnings
+
+        warnings.warn(f"batch_size={batch_size} is larger than the {n_samples} training samples: each epoch trains "
+                      f"them in one batch of {n_samples}", UserWarning, stacklevel=3)
+    return min(batch_size, n_samples)
+
+
 def check_positive_float(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, Real) or not np.isfinite(value) or value <= 0:
         raise ValueError(f"{name}={value!r} must be a positive finite number")

@@ -57,7 +57,6 @@ def test_bad_data(regression_data, graph, change, match):
 @pytest.mark.parametrize(
     "params, error, match",
     [
-        ({"batch_size": 1000}, ValueError, r"batch_size=1000 is larger than the number of training samples \(400\)"),
         ({"batch_size": 0}, ValueError, "batch_size=0 must be a positive integer"),
         ({"max_iter": -1}, ValueError, "max_iter=-1"),
         ({"weights_to_train": ["coef", "nope"]}, ValueError, r"unknown initializers \['nope'\]"),

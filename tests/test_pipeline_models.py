@@ -102,5 +102,5 @@ def test_the_table_of_models_and_the_conf_files_agree():
             assert ModelKind(model.name) not in MODEL_TASK and model.estimator is None
             continue
         assert files[model.name].task == model.task == MODEL_TASK[ModelKind(model.name)].value
-        unused = set(files[model.name]) - {"name", "task", "target_opset", *model.settings}
+        unused = set(files[model.name]) - {"name", "task", "target_opset", "defaults", *model.settings}
         assert not unused, f"conf/model/{model.name}.yaml sets {unused}, which its class never receives"

@@ -213,6 +213,8 @@ def _check_values(cfg: DictConfig) -> None:
         problems.append("mlflow.metrics_flush_every must be >= 0 and mlflow.metrics_flush_seconds > 0")
     if cfg.mlflow.retry_seconds <= 0 or cfg.mlflow.connect_timeout <= 0:
         problems.append("mlflow.retry_seconds and mlflow.connect_timeout must be > 0")
+    if cfg.promotion.min_relative_improvement < 0 or cfg.promotion.min_absolute_improvement < 0:
+        problems.append("promotion.min_relative_improvement and promotion.min_absolute_improvement must be >= 0")
     if cfg.mlflow.retries < 1:
         problems.append(f"mlflow.retries={cfg.mlflow.retries} must be >= 1")
     if cfg.data.n_samples < 10 or cfg.data.n_features < 1:

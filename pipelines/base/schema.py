@@ -384,6 +384,10 @@ class PromotionConfig:
     require_same_data: bool = True
     # which models become registry versions: if_promoted keeps the registry to the versions that took the alias
     register: RegisterPolicy = RegisterPolicy.if_promoted
+    # a challenger takes the alias only when it beats the holder by more than max(min_absolute_improvement,
+    # min_relative_improvement * |holder's value|): a difference within float noise keeps the holder
+    min_relative_improvement: float = 1e-3
+    min_absolute_improvement: float = 1e-6
 
 
 @dataclass

@@ -99,7 +99,7 @@ def evaluate(ctx: StageContext) -> dict:
         check_finite_predictions(predictions["onnx"], split)
         predictions.update(sklearn_reference(ctx, split))
         y_true = split.raw_y(split.y_test) if split.task == "regression" else split.y_test
-        metrics = test_metrics(split, predictions)
+        metrics = {**test_metrics(split, predictions), **validation_metrics(split, session)}
     folder = ctx.work_dir / "plots"
     finite = {k: v for k, v in predictions.items() if np.isfinite(v).all()}
     if split.task == "regression":
@@ -129,6 +129,18 @@ def test_metrics(split: Split, predictions: dict[str, np.ndarray]) -> dict[str, 
             metrics.update(classification_metrics(y_true, predicted, split.classes, PREFIX[label],
                                                   per_class=label == "onnx"))
     return metrics
+
+
+def validation_metrics(split: Split, session) -> dict[str, float]:
+    """The task's metrics of the trained model on the validation rows (``validation_mse``, ``validation_log_loss``...):
+    the number every model of a sweep shares, whatever loss each one trains (``validation_loss`` is each one's own
+    loss); none without validation rows."""
+    if not split.has_validation:
+        return {}
+    predicted = onnx_predict(session, split.raw_X(split.X_valid), split.task)
+    if split.task == "regression":
+        return regression_metrics(split.raw_y(split.y_valid), predicted, "validation_")
+    return classification_metrics(split.y_valid, predicted, split.classes, "validation_")
 
 
 def onnx_test_metrics(split: Split, deploy: onnx.ModelProto) -> dict[str, float]:

@@ -151,7 +151,8 @@ def register_model(ctx: StageContext, split: Split, model: onnx.ModelProto, eval
     candidate = promotion.Candidate(
         name, info.model_uri, ctx.run_id, metric, direction, value,
         str(cfg.promotion.alias), split.fingerprint(), bool(cfg.promotion.require_same_data),
-        bool(cfg.promotion.enabled), str(cfg.promotion.get("register") or RegisterPolicy.if_promoted))
+        bool(cfg.promotion.enabled), str(cfg.promotion.get("register") or RegisterPolicy.if_promoted),
+        float(cfg.promotion.min_relative_improvement), float(cfg.promotion.min_absolute_improvement))
     ctx.set_tags({promotion.FINGERPRINT_TAG: candidate.fingerprint, **candidate.tags()})
     if in_multirun():  # a sweep registers only its best trial, by the optimized metric, once every trial ended
         ctx.set_tags({"ortflow.registered": "deferred: the sweep registers its best trial"})
