@@ -38,7 +38,7 @@ from pathlib import Path
 
 from .base.handoff import OUTER_RUN_ENV
 from .cli import CHAIN, app
-from .base.errors import USER_ERROR_STATUS, UserError, report
+from .base.errors import USER_ERROR_STATUS, UserError, exit_if_interrupted, report
 from .stages import names
 
 #: the MLproject file, at the repository root
@@ -240,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
         except UserError as exc:
             report(exc)
             raise SystemExit(USER_ERROR_STATUS) from None
+        except KeyboardInterrupt as exc:
+            exit_if_interrupted(exc, argv)
+            raise
         return
     if not argv or argv[0] not in entry_points():
         print(usage, file=sys.stderr)

@@ -17,8 +17,10 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from ..base import metric_names
+from ..base.interrupts import deferred, pause_point
 from .locks import file_lock, lock_path, sqlite_path
 from .records import is_finite, log_metrics, set_tags
+from .runs import hold_version
 from .store import Tracking
 
 TAG = "ortflow.promotion."
@@ -138,17 +140,22 @@ def register(tracking: Tracking, candidate: Candidate, sweep: bool = False) -> t
         set_tags(tracking, c.run_id, {"ortflow.registered": "false (non-finite metric)"})
         log_metrics(tracking, c.run_id, {"promoted": 0.0})
         return None, decision
-    with _quiet_mlflow():  # MLflow prints "Successfully registered model ..." and "Created version ...": the
-        # stage's summary says which version was registered, and why
+    # MLflow prints "Successfully registered model ..." and "Created version ...": the stage's summary says which
+    # version was registered, and why; the version is deleted if the run does not finish (runs.hold_version)
+    with _quiet_mlflow(), deferred():
         version = str(tracking.call(mlflow.register_model, c.model_uri, c.name,
                                     tags={"ortflow.run_id": c.run_id, f"ortflow.metric.{c.metric}": str(c.value),
                                           **({FINGERPRINT_TAG: c.fingerprint} if c.fingerprint else {})}).version)
+        hold_version(c.run_id, c.name, version)
+    pause_point("after_register")
     set_tags(tracking, c.run_id, {"ortflow.registered_model": c.name, "ortflow.registered_version": version,
                                   "ortflow.registered": "true"})
     if not c.promote:
         return version, None
     decision = promote(tracking, c.name, version, c.run_id, c.value, c.metric, c.direction, c.alias,
                        fingerprint=c.fingerprint, require_same_data=c.require_same_data, margin=c.margin)
+    if decision.promoted:
+        hold_version(c.run_id, c.name, version, {c.alias: decision.holder_version})
     log_metrics(tracking, c.run_id, {"promoted": float(decision.promoted)})
     return version, decision
 
