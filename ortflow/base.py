@@ -53,7 +53,7 @@ from .learning_rates import BaseLearningRate, LearningRateSGD
 from .ml_op_rewrites import make_trainable
 from .parameters import check_parameters
 from .prediction import PredictionMixin
-from .guards import exclusive_fit
+from .guards import check_not_fitting, exclusive_fit
 from .prefetch import Prefetcher
 from .rechunk import whole_batches
 from .registry import select
@@ -593,6 +593,12 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         warnings.warn(message + "; the weights of the last finite epoch are kept", RuntimeWarning, stacklevel=3)
         self.set_state(last_good)
         self.stop_training_ = True
+
+    def set_params(self, **params):
+        """scikit-learn's ``set_params``, refused (:class:`~ortflow.exceptions.ConcurrentFitError`) while the
+        estimator fits."""
+        check_not_fitting(self, f"set_params({', '.join(sorted(params))})")
+        return super().set_params(**params)
 
     # --- state ---------------------------------------------------------------------------------------------
     def set_state(self, state: dict[str, np.ndarray]) -> None:
