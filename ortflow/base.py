@@ -55,6 +55,7 @@ from .parameters import check_parameters
 from .prediction import PredictionMixin
 from .guards import check_not_fitting, exclusive_fit
 from .prefetch import Prefetcher
+from .problem import TrainingProblem, fitted, prediction_problem, trainer_settings
 from .rechunk import whole_batches
 from .registry import select
 from .runtime import THREADS_WORK_THRESHOLD, SessionOptions, threads_for_work, training_session_options
@@ -593,6 +594,54 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         warnings.warn(message + "; the weights of the last finite epoch are kept", RuntimeWarning, stacklevel=3)
         self.set_state(last_good)
         self.stop_training_ = True
+
+    # --- what the trainer trains, as one value -------------------------------------------------------------
+    def training_problem(self) -> TrainingProblem:
+        """What this trainer trains, fitted or not, as one :class:`ortflow.problem.TrainingProblem`: its loss and
+        prediction graphs, the inputs by role, the trained weights, the optimizer, the state table (current
+        weights and optimizer slots), the progress and the batch size. The training package's writer reads a
+        trainer through it."""
+        model = make_trainable(g.load_model(self.model_onnx), self.weights_to_train)
+        was_fitted = hasattr(self, "history_")
+        problem = self._training_problem(model, list(self.weights_to_train_) if was_fitted else None,
+                                         self._learning_rate())
+        names = getattr(self, "feature_names_in_", None)
+        problem.feature_names = None if names is None else [str(n) for n in names]
+        if was_fitted:
+            fitted(problem, self.get_state(), self._exported_optimizer_state(problem.rate), len(self.history_),
+                   getattr(self, "_samples_seen", 0))
+        return problem
+
+    def _training_problem(self, model: onnx.ModelProto, weights: list[str] | None,
+                          rate: BaseLearningRate) -> TrainingProblem:
+        """The hook of :meth:`training_problem`: the problem of ``model`` (weights at their start), ``weights``
+        the trained ones of a fitted trainer (None: from ``weights_to_train``). Default: a prediction graph trained
+        with a loss family (``learning_loss``, ``learning_penalty``, ``output_name``, ``weight_name``)."""
+        spec = prediction_spec(model, self.output_name, self.weight_name)
+        return prediction_problem(type(self).__name__, model, spec.trained_output, spec.weight_name,
+                                  self._loss_object(), select("penalty", self.learning_penalty),
+                                  self.learning_penalty, weights, self.weights_to_train, rate, self.batch_size)
+
+    def _exported_optimizer_state(self, rate: BaseLearningRate) -> dict[str, np.ndarray] | None:
+        """The optimizer state :meth:`training_problem` carries (None: one ortflow cannot read)."""
+        return self.get_optimizer_state()
+
+    @classmethod
+    def from_state(cls, state, **params) -> BaseTrainer:
+        """An unfitted trainer of this class continuing a training package's ``state`` (a
+        :class:`ortflow.package.TrainingState`): its weights, optimizer, schedule and batch size (``params``
+        overrides or adds settings: ``max_iter``...). Its ``fit`` starts new optimizer slots (Adam's moments at
+        zero, ``step`` from 1); the weights continue from the state's."""
+        model, settings = cls._state_settings(state)
+        settings.update(params)
+        return cls(model, **settings)
+
+    @classmethod
+    def _state_settings(cls, state) -> tuple[onnx.ModelProto, dict]:
+        """The graph and the settings :meth:`from_state` makes its trainer of (default: a prediction graph, the
+        package's with the state's weights, trained with the loss the package's loss graph records)."""
+        _, settings = trainer_settings(state)
+        return state.get_trained_onnx(), settings
 
     def set_params(self, **params):
         """scikit-learn's ``set_params``, refused (:class:`~ortflow.exceptions.ConcurrentFitError`) while the

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -12,13 +11,13 @@ import onnx
 
 from . import graph as g
 from ._ort import TRAINING, OrtValueVector, api, artifacts, backend, captured_native_stderr, require_training
-from .add_loss import LOSS_METADATA
 from .device_data import DeviceRows, fits_on_device
 from .artifact_cache import TRAINING_ARTIFACTS
 from .base import BaseTrainer
 from .graph_spec import GraphSpec, TrainData
 from .exceptions import (
     NotDifferentiableError,
+    TrainingPackageError,
     UnsupportedModelError,
     explain_gradient_failure,
     with_training_build_hint,
@@ -27,7 +26,8 @@ from .full_step import StepBatch, StepGraphRuntime
 from .inputs import InputMapping
 from .learning_rates import BaseLearningRate
 from .parameters import TRAINERS, init_from
-from .registry import select
+from .problem import TrainingProblem, loss_metadata, loss_problem, trainer_settings
+from .registry import register, select
 from .runtime import STEP_GRAPH_THREADS_THRESHOLD, THREADS_WORK_THRESHOLD, DeviceBuffer
 from .validation import resolve_device
 
@@ -76,7 +76,7 @@ class OrtGradientOptimizer(BaseTrainer):
             raise ValueError(f"label_name={self.label_name!r} is not an input of the graph (inputs: {feeds})")
         weight = self.sample_weight_name if self.sample_weight_name in feeds else None
         predictions = [o for o in outputs if o != self.loss_output_name]
-        trained = _loss_metadata(model).get("prediction")
+        trained = loss_metadata(model).get("prediction")
         return GraphSpec(
             inputs=InputMapping.of(model, exclude=(self.label_name, weight)),
             label_shape=g.shape_of(model, self.label_name),
@@ -92,7 +92,7 @@ class OrtGradientOptimizer(BaseTrainer):
         return THREADS_WORK_THRESHOLD if self.gradients == "onnxruntime" else STEP_GRAPH_THREADS_THRESHOLD
 
     def _loss_object(self):
-        meta = _loss_metadata(self._model)
+        meta = loss_metadata(self._model)
         if not meta:
             raise ValueError("losses(): the graph's loss was not added by ortflow.add_loss_output, so its "
                              "per-sample definition is unknown")
@@ -299,10 +299,30 @@ class OrtGradientOptimizer(BaseTrainer):
             raise FileNotFoundError(f"{folder!r} holds no onnxruntime checkpoint ({ORT_CHECKPOINT})")
         self._start_module(api.CheckpointState.load_checkpoint(path))
 
+    # --- what is trained -----------------------------------------------------------------------------------
+    def _training_problem(self, model: onnx.ModelProto, weights, rate: BaseLearningRate) -> TrainingProblem:
+        return loss_problem(type(self).__name__, model, self.loss_output_name, self.label_name,
+                            self.sample_weight_name, weights, self.weights_to_train, rate, self.batch_size)
 
-def _loss_metadata(model: onnx.ModelProto) -> dict:
-    """What :func:`ortflow.add_loss_output` recorded about the loss it added ({} for other graphs)."""
-    for entry in model.metadata_props:
-        if entry.key == LOSS_METADATA:
-            return json.loads(entry.value)
-    return {}
+    def _exported_optimizer_state(self, rate: BaseLearningRate) -> dict[str, np.ndarray] | None:
+        if self._rt_step is not None:
+            return self.get_optimizer_state()
+        if len(rate.slots) > 1:
+            raise TrainingPackageError(
+                f"this {type(self).__name__} trained with onnxruntime's artifacts (gradients_='onnxruntime'), whose "
+                f"{type(rate).__name__} moments ortflow cannot read; export it before fit or fit it with "
+                "gradients='ortflow'")
+        return None  # plain SGD keeps no state
+
+    @classmethod
+    def _state_settings(cls, state) -> tuple[onnx.ModelProto, dict]:
+        loss_model, settings = trainer_settings(state)
+        m = state.package.manifest
+        settings = {k: v for k, v in settings.items() if k not in ("learning_loss", "output_name")}
+        settings.update(loss_output_name=m["loss"]["output"], label_name=m["loss_model"]["label"])
+        if m["loss_model"]["weight"]:
+            settings["sample_weight_name"] = m["loss_model"]["weight"]
+        return loss_model, settings
+
+
+register("trainer", OrtGradientOptimizer)

@@ -30,7 +30,7 @@ from .artifact_cache import STEP_GRAPHS
 from .autodiff import training_step
 from .autodiff.training import LEARNING_RATE, STEP, UPDATED
 from .device_data import DeviceLosses, DeviceRows, DeviceScalars
-from .learning_rates import BaseLearningRate, slot_name
+from .learning_rates import BaseLearningRate, slot_name, state_tensor
 from .runtime import DeviceBuffer, OnnxFunction, SessionOptions
 
 @dataclass
@@ -66,8 +66,8 @@ class StepGraphRuntime:
         self.feed_names = [n for n in self.input_names if n not in self.state_names and n not in scalars]
         inits = g.get_initializers(loss_graph)
         # a state tensor of the step graph (``<weight>_<slot>``) -> its weight, and its key in the optimizer state
-        owners = {f"{w}_{slot}": w for w in self.weights for slot in rate.slots[1:]}
-        self._slot_keys = {f"{w}_{slot}": slot_name(slot, w) for w in self.weights for slot in rate.slots[1:]}
+        owners = {state_tensor(w, slot): w for w in self.weights for slot in rate.slots[1:]}
+        self._slot_keys = {state_tensor(w, slot): slot_name(slot, w) for w in self.weights for slot in rate.slots[1:]}
         self._state = {}
         for name in self.state_names:
             start = inits[name] if name in inits else np.zeros(inits[owners[name]].shape, dtype=np.float32)

@@ -103,7 +103,15 @@ def grad_name(weight: str) -> str:
 
 
 def slot_name(slot: str, weight: str, new: bool = False) -> str:
+    """The key of ``weight``'s ``slot`` in the trainers' public optimizer state (``get_optimizer_state``) and in
+    the update graph: ``<slot>:<weight>``."""
     return f"{'new_' if new else ''}{slot}:{weight}"
+
+
+def state_tensor(weight: str, slot: str) -> str:
+    """The name of ``weight``'s ``slot`` as a state tensor: in the step graph (:func:`ortflow.autodiff.training_step`),
+    a training package's state and :class:`ortflow.problem.TrainingProblem`'s state table: ``<weight>_<slot>``."""
+    return f"{weight}_{slot}"
 
 
 class BaseLearningRate(Registered, Parametrized):
@@ -137,6 +145,10 @@ class BaseLearningRate(Registered, Parametrized):
 
     def _initial_slot(self, slot: str, weight: np.ndarray) -> np.ndarray:
         return np.zeros_like(weight, dtype=np.float32)
+
+    def initial_slot(self, slot: str, weight: np.ndarray) -> np.ndarray:
+        """The value of ``weight``'s ``slot`` before the first step (a subclass overrides ``_initial_slot``)."""
+        return self._initial_slot(slot, weight)
 
     def write_update(self, ops, weights: Mapping[str, tuple], learning_rate, step) -> dict[str, dict]:
         """The rule applied to ``weights`` (name -> (value, gradient, state)) in ``ops``: name -> new slots."""

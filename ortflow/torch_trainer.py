@@ -25,7 +25,7 @@ from .base import BaseTrainer
 from .graph_spec import GraphSpec, TrainData, prediction_spec
 from .learning_rates import BaseLearningRate, slot_name
 from .parameters import TRAINERS, init_from
-from .registry import select
+from .registry import register, select
 from .runtime import DeviceBuffer, OnnxFunction, make_session_options
 
 
@@ -216,3 +216,6 @@ class TorchTrainer(BaseTrainer):
                 self._rt_optimizer.state[param] = {"step": steps, **{
                     slot: torch.from_numpy(np.array(state[slot_name(slot, name)], dtype=np.float32))
                     for slot in self._rt_rate.slots[1:]}}
+
+
+register("trainer", TorchTrainer)

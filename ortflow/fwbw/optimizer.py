@@ -23,7 +23,7 @@ from ..graph_spec import GraphSpec, TrainData, prediction_spec
 from ..learning_rates import BaseLearningRate
 from ..onnx_builder import DEFAULT_OPSET
 from ..parameters import TRAINERS, init_from
-from ..registry import select
+from ..registry import register, select
 from ..runtime import DeviceBuffer, OnnxFunction, make_session_options
 from ..validation import resolve_device
 from .forward_backward import OrtGradientForwardBackward
@@ -205,3 +205,6 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         graphs["loss"] = self._rt_loss_fn.model
         graphs["update"] = self._rt_rate.function_.model
         return graphs
+
+
+register("trainer", OrtGradientForwardBackwardOptimizer)
