@@ -31,9 +31,9 @@ def training_step(
 ) -> onnx.ModelProto:
     """The graph of one optimizer step on ``loss_model`` (a scalar loss, e.g. from :func:`ortflow.add_loss_output`).
 
-    ``optimizer`` is an optimizer of :mod:`ortflow.learning_rates` (an instance, or a registry name: ``'sgd'``,
-    ``'nesterov'``, ``'adam'``, ``'adamw'``, ``'rmsprop'``; a name takes ``betas``, ``epsilon`` and
-    ``weight_decay`` where its class has them). Its update rule, the same one forward-backward training runs, is
+    ``optimizer`` is an optimizer of :mod:`ortflow.learning_rates` (an instance, or a registered name,
+    ``ortflow.registry.names('optimizer')``; a name takes ``betas``, ``epsilon`` and ``weight_decay`` where its
+    class has them). Its update rule, the same one forward-backward training runs, is
     written into the graph.
 
     Inputs: the model's inputs, the trained ``weights`` (default: every float initializer), the optimizer's state
