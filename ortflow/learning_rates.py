@@ -17,8 +17,9 @@ The rule reads two scalars fed at every step: ``learning_rate`` (the schedule's 
 optimizers (``gradients='onnxruntime'``) are onnxruntime's rules, not ours: :meth:`~BaseLearningRate.ort_optimizer`
 maps a class to the one onnxruntime has, where it has one.
 
-At run time (:meth:`BaseLearningRate.start`) every weight and state tensor has two device buffers used in turn, and the
-two IOBindings (read 0 / write 1, read 1 / write 0) are built once: a step binds nothing.
+At run time forward-backward training runs the update graph in an :class:`UpdateRuntime`: every weight and state
+tensor has two device buffers used in turn, and the two IOBindings (read 0 / write 1, read 1 / write 0) are built
+once: a step binds nothing.
 """
 
 from __future__ import annotations
@@ -233,16 +234,72 @@ class BaseLearningRate(Registered, Parametrized):
                 b.output(updates[weight][slot], slot_name(slot, weight, new=True), shape)
         return b.model(opset, name=type(self).__name__)
 
-    # --- runtime ---
+    # --- runtime (forward-backward training's update buffers: an UpdateRuntime, see start) ---
     def start(self, weights: Mapping[str, np.ndarray], device: str = "cpu",
-              penalty: BaseLearningPenalty | None = None, session_options=None, flat: bool | None = None) -> None:
-        """Allocate the buffers of ``weights``, their gradients (``grads_``, where the backward pass writes) and
-        their state, and bind the update graph to them.
+              penalty: BaseLearningPenalty | None = None, session_options=None, flat: bool | None = None
+              ) -> UpdateRuntime:
+        """Start an :class:`UpdateRuntime` of this rule on ``weights`` (kept as ``runtime_``; the methods and
+        attributes below read it: ``buffers_``, ``grads_``, ``parity_``...). A trainer holds its own
+        :class:`UpdateRuntime` instead: the optimizer object carries no buffers while it trains."""
+        self.runtime_ = UpdateRuntime(self, weights, device, penalty, session_options, flat)
+        return self.runtime_
 
-        With ``flat`` (default on CPU) the weights share one contiguous buffer per slot (two groups: penalized
-        or not) and each weight is a view of it, so the update graph has a handful of nodes whatever the number
-        of weights."""
-        self.check()
+    def __getattr__(self, name: str):
+        if name in _RUNTIME_ATTRIBUTES and "runtime_" in self.__dict__:
+            return getattr(self.__dict__["runtime_"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def step(self, learning_rate: float) -> None:
+        """Update every weight from the gradients in the bound buffers (of :meth:`start`'s runtime)."""
+        self.runtime_.step(learning_rate)
+
+    def stepper(self, learning_rate: float) -> Callable[[], None]:
+        return self.runtime_.stepper(learning_rate)
+
+    def penalty_value(self) -> float:
+        return self.runtime_.penalty_value()
+
+    def current(self, slot: str = "weight") -> dict[str, DeviceBuffer]:
+        return self.runtime_.current(slot)
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return self.runtime_.get_weights()
+
+    def set_weights(self, values: Mapping[str, Any]) -> None:
+        self.runtime_.set_weights(values)
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        return self.runtime_.get_state()
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        self.runtime_.set_state(state)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("runtime_", None)
+        return state
+
+
+#: what :meth:`BaseLearningRate.start`'s runtime exposes through the rate (earlier, the rate's own attributes)
+_RUNTIME_ATTRIBUTES = frozenset({"buffers_", "grads_", "parity_", "step_", "device_", "function_", "scalar_buffers_",
+                                 "penalty_buffer_"})
+
+
+class UpdateRuntime:
+    """Forward-backward training's update: the rule of ``rate`` in its update graph
+    (:meth:`BaseLearningRate.build_onnx_function`) bound to the buffers of ``weights``, their gradients
+    (``grads_``, where the backward pass writes) and their state.
+
+    Every weight and state tensor has two device buffers used in turn, and the two IOBindings (read 0 / write 1,
+    read 1 / write 0) are built once: a step binds nothing. With ``flat`` (default on CPU) the weights share one
+    contiguous buffer per slot (two groups: penalized or not) and each weight is a view of it, so the update graph
+    has a handful of nodes whatever the number of weights."""
+
+    def __init__(self, rate: BaseLearningRate, weights: Mapping[str, np.ndarray], device: str = "cpu",
+                 penalty: BaseLearningPenalty | None = None, session_options=None, flat: bool | None = None):
+        rate.check()
+        self.rate = rate
+        self.slots, self.scalars, self.per_step_scalars = rate.slots, rate.scalars, rate.per_step_scalars
         penalty = penalty or NoLearningPenalty()
         device = resolve_device(device)
         self.device_, self.step_, self.parity_ = device, 0, 0
@@ -273,9 +330,9 @@ class BaseLearningRate(Registered, Parametrized):
                         self.grads_[name] = views[0]
                         continue
                     self.buffers_[slot, name] = views
-                    initial = weights[name] if slot == "weight" else self._initial_slot(slot, np.asarray(weights[name]))
+                    initial = weights[name] if slot == "weight" else rate.initial_slot(slot, np.asarray(weights[name]))
                     views[0].write(np.asarray(initial, dtype=np.float32).reshape(shapes[name]))
-        model = self.build_onnx_function(DEFAULT_OPSET, device, group_shapes, penalty, penalized)
+        model = rate.build_onnx_function(DEFAULT_OPSET, device, group_shapes, penalty, penalized)
         self.function_ = OnnxFunction(model, device, session_options)
         self.scalar_buffers_ = [DeviceBuffer((), device) for _ in self.scalars]
         self._scalars = [None] * len(self.scalars)
@@ -350,13 +407,6 @@ class BaseLearningRate(Registered, Parametrized):
                     raise KeyError(f"set_state: the optimizer state has no {key!r}; keys: {sorted(state)}")
                 pair[self.parity_].write(np.asarray(state[key], dtype=np.float32))
         self.step_ = int(state.get("step", 0))
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        for key in ("function_", "buffers_", "grads_", "scalar_buffers_", "penalty_buffer_", "_bindings",
-                    "_group_buffers"):
-            state.pop(key, None)
-        return state
 
 
 def _check_schedule(rate: BaseLearningRate) -> None:
