@@ -49,6 +49,7 @@ from .ml_op_rewrites import make_trainable
 from .parameters import check_parameters
 from .prediction import PredictionMixin
 from .guards import check_not_fitting, exclusive_fit
+from .placement import Placement
 from .prefetch import Prefetcher
 from .problem import TrainingProblem, fitted, prediction_problem, trainer_settings
 from .rechunk import whole_batches
@@ -241,7 +242,8 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
                                   [self._trained_output_name(self._spec)], feeds)[1]
 
     def _start(self, model, spec, train_model) -> None:
-        """A fresh training: the runtime built on the trainable part, an empty history."""
+        """A fresh training: the placement resolved, the runtime built on the trainable part, an empty history."""
+        self._rt_placement = None
         self._spec = spec
         self._model = model
         self._train_model = train_model
@@ -719,10 +721,16 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
 
     # --- helpers for subclasses ----------------------------------------------------------------------------
     def _session_options(self) -> SessionOptions:
-        """The training sessions' options: ``n_threads_`` intra-op threads, spinning as :meth:`_spinning` says,
-        ``precision`` of CUDA's float32 products (absent in an older pickle: fp32)."""
-        return training_session_options(getattr(self, "n_threads_", self.n_threads), self._spinning(),
-                                        getattr(self, "precision", "fp32"))
+        """The training sessions' options: ``n_threads_`` intra-op threads, spinning as :meth:`_spinning` says."""
+        return training_session_options(getattr(self, "n_threads_", self.n_threads), self._spinning())
+
+    def _placement(self) -> Placement:
+        """``device`` and ``precision`` (of CUDA's float32 products; absent in an older pickle: fp32) resolved once
+        per fit into the :class:`~ortflow.placement.Placement` every session of the trainer gets."""
+        placement = self.__dict__.get("_rt_placement")
+        if placement is None:
+            placement = self._rt_placement = Placement.of(self.device, getattr(self, "precision", "fp32"))
+        return placement
 
     def _spinning(self) -> bool:
         """``spinning``, or, when None, spinning except in a streamed fit (where the reader thread needs a core)."""
@@ -733,7 +741,7 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         ``batch_size`` rows through ``model``'s float weights."""
         if self.n_threads is not None:
             return int(self.n_threads)
-        return threads_for_work(self.batch_size, g.float_weight_count(model), self.device,
+        return threads_for_work(self.batch_size, g.float_weight_count(model), self._placement().device,
                                 self._threads_threshold())
 
     def _threads_threshold(self) -> int:

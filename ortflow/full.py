@@ -23,6 +23,7 @@ from .exceptions import (
     with_training_build_hint,
 )
 from .full_step import StepBatch, StepGraphRuntime
+from .placement import Placement
 from .training_runtime import DevicePass, LossGraphFeeds, TrainingRuntime
 from .inputs import InputMapping
 from .learning_rates import BaseLearningRate
@@ -30,7 +31,6 @@ from .parameters import TRAINERS, init_from
 from .problem import TrainingProblem, loss_metadata, loss_problem, trainer_settings
 from .registry import register, select
 from .runtime import STEP_GRAPH_THREADS_THRESHOLD, THREADS_WORK_THRESHOLD, DeviceBuffer
-from .validation import resolve_device
 
 ORT_CHECKPOINT = "ort_checkpoint"
 ARTIFACTS = ("training_model", "eval_model", "optimizer_model")
@@ -105,21 +105,21 @@ class OrtGradientOptimizer(BaseTrainer):
         self.backend_ = backend()
         loss_graph = g.keep_outputs(model, [self.loss_output_name])
         self.weights_to_train_ = self._check_weights(model, loss_graph, self.loss_output_name)
-        device, options = resolve_device(self.device), self._session_options()
+        placement, options = self._placement(), self._session_options()
         feeds = dict(label=self.label_name, weight=spec.weight_name)
         if self.gradients == "onnxruntime":
             require_training("gradients='onnxruntime'")
         else:  # 'ortflow', or 'auto': ortflow's step graph first
             try:
                 self._rt_runtime = StepGraphRuntime(loss_graph, self.loss_output_name, self.weights_to_train_, rate,
-                                                    device, options, **feeds)
+                                                    placement, options, **feeds)
                 self.gradients_ = "ortflow"
                 return
             except NotDifferentiableError as exc:
                 if self.gradients == "ortflow" or not TRAINING:
                     raise with_training_build_hint(exc) from exc
         self.gradients_ = "onnxruntime"
-        self._rt_runtime = ArtifactsRuntime(loss_graph, self.weights_to_train_, rate, device, options, **feeds)
+        self._rt_runtime = ArtifactsRuntime(loss_graph, self.weights_to_train_, rate, placement, options, **feeds)
 
     def _device_pass(self, data: TrainData, order, count: int) -> DevicePass | None:
         runtime = self._rt_runtime
@@ -198,8 +198,9 @@ class ArtifactsRuntime(LossGraphFeeds, TrainingRuntime):
     :class:`~ortflow.training_runtime.TrainingRuntime` of ``loss_graph`` (label ``label``, sample weight
     ``weight``) training ``weights``."""
 
-    def __init__(self, loss_graph: onnx.ModelProto, weights: list[str], rate: BaseLearningRate, device: str,
-                 options, label: str | None = None, weight: str | None = None):
+    def __init__(self, loss_graph: onnx.ModelProto, weights: list[str], rate: BaseLearningRate,
+                 placement: Placement, options, label: str | None = None, weight: str | None = None):
+        device = placement.device  # onnxruntime's Module takes a device string (its CUDA options are its own)
         self.device, self.options, self.weights = device, options, list(weights)
         self.label_name, self.weight_name = label, weight
         optimizer = rate.ort_optimizer()  # before any work: Nesterov is refused here

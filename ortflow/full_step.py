@@ -33,6 +33,7 @@ from .autodiff.training import LEARNING_RATE, STEP, UPDATED
 from .device_data import DeviceLosses, DeviceRows, DeviceScalars
 from .graph_spec import TrainData
 from .learning_rates import BaseLearningRate, slot_name, state_tensor
+from .placement import Placement
 from .runtime import DeviceBuffer, OnnxFunction, SessionOptions
 from .training_runtime import DevicePass, LossGraphFeeds, TrainingRuntime
 
@@ -53,15 +54,17 @@ class StepGraphRuntime(LossGraphFeeds, TrainingRuntime):
     update rule written into the step graph): a :class:`~ortflow.training_runtime.TrainingRuntime`."""
 
     def __init__(self, loss_graph: onnx.ModelProto, loss_name: str, weights: Sequence[str], rate: BaseLearningRate,
-                 device: str, options: SessionOptions, label: str | None = None, weight: str | None = None):
-        self.device = device
+                 placement: Placement | str, options: SessionOptions, label: str | None = None,
+                 weight: str | None = None):
+        self.placement = Placement.of(placement)
+        self.device = device = self.placement.device
         self.label_name, self.weight_name = label, weight
         self.weights = list(weights)
         self._build = dict(loss_model=loss_graph, weights=self.weights, loss_output=loss_name, optimizer=rate)
         self._options = options
         # what the graphs are built from, hashed once: the same graph fitted again reuses them and their sessions
         self._key = STEP_GRAPHS.key(loss_graph.SerializeToString(), self.weights, loss_name, rate.graph_key(),
-                                    device, options.intra_op_num_threads)
+                                    device, self.placement.precision, options.intra_op_num_threads)
         # the graph with a symbolic batch axis: what is saved, and the names every batch shape's graph shares
         self.step_model = self._cached(None)[0]
         self.input_names = [i.name for i in self.step_model.graph.input]
@@ -85,7 +88,7 @@ class StepGraphRuntime(LossGraphFeeds, TrainingRuntime):
         self._rate = None
         self._on_device: _DeviceState | None = None  # passes over device rows (device_pass), built on first use
         eval_graph = g.keep_outputs(g.initializers_as_inputs(loss_graph, self.weights), [loss_name])
-        self.eval_function = OnnxFunction(eval_graph, device, options)
+        self.eval_function = OnnxFunction(eval_graph, self.placement, options)
 
     # --- training ---
     def new_batch(self, n: int, arrays: Sequence[np.ndarray]) -> StepBatch:
@@ -110,7 +113,7 @@ class StepGraphRuntime(LossGraphFeeds, TrainingRuntime):
         entry = STEP_GRAPHS.get(key)
         if entry is None:
             model = training_step(**self._build, batch_rows=rows)
-            entry = (model, None if rows is None else OnnxFunction(model, self.device, self._options))
+            entry = (model, None if rows is None else OnnxFunction(model, self.placement, self._options))
             STEP_GRAPHS.put(key, entry)
         return entry
 

@@ -33,17 +33,16 @@ from onnx import TensorProto
 
 from .onnx_builder import DEFAULT_OPSET, GraphBuilder
 from .penalties import BaseLearningPenalty, NoLearningPenalty
+from .placement import Placement
 from .registry import Parametrized, Registered
 from .runtime import DeviceBuffer, OnnxFunction
 from .schedules import SCHEDULES, learning_rate_at
 from ._ort import artifacts, onnxblock
 from .validation import (
     check_choice,
-    check_device,
     check_finite,
     check_non_negative,
     check_positive_float,
-    resolve_device,
 )
 
 PENALTY_OUTPUT = "penalty"
@@ -301,10 +300,11 @@ class UpdateRuntime:
         self.rate = rate
         self.slots, self.scalars, self.per_step_scalars = rate.slots, rate.scalars, rate.per_step_scalars
         penalty = penalty or NoLearningPenalty()
-        device = resolve_device(device)
+        placement = Placement.of(device)
+        device = placement.device
         self.device_, self.step_, self.parity_ = device, 0, 0
         shapes = {name: tuple(np.shape(value)) for name, value in weights.items()}
-        flat = check_device(device)[0] == "cpu" if flat is None else flat
+        flat = placement.kind == "cpu" if flat is None else flat
         if flat:
             groups: dict[str, list[str]] = {}
             for name in weights:
@@ -333,7 +333,7 @@ class UpdateRuntime:
                     initial = weights[name] if slot == "weight" else rate.initial_slot(slot, np.asarray(weights[name]))
                     views[0].write(np.asarray(initial, dtype=np.float32).reshape(shapes[name]))
         model = rate.build_onnx_function(DEFAULT_OPSET, device, group_shapes, penalty, penalized)
-        self.function_ = OnnxFunction(model, device, session_options)
+        self.function_ = OnnxFunction(model, placement, session_options)
         self.scalar_buffers_ = [DeviceBuffer((), device) for _ in self.scalars]
         self._scalars = [None] * len(self.scalars)
         has_penalty = PENALTY_OUTPUT in self.function_.output_names

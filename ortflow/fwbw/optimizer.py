@@ -26,7 +26,7 @@ from ..parameters import TRAINERS, init_from
 from ..registry import register, select
 from ..runtime import DeviceBuffer, OnnxFunction, make_session_options
 from ..training_runtime import TrainingRuntime
-from ..validation import resolve_device
+from ..placement import Placement
 from .forward_backward import OrtGradientForwardBackward
 
 
@@ -101,7 +101,7 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         self.weights_to_train_ = self._check_weights(model, train_graph, output)
         runtime = ForwardBackwardRuntime(
             train_graph, self.weights_to_train_, g.get_initializers(model), spec, rate, self._loss_object(), clone(select("penalty", self.learning_penalty)),
-            resolve_device(self.device), self._session_options(), self.gradients, self.batch_size)
+            self._placement(), self._session_options(), self.gradients, self.batch_size)
         self.backend_, self.gradients_ = backend(), runtime.fb.gradients_
         self._rt_runtime, self._rt_rate = runtime, rate
 
@@ -113,13 +113,14 @@ class ForwardBackwardRuntime(TrainingRuntime):
     :class:`~ortflow.learning_rates.UpdateRuntime` holding the weights, ``inits`` at the start)."""
 
     def __init__(self, train_graph: onnx.ModelProto, weights: list[str], inits: dict[str, np.ndarray],
-                 spec: GraphSpec, rate: BaseLearningRate, loss, penalty, device: str, options, gradients: str,
-                 batch_size: int):
-        self.weights, self.device, self.batch_size = list(weights), device, batch_size
-        self.fb = fb = OrtGradientForwardBackward(train_graph, self.weights, device=device, session_options=options,
-                                                  gradients=gradients)
+                 spec: GraphSpec, rate: BaseLearningRate, loss, penalty, placement: Placement, options,
+                 gradients: str, batch_size: int):
+        self.weights, self.placement, self.batch_size = list(weights), placement, batch_size
+        self.device = device = placement.device
+        self.fb = fb = OrtGradientForwardBackward(train_graph, self.weights, device=placement,
+                                                  session_options=options, gradients=gradients)
         small = make_session_options(1 if device == "cpu" else None)  # elementwise graphs on small tensors: one thread
-        self.update = UpdateRuntime(rate, {w: inits[w] for w in self.weights}, device, penalty, small)
+        self.update = UpdateRuntime(rate, {w: inits[w] for w in self.weights}, placement, penalty, small)
         self.grad_fetches = OrtValueVector()
         for name in fb.grad_names_:
             self.grad_fetches.push_back(self.update.grads_[name[: -len("_grad")]].c)
@@ -127,9 +128,9 @@ class ForwardBackwardRuntime(TrainingRuntime):
         rank = len(spec.label_shape)
         width = spec.label_shape[1] if rank == 2 and isinstance(spec.label_shape[1], int) else None
         self.loss_fn = OnnxFunction(loss.build_onnx_function(
-            DEFAULT_OPSET, device, spec.weight_name, rank=rank, scaled_weight=True, width=width), device, small)
+            DEFAULT_OPSET, device, spec.weight_name, rank=rank, scaled_weight=True, width=width), placement, small)
         self.val_loss_fn = OnnxFunction(loss.build_onnx_function(
-            DEFAULT_OPSET, device, spec.weight_name, rank=rank, width=width), device, small)
+            DEFAULT_OPSET, device, spec.weight_name, rank=rank, width=width), placement, small)
         self._run_loss, self._new_state = self.loss_fn.run_with_iobinding, fb.new_state
         self._penalty_value = self.update.penalty_buffer_  # the penalty of the weights a step read (None: none)
         self._stepper = None
