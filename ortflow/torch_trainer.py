@@ -8,6 +8,9 @@ trainers minimize the same loss. The update is the optimizer's one rule on torch
 (:class:`ortflow.torch.RuleOptimizer`), its rate set every epoch from ``value_at`` like
 the other trainers: the three trainers take the same steps.
 
+Like the other trainers it says what it trains (``training_problem()``), so it exports a training package
+(:func:`ortflow.export_training_package`), whose step is ortflow's step graph of the same loss and optimizer.
+
 torch is imported when the trainer fits (``import ortflow`` does not import it): ``pip install 'ortflow[torch]'``.
 """
 
