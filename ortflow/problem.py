@@ -25,7 +25,7 @@ from . import graph as g
 from .add_loss import LOSS_METADATA, add_loss_output
 from .convert import graph_classes
 from .exceptions import TrainingPackageError
-from .learning_rates import STEP, BaseLearningRate, state_tensor
+from .learning_rates import STEP, BaseLearningRate, slot_name, state_tensor
 from .registry import family, select
 from .validation import check_weights_to_train
 
@@ -71,8 +71,6 @@ class TrainingProblem:
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """The optimizer's state in the trainers' public layout (``<slot>:<weight>`` and ``step``)."""
-        from .learning_rates import slot_name
-
         state = {slot_name(slot, w): self.state[state_tensor(w, slot)] for w in self.weights for slot in self.slots}
         state[STEP] = np.array(int(self.progress.get("steps", 0)), dtype=np.int64)
         return state
