@@ -75,6 +75,10 @@ class _Handler(SimpleHTTPRequestHandler):
                 return str(Path(folder) / path[len(prefix):].split("?")[0])
         return super().translate_path(path)
 
+    def do_GET(self):
+        self.site["requests"].append(self.path)
+        super().do_GET()
+
     def do_POST(self):
         self.site["posted"] = self.rfile.read(int(self.headers["Content-Length"]))
         self.send_response(204)
@@ -86,10 +90,10 @@ class _Handler(SimpleHTTPRequestHandler):
 
 class PageServer:
     """The repository served on 127.0.0.1 (a thread), for pages that load js/ and onnxruntime-web: ``mounts`` map
-    URL prefixes to folders; ``posted`` holds the last POST's body."""
+    URL prefixes to folders; ``posted`` holds the last POST's body, ``requests`` every GET's path."""
 
     def __init__(self, mounts: dict):
-        self.site = {"mounts": dict(mounts), "posted": None}
+        self.site = {"mounts": dict(mounts), "posted": None, "requests": []}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Handler, site=self.site))
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
@@ -97,6 +101,10 @@ class PageServer:
     @property
     def posted(self) -> bytes | None:
         return self.site["posted"]
+
+    @property
+    def requests(self) -> list[str]:
+        return self.site["requests"]
 
     def close(self) -> None:
         self._server.shutdown()

@@ -28,7 +28,7 @@ _EXPORTS = {
     **dict.fromkeys(["AbsoluteLearningLoss", "BaseLearningLoss", "ElasticLearningLoss", "NegLogLearningLoss",
                      "SquareLearningLoss"], "losses"),
     **dict.fromkeys(["make_trainable"], "ml_op_rewrites"),
-    **dict.fromkeys(["export_training_package"], "package_export"),
+    **dict.fromkeys(["export_training_package"], "package"),
     **dict.fromkeys(["load_training_state"], "package"),
     **dict.fromkeys(["BaseLearningPenalty", "ElasticLearningPenalty", "NoLearningPenalty"], "penalties"),
     **dict.fromkeys(["TorchTrainer"], "torch_trainer"),
@@ -53,8 +53,7 @@ if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads ea
     from .losses import (AbsoluteLearningLoss, BaseLearningLoss, ElasticLearningLoss, NegLogLearningLoss,
                          SquareLearningLoss)
     from .ml_op_rewrites import make_trainable
-    from .package import load_training_state
-    from .package_export import export_training_package
+    from .package import export_training_package, load_training_state
     from .penalties import BaseLearningPenalty, ElasticLearningPenalty, NoLearningPenalty
     from .torch_trainer import TorchTrainer
 

@@ -40,6 +40,7 @@ from . import graph as g
 from .callbacks import Callback, EarlyStopping, ProgressBar
 from .checkpoint import CheckpointMixin, Progress, load_state, save_state
 from .convert import ESTIMATOR_METADATA
+from .estimator_loss import own_loss, own_penalty
 from .exceptions import ConvergenceError
 from .frozen_prefix import FrozenPrefix
 from .graph_spec import (GraphSpec, TrainData, encoded_targets, fitted_names, fitted_width, matrix_width,
@@ -630,7 +631,8 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         with a loss family (``learning_loss``, ``learning_penalty``, ``output_name``, ``weight_name``)."""
         spec = prediction_spec(model, self.output_name, self.weight_name)
         return prediction_problem(type(self).__name__, model, spec.trained_output, spec.weight_name,
-                                  self._loss_object(), select("penalty", self.learning_penalty),
+                                  own_loss(model, self.learning_loss),
+                                  own_penalty(model, self.learning_loss, self.learning_penalty),
                                   self.learning_penalty, weights, self.weights_to_train, rate, self.batch_size)
 
     def _exported_optimizer_state(self, rate: BaseLearningRate) -> dict[str, np.ndarray] | None:

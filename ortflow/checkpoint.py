@@ -18,43 +18,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .exceptions import CheckpointError
+from .package.folder import file_digests, first_mismatch, write_folder
 
 META = "trainer.json"
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def file_digests(folder: Path, files: Iterable[Path]) -> dict[str, str]:
-    """A manifest's ``files``: the SHA-256 of each of ``files`` (inside ``folder``) by its path relative to it."""
-    return {p.relative_to(folder).as_posix(): sha256(p) for p in files}
-
-
-def first_mismatch(folder: Path, digests: dict[str, str]) -> tuple[str, str] | None:
-    """The first file of a manifest's ``digests`` that is not there as listed: ``(name, 'missing')`` or ``(name,
-    'changed')``; None when every file matches its checksum."""
-    for name, digest in digests.items():
-        file = folder / name
-        if not file.is_file():
-            return name, "missing"
-        if sha256(file) != digest:
-            return name, "changed"
-    return None
 
 
 def fingerprint(model_bytes: bytes, weights: list[str]) -> str:
@@ -66,26 +41,19 @@ def fingerprint(model_bytes: bytes, weights: list[str]) -> str:
 
 def write(folder: str | os.PathLike, save_state: Callable[[str], None], meta: dict[str, Any]) -> str:
     """Write ``save_state(tmp_folder)``'s files and ``meta`` (plus the file checksums) into ``folder``, replaced
-    atomically: a reader sees the old checkpoint or the new one, never a mix."""
-    folder = Path(folder)
-    tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    atomically (:func:`ortflow.package.folder.write_folder`): a reader sees the old checkpoint or the new one, never
+    a mix."""
+    def fill(tmp: Path) -> None:
         save_state(str(tmp))
         files = file_digests(tmp, [p for p in sorted(tmp.iterdir()) if p.is_file()])
         body = {**meta, "files": files}
         (tmp / META).write_text(json.dumps({**body, "sha256": _digest(body)}))
+
+    try:
+        write_folder(folder, fill)
     except OSError as exc:  # a full disk: the partial files go, the previous checkpoint stays
-        shutil.rmtree(tmp, ignore_errors=True)
         raise OSError(exc.errno, f"checkpoint {folder} not written ({exc.strerror or exc}); the previous checkpoint "
                                  "there, if any, is kept unchanged") from exc
-    old = folder.with_name(folder.name + ".old")
-    if folder.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        folder.rename(old)
-    tmp.rename(folder)
-    shutil.rmtree(old, ignore_errors=True)
     return str(folder)
 
 

@@ -11,14 +11,19 @@ the number of training samples, so its penalty needs ``n_samples``. docs/LOSSES.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .convert import estimator_record
 from .graph import ModelLike
 from .penalties import BaseLearningPenalty, ElasticLearningPenalty, NoLearningPenalty
 
-#: the loss of a graph whose estimator is unknown (not converted by ortflow.to_onnx, or an estimator not listed)
-DEFAULT_LOSS = "squared_error"
+if TYPE_CHECKING:
+    from .losses import BaseLearningLoss
+
+#: the loss of a graph whose estimator is unknown (not converted by ortflow.to_onnx, or an estimator not listed), by
+#: task: the one default-loss table. The core's trainers and add_loss_output cannot tell a graph's task without a
+#: record and take regression's (onnxcustom's default); the pipelines take the data's task's
+DEFAULT_LOSS = {"regression": "squared_error", "classification": "log"}
 _SGD_LOSSES = {"squared_error": "half_squared_error", "huber": "huber", "epsilon_insensitive": "epsilon_insensitive",
                "squared_epsilon_insensitive": "squared_epsilon_insensitive", "hinge": "hinge",
                "log_loss": "log", "modified_huber": "modified_huber", "squared_hinge": "squared_hinge",
@@ -38,20 +43,58 @@ def estimator_loss(model: ModelLike | dict, n_samples: int | None = None) -> tup
     params.update(record.get("fitted", {}))
     rule = _RULES.get(name)
     if rule is None:
-        return DEFAULT_LOSS, {}, {}
+        return DEFAULT_LOSS["regression"], {}, {}
     loss, settings, penalty, per_sample = rule(params)
     if per_sample:  # the penalty of an objective summed over the samples, on the mean loss
         if n_samples is None:
             if any(v for c in penalty.values() for v in c.values()):
-                warnings.warn(f"add_loss_output: {name}'s objective sums its losses, so its penalty on ortflow's mean "
-                              "loss divides by the number of training samples: pass n_samples=len(X_train) to add "
-                              "it; the graph trains without a penalty", UserWarning, stacklevel=3)
+                warnings.warn(f"{name}'s objective sums its losses, so its penalty on ortflow's mean loss divides "
+                              "by the number of training samples, not given: the graph trains without a penalty "
+                              "(add_loss_output(..., n_samples=len(X_train)) adds it; forward-backward training: "
+                              "learning_penalty=learning_penalty(estimator_loss(graph, len(X_train))[2]))",
+                              UserWarning, stacklevel=3)
             penalty = {}
         else:
             if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
                 raise ValueError(f"n_samples={n_samples!r} must be a positive int (the number of training samples)")
             penalty = {w: {k: v / n_samples for k, v in c.items()} for w, c in penalty.items()}
     return loss, settings, {w: {k: v for k, v in c.items() if v} for w, c in penalty.items() if any(c.values())}
+
+
+def own_loss(model: ModelLike, loss: Any = None) -> BaseLearningLoss:
+    """The loss a trainer that adds the loss itself trains (a fresh object): ``loss`` (its ``learning_loss``: a
+    registered name or an instance, cloned), or, when it is None, the model's own loss as
+    :func:`ortflow.add_loss_output` picks it for the full trainer (:func:`estimator_loss`: the estimator's loss with
+    its settings, ``squared_error`` for a graph without a record)."""
+    from sklearn.base import clone
+
+    from .registry import select
+
+    if loss is not None:
+        return clone(select("loss", loss))
+    name, settings, _ = _quietly(model)
+    return select("loss", name, "learning_loss", **settings)
+
+
+def own_penalty(model: ModelLike, loss: Any = None, penalty: Any = None) -> BaseLearningPenalty:
+    """The penalty that goes with :func:`own_loss`, as :func:`ortflow.add_loss_output` adds it: ``penalty`` (the
+    trainer's ``learning_penalty``) when given (a name or an instance, cloned); None with the model's own loss
+    (``loss`` None): the estimator's penalty (:func:`estimator_loss` without ``n_samples``, so that of an objective
+    summing its losses is left out with a warning); None with a named loss: no penalty."""
+    from sklearn.base import clone
+
+    from .registry import select
+
+    if penalty is not None or loss is not None:
+        return clone(select("penalty", penalty))
+    return learning_penalty(estimator_loss(model)[2])
+
+
+def _quietly(model: ModelLike) -> tuple[str, dict, dict]:
+    """:func:`estimator_loss` without the warning about a penalty needing ``n_samples`` (the loss alone is asked)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return estimator_loss(model)
 
 
 def learning_penalty(penalty: dict) -> BaseLearningPenalty:
@@ -192,5 +235,5 @@ _RULES: dict[str, Any] = {
     "LinearSVR": _linear_svr,
     "LogisticRegression": _logistic,
 }
-#: the estimators whose own loss add_loss_output picks (others get DEFAULT_LOSS)
+#: the estimators whose own loss add_loss_output picks (others get regression's DEFAULT_LOSS)
 ESTIMATORS = tuple(_RULES)

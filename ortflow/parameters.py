@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional, Union
 
 from .callbacks import Callback
 from .schedules import SCHEDULES
@@ -35,12 +35,20 @@ GRADIENTS = ("auto", "ortflow", "onnxruntime")
 
 @dataclass(frozen=True)
 class Param:
-    """One constructor parameter: ``check(name, value)`` raises on a bad value (None: anything goes)."""
+    """One constructor parameter: ``check(name, value)`` raises on a bad value (None: anything goes). ``annotation``:
+    the type of the values a config may give it (the pipelines' schema, :mod:`pipelines.base.schema`, is generated
+    from these tables), when it is not the default's type."""
 
     name: str
     default: Any
     check: Optional[Callable[[str, Any], Any]]
     doc: str
+    annotation: Any = None
+
+    @property
+    def type(self) -> Any:
+        """The type of the values it takes: ``annotation``, else the default's type."""
+        return self.annotation if self.annotation is not None else type(self.default)
 
 
 def _optional(check: Callable[[str, Any], Any]) -> Callable[[str, Any], Any]:
@@ -127,7 +135,7 @@ MODEL = Param("model_onnx", REQUIRED, None, "the graph: a ModelProto, its bytes 
 WEIGHTS = Param("weights_to_train", None, _optional(_names),
                 "initializers to train, names or glob patterns (``head.*``); None: every float initializer the trained "
                 "output depends on. Neither None nor a pattern selects a BatchNormalization's running mean and "
-                "variance (statistics, kept as they are); a name does")
+                "variance (statistics, kept as they are); a name does", Optional[List[str]])
 
 def _shuffle(name: str, value):
     if isinstance(value, str) and value == "portable":
@@ -156,27 +164,27 @@ SHARED = (
     Param("warm_start", False, check_bool, "a new fit continues from the current weights and optimizer state"),
     Param("verbose", 0, _non_negative_int, "1 or more: a progress bar over epochs"),
     Param("validation_every", 1, _validation_every,
-          "validate every N epochs (an int), or every fraction of max_iter (a float in (0, 1))"),
+          "validate every N epochs (an int), or every fraction of max_iter (a float in (0, 1))", Union[int, float]),
     Param("validation_fraction", None, _optional(_fraction),
-          "part of the training data held out for validation when fit gets no validation_data"),
+          "part of the training data held out for validation when fit gets no validation_data", Optional[float]),
     Param("early_stopping", False, check_bool, "stop when the validation loss stops improving"),
     Param("n_iter_no_change", 10, check_positive_int, "early stopping's patience, in epochs"),
     Param("tol", 1e-4, check_non_negative, "early stopping's minimum improvement"),
     Param("shuffle", True, _shuffle,
           "shuffle the samples before every epoch: True (numpy's generator), False, or 'portable' (the generator "
           "training packages use, ortflow.shuffle: with an int random_state, the batches another runtime draws "
-          "from that seed)"),
-    Param("random_state", None, _random_state, "seed of the shuffling and of the validation split"),
+          "from that seed)", Union[bool, str]),
+    Param("random_state", None, _random_state, "seed of the shuffling and of the validation split", Optional[int]),
     Param("callbacks", None, _optional(_callbacks), "ortflow.Callback objects called after every epoch"),
     Param("exc", True, check_bool,
           "True: a non-finite loss raises ConvergenceError; False: warn and keep the last finite weights"),
     Param("n_threads", None, _optional(check_positive_int),
           "intra-op threads of onnxruntime; None: chosen from a batch's work (one thread for small batches through "
-          "small graphs, all cores otherwise), the choice in ``n_threads_``"),
+          "small graphs, all cores otherwise), the choice in ``n_threads_``", Optional[int]),
     Param("spinning", None, _optional(check_bool),
           "whether onnxruntime's idle intra-op threads spin waiting for work (True) or sleep (False); None: they "
           "spin in memory and sleep in a streamed fit, whose reader thread needs a core (the numbers are the same "
-          "either way; TorchTrainer's layer sleeps unless True)"),
+          "either way; TorchTrainer's layer sleeps unless True)", Optional[bool]),
     Param("enable_logging", False, check_bool,
           "log every epoch (INFO) and every batch loss (DEBUG) to the 'ortflow' logger"),
     Param("prefetch_depth", 2, check_positive_int,
@@ -205,11 +213,14 @@ FULL = (
 
 #: the parameters of the trainers that add the loss to a prediction graph themselves (forward-backward, torch)
 LOSS = (
-    Param("learning_loss", "squared_error", _family("loss", "BaseLearningLoss"),
-          "the loss: a registered name (ortflow.registry.names('loss')) or a BaseLearningLoss instance"),
+    Param("learning_loss", None, _optional(_family("loss", "BaseLearningLoss")),
+          "the loss: a registered name (ortflow.registry.names('loss')), a BaseLearningLoss instance, or None: the "
+          "model's own loss, the one add_loss_output picks for the full trainer (ortflow.estimator_loss: log loss "
+          "for a classifier, the estimator's loss and settings; squared_error for a graph without a record)"),
     Param("learning_penalty", None, _family("penalty", "BaseLearningPenalty"),
-          "a penalty on the weights: None, a registered name (ortflow.registry.names('penalty')) or a "
-          "BaseLearningPenalty instance"),
+          "a penalty on the weights: a registered name (ortflow.registry.names('penalty')), a BaseLearningPenalty "
+          "instance, or None: with learning_loss None the estimator's own penalty (as add_loss_output adds it "
+          "without n_samples), else none"),
     Param("output_name", None, _optional(_output),
           "the trained output; None: the only output, or raw_score when present"),
     Param("weight_name", None, _optional(_string), "name of the sample-weight input of the loss graph"),

@@ -30,8 +30,9 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 def column_kind(column, treatment: str | None = None) -> str:
     """The kind (:data:`KINDS`) of a raw pandas column: ``treatment`` first (onehot/ordinal make text, date a date,
     scale a number, passthrough a number or a boolean), else its dtype; a text column whose values are all ISO
-    dates is a date. A text column whose cells are numbers but for a few (:func:`ortflow.tables.non_numbers`: ``?``
-    among 2,000 numbers) is a number: :func:`prepare_frame` names those cells, or makes them gaps."""
+    dates is a date. A text column whose cells are mostly numbers (:func:`ortflow.tables.is_number_text`: ``?``
+    among numbers, ``1,234.5``, ``12,5``) is a number: :func:`prepare_frame` reads the separators, names the junk
+    cells or makes them gaps."""
     import pandas as pd
 
     if treatment in ("onehot", "ordinal"):
@@ -49,9 +50,9 @@ def column_kind(column, treatment: str | None = None) -> str:
         return "bool"
     if kind in "iuf":
         return "number"
-    from .tables import non_numbers
+    from .tables import is_number_text
 
-    if non_numbers(column) is not None:  # numbers but for a few cells ('?' among 2,000): numbers, those cells named
+    if is_number_text(column):  # numbers but for junk cells ('?'), or with separators (1,234.5): those cells named
         return "number"
     present = column.dropna().astype(str)
     if len(present) and present.str.match(r"^\d{4}-\d{2}-\d{2}([ T]\d{2}:\d{2}(:\d{2}(\.\d+)?)?)?$").all():
@@ -66,7 +67,8 @@ def column_kinds(frame, treatments: dict[str, str] | None = None) -> dict[str, s
 
 
 def prepare_frame(frame, treatments: dict[str, str] | None = None, kinds: dict[str, str] | None = None,
-                  where: str = "the frame", junk_cells: str = "refuse", junk_option: str = "junk_cells='gap'"):
+                  where: str = "the frame", junk_cells: str = "refuse", junk_option: str = "junk_cells='gap'",
+                  rows: np.ndarray | None = None):
     """The columns of ``frame`` in the form :func:`make_preprocessing` and the graph take, by kind
     (:func:`column_kind`, or ``kinds``, the kinds fixed earlier: pass the training frame's to later frames):
     numbers float64 (gaps NaN), booleans 0/1 float64, text strings (gaps :data:`TEXT_MISSING`), dates
@@ -74,7 +76,12 @@ def prepare_frame(frame, treatments: dict[str, str] | None = None, kinds: dict[s
     number beyond float32's range, is a ValueError naming the column (``where`` names the frame). The cells of a
     number column that are not numbers (``?``, ``n.a.``) are a ValueError naming them with ``junk_cells='refuse'``
     (the default; ``junk_option`` is how the caller spells the other choice, for the message); with ``'gap'`` they
-    become gaps (the preprocessing imputes them), a warning naming the column, their count and the first of them."""
+    become gaps (the preprocessing imputes them), a warning naming the column, their count and the first of them.
+    Numbers written with separators (``1,234.5``, ``12,5``) are read by the convention the column follows
+    (:func:`ortflow.tables.read_numbers`), a warning naming it; a column whose separators read two ways
+    (``1,234`` alone) is a ValueError naming it, as is a date whose day and month may be swapped (``04/03/2021``,
+    which the served model refuses too). ``rows``: each row's number as messages give it (the file's rows),
+    else counted from 1."""
     import pandas as pd
 
     treatments, kinds = treatments or {}, kinds or {}
@@ -84,22 +91,35 @@ def prepare_frame(frame, treatments: dict[str, str] | None = None, kinds: dict[s
         kind = kinds.get(name) or column_kind(column, treatments.get(name))
         if kind == "number":
             if column.dtype.kind not in "fiu":  # text or objects: parsed, a cell that is no number named
-                parsed = pd.to_numeric(column, errors="coerce")
-                bad = (parsed.isna() & column.notna()).to_numpy()
+                from .tables import CONVENTIONS, read_numbers
+
+                parsed, convention = read_numbers(column, name, where, rows)
+                if convention is not None:
+                    _note(f"column {name!r} of {where} holds numbers written with separators: read with "
+                          f"{CONVENTIONS[convention]}")
+                bad = np.isnan(parsed) & column.notna().to_numpy()
                 if bad.any():
-                    _junk(column, bad, name, where, junk_cells, junk_option)
-                column = parsed
+                    _junk(column, bad, name, where, junk_cells, junk_option, rows)
+                column = pd.Series(parsed, index=column.index)
             # gaps NaN (the graph's imputer fills them); pandas' own dtypes (Int64, Arrow) mark them otherwise
             values = (column.to_numpy(np.float64) if isinstance(column.dtype, np.dtype)
                       else column.to_numpy(np.float64, na_value=np.nan))
             large = np.flatnonzero(np.abs(values) > _FLOAT32_MAX)
             if len(large):
+                number = large[0] + 1 if rows is None else rows[large[0]]
                 raise ValueError(f"column {name!r} of {where} holds {values[large[0]]:g} at data row "
-                                 f"{large[0] + 1}: beyond float32's range (±3.4e38), which the model computes in")
+                                 f"{number}: beyond float32's range (±3.4e38), which the model computes in")
             out[name] = values
         elif kind == "bool":
             out[name] = column.map({True: 1.0, False: 0.0}).astype(np.float64)
         elif kind == "date":
+            from .tables import ambiguous_dates, describe_cells
+
+            swapped = ambiguous_dates(column)
+            if swapped.any():
+                raise ValueError(f"column {name!r} of {where} holds dates whose day and month may be swapped "
+                                 f"({describe_cells(column, swapped, rows=rows)}): write them as ISO text, "
+                                 "YYYY-MM-DD (the served model refuses such dates too)")
             values = pd.to_datetime(column, errors="coerce", format="mixed") if column.dtype.kind != "M" else column
             bad = values.isna() & column.notna()
             if bad.any():
@@ -113,7 +133,20 @@ def prepare_frame(frame, treatments: dict[str, str] | None = None, kinds: dict[s
     return pd.DataFrame(out, index=frame.index, copy=False)
 
 
-def _junk(column, bad: np.ndarray, name: str, where: str, junk_cells: str, junk_option: str) -> None:
+_NOTED: set[str] = set()
+
+
+def _note(line: str) -> None:
+    """A warning said once per process (the chunks of a streamed table each go through :func:`prepare_frame`)."""
+    if line not in _NOTED:
+        _NOTED.add(line)
+        import logging
+
+        logging.getLogger("ortflow").warning("%s", line)
+
+
+def _junk(column, bad: np.ndarray, name: str, where: str, junk_cells: str, junk_option: str,
+          rows: np.ndarray | None = None) -> None:
     """The cells of a number column that are not numbers: a ValueError naming them (``junk_cells='refuse'``), or a
     warning saying they are read as gaps (``'gap'``)."""
     import logging
@@ -121,7 +154,7 @@ def _junk(column, bad: np.ndarray, name: str, where: str, junk_cells: str, junk_
     from .tables import describe_cells
 
     what = (f"column {name!r} of {where} is numbers but for {int(bad.sum())} of {len(bad)} cells "
-            f"({describe_cells(column, bad)}; rows counted from the first data row)")
+            f"({describe_cells(column, bad, rows=rows)}; rows counted from the first data row)")
     if junk_cells == "gap":
         logging.getLogger("ortflow").warning("%s: read as gaps, which the preprocessing imputes (%s)", what,
                                              junk_option)

@@ -138,8 +138,8 @@ def prediction_problem(trainer: str, model: onnx.ModelProto, output: str, weight
     ``weight_name`` unless the graph has that name); ``penalty`` (the object of the parameter ``penalty_name``)
     must add nothing (a package holds no penalty)."""
     if not penalty.is_null():
-        raise TrainingPackageError(f"learning_penalty={penalty_name!r}: a training package holds the loss of "
-                                   "add_loss_output without a penalty; train without one to export")
+        raise TrainingPackageError(f"learning_penalty={penalty_name!r} ({penalty!r}): a training package holds the "
+                                   "loss of add_loss_output without a penalty; train without one to export")
     weights = _weights(model, output, weights, weights_to_train)
     taken = g.all_names(model)
     loss, label = _fresh("loss", taken), _fresh("label", taken)

@@ -12,6 +12,8 @@ nodes for the converter, so both give the same numbers; a missing date gives NaN
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
 
@@ -21,16 +23,24 @@ PARTS = ("year", "month", "day", "weekday", "dayofyear")
 MISSING_DAY = np.iinfo(np.int64).min
 
 
-#: a text column is numbers but for a few cells when at least this share of its present cells are numbers
-NUMERIC_SHARE = 0.9
+#: a text column is numbers when at least this share of its present cells are numbers (its other cells are junk
+#: named: refused, or read as gaps); below it, text
+NUMERIC_SHARE = 0.5
+#: how the separators of a column of numbers written as text read (:func:`read_numbers`), as messages name them
+CONVENTIONS = {"thousands": "',' separating thousands, '.' the decimal point (1,234.5)",
+               "decimal_comma": "',' the decimal point, '.' or a space separating thousands (1.234,5)"}
+_SPACED = re.compile(r"^[+-]?\d{1,3}([ \u00a0\u202f]\d{3})+([.,]\d+)?$")  # 1 234,5: spaces only group digits
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d*)?$")  # 1,234 and 1,234.5
+_DECIMAL_COMMA = re.compile(r"^[+-]?(\d+|\d{1,3}(\.\d{3})+),\d+$")  # 1,234 and 12,5 and 1.234,5
+_DOT_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(\.\d{3})+$")  # 1.234: 1234 where ',' is the decimal point
 
 
-def non_numbers(column) -> np.ndarray | None:
-    """The mask of the cells of a text column (a pandas Series of objects or strings) that are not numbers, when the
-    column is numbers but for a few cells (at least :data:`NUMERIC_SHARE` of its present cells parse as numbers, and
-    some do not: ``?``, ``n.a.``, ``12 kg`` among numbers, which pandas' readers leave as text); None when it is not:
-    a column of numbers already, of text, of text holding numbers only (codes a file typed as text), or without any
-    present cell."""
+def _number_cells(column):
+    """``(numbers, convention, ambiguous, present)`` of a text column (None for any other): ``numbers`` the cells
+    as float64 (NaN where a cell is no number or a gap) read with the ``convention`` (:data:`CONVENTIONS`, None
+    when no cell has a separator) their separators follow; ``ambiguous`` the cells that convention cannot read one
+    way only (``1,234`` without a cell saying which ',' it is, ``1.234`` among decimal commas; any cell with a
+    separator when the column has both conventions)."""
     import pandas as pd
 
     if getattr(column.dtype, "kind", "O") in "biufcmM" or isinstance(column.dtype, pd.CategoricalDtype):
@@ -38,18 +48,103 @@ def non_numbers(column) -> np.ndarray | None:
     present = column.notna().to_numpy()
     if not present.any() or column[present].map(type).eq(bool).all():
         return None
-    bad = pd.to_numeric(column, errors="coerce").isna().to_numpy() & present
-    if not bad.any() or bad.sum() > (1.0 - NUMERIC_SHARE) * present.sum():
+    numbers = pd.to_numeric(column, errors="coerce").to_numpy(np.float64, na_value=np.nan, copy=True)
+    text = column.map(lambda v: v.strip() if isinstance(v, str) else "", na_action="ignore").fillna("")
+    text = text.where(~text.str.match(_SPACED), text.str.replace(r"[ \u00a0\u202f]", "", regex=True))
+    unread = np.isnan(numbers) & present
+    thousands = text.str.match(_THOUSANDS).to_numpy(bool) & unread
+    decimal = text.str.match(_DECIMAL_COMMA).to_numpy(bool) & unread
+    spaced = unread & ~thousands & ~decimal & (pd.to_numeric(text, errors="coerce").notna().to_numpy())
+    numbers[spaced] = pd.to_numeric(text[spaced]).to_numpy(np.float64)
+    ambiguous = np.zeros(len(column), dtype=bool)
+    if not (thousands | decimal).any():
+        return numbers, None, ambiguous, present
+    only_thousands, only_decimal = thousands & ~decimal, decimal & ~thousands
+    if only_thousands.any() and only_decimal.any():  # both conventions in one column: no cell can be trusted
+        return numbers, None, thousands | decimal, present
+    if only_thousands.any():
+        numbers[thousands] = pd.to_numeric(text[thousands].str.replace(",", "")).to_numpy(np.float64)
+        return numbers, "thousands", ambiguous, present
+    if only_decimal.any():
+        numbers[decimal] = pd.to_numeric(text[decimal].str.replace(".", "").str.replace(",", ".")).to_numpy(
+            np.float64)
+        dotted = text.str.match(_DOT_THOUSANDS).to_numpy(bool) & present & ~decimal
+        return numbers, "decimal_comma", dotted, present
+    return numbers, None, thousands & decimal, present  # only 1,234-like cells: thousands or a decimal comma?
+
+
+def is_number_text(column) -> bool:
+    """Whether a text column holds numbers: at least :data:`NUMERIC_SHARE` of its present cells are numbers (plain,
+    or written with separators, :func:`read_numbers`) and some are not plain (junk cells such as ``?`` among
+    numbers, ``1,234.5``, ``12,5``). A text column of plain numbers only (codes a file typed as text) stays text."""
+    cells = _number_cells(column)
+    if cells is None:
+        return False
+    numbers, convention, ambiguous, present = cells
+    read = ~np.isnan(numbers) | ambiguous
+    if (read & present).sum() < NUMERIC_SHARE * present.sum():
+        return False
+    return convention is not None or bool(ambiguous.any()) or bool((present & ~read).any())
+
+
+def non_numbers(column) -> np.ndarray | None:
+    """The mask of the cells of a text column (a pandas Series of objects or strings) that are not numbers, when the
+    column holds numbers (:func:`is_number_text`: ``?``, ``n.a.``, ``12 kg`` among numbers, which pandas' readers
+    leave as text); None when it does not, or when every cell is a number (with separators, :func:`read_numbers`)."""
+    if not is_number_text(column):
         return None
-    return bad
+    numbers, _, ambiguous, present = _number_cells(column)
+    bad = np.isnan(numbers) & present & ~ambiguous
+    return bad if bad.any() else None
 
 
-def describe_cells(column, mask: np.ndarray, shown: int = 5) -> str:
-    """The first cells of ``column`` where ``mask`` holds, as ``'?' at row 5, 'x' at row 17, ...`` (rows
-    counted from 1, in the column's order)."""
-    rows = np.flatnonzero(mask)
-    cells = ", ".join(f"{column.iloc[r]!r} at row {r + 1}" for r in rows[:shown])
-    return cells + (f", ... ({len(rows)} in all)" if len(rows) > shown else "")
+class AmbiguousNumbersError(ValueError):
+    """A text column of numbers whose separators read two ways (``1,234``: 1234 or 1.234); the message names the
+    column and the cells."""
+
+
+def read_numbers(column, name: str = "the column", where: str = "the frame",
+                 rows: np.ndarray | None = None) -> tuple[np.ndarray, str | None]:
+    """A text column of numbers as float64 (NaN for gaps and for cells that are no numbers) and the convention
+    (:data:`CONVENTIONS`) its separators follow, None for plain numbers: ``1,234.5`` (a column with a cell
+    ``x,yyy.z`` or ``x,yyy,zzz``: ',' separates thousands) or ``12,5`` / ``1.234,5`` (a column with a cell whose ','
+    has other than three digits after it: ',' is the decimal point); spaces grouping digits (``1 234,5``) are
+    dropped. :class:`AmbiguousNumbersError` names the column and cells that read two ways: a column whose only
+    separators are ``1,234``-like, a ``1.234`` among decimal commas, or both conventions in one column (``rows``:
+    the row number of each cell, else its position from 1)."""
+    cells = _number_cells(column)
+    if cells is None:
+        import pandas as pd
+
+        return pd.to_numeric(column, errors="coerce").to_numpy(np.float64, na_value=np.nan), None
+    numbers, convention, ambiguous, _ = cells
+    if ambiguous.any():
+        raise AmbiguousNumbersError(
+            f"column {name!r} of {where} holds numbers whose separators read two ways "
+            f"({describe_cells(column, ambiguous, rows=rows)}): {CONVENTIONS['thousands']}, or "
+            f"{CONVENTIONS['decimal_comma']}? Write them without thousands separators and with '.' as the decimal "
+            "point")
+    return numbers, convention
+
+
+def describe_cells(column, mask: np.ndarray, shown: int = 5, rows: np.ndarray | None = None) -> str:
+    """The first cells of ``column`` where ``mask`` holds, as ``'?' at row 5, 'x' at row 17, ...`` (``rows``: each
+    cell's row number, as the file counts them; else counted from 1, in the column's order)."""
+    found = np.flatnonzero(mask)
+    numbers = np.arange(1, len(mask) + 1) if rows is None else np.asarray(rows)
+    cells = ", ".join(f"{column.iloc[r]!r} at row {numbers[r]}" for r in found[:shown])
+    return cells + (f", ... ({len(found)} in all)" if len(found) > shown else "")
+
+
+#: a date whose first two numbers may both be a month (05/04/2022, 5.4.22): read one way, it is another date. The
+#: served model (pipelines/tracking/serving_model.py, which imports nothing of ortflow) refuses the same cells
+AMBIGUOUS_DATE = re.compile(r"^\s*(0?[1-9]|1[0-2])[/.-](0?[1-9]|1[0-2])[/.-]\d{2,4}\b")
+
+
+def ambiguous_dates(column) -> np.ndarray:
+    """The mask of the text cells of ``column`` that are dates whose day and month may be swapped
+    (:data:`AMBIGUOUS_DATE`: ``04/03/2021``)."""
+    return np.array([isinstance(v, str) and bool(AMBIGUOUS_DATE.match(v)) for v in column.tolist()], dtype=bool)
 
 
 def to_days(values) -> np.ndarray:

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from sklearn.base import clone
 
 from . import graph as g
 from ._ort import backend
 from .base import BaseTrainer
+from .estimator_loss import own_loss, own_penalty
 from .graph_spec import GraphSpec, TrainData, prediction_spec
 from .learning_rates import BaseLearningRate, slot_name
 from .parameters import TRAINERS, init_from
-from .registry import register, select
+from .registry import register
 from .runtime import DeviceBuffer, OnnxFunction, make_session_options
 from .training_runtime import TrainingRuntime
 
@@ -106,14 +106,14 @@ class TorchTrainer(BaseTrainer):
         return prediction_spec(model, self.output_name, self.weight_name)
 
     def _loss_object(self):
-        return clone(select("loss", self.learning_loss))
+        return own_loss(self._model, self.learning_loss)
 
     def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec, rate: BaseLearningRate) -> None:
         output = spec.trained_output
         train_graph = g.keep_outputs(model, [output])
         self.weights_to_train_ = self._check_weights(model, train_graph, output)
         self.backend_ = backend()
-        penalty = clone(select("penalty", self.learning_penalty))
+        penalty = own_penalty(self._model, self.learning_loss, self.learning_penalty)
         penalty.check()
         runtime = TorchRuntime(train_graph, self.weights_to_train_, spec, rate, self._loss_object(), penalty,
                                getattr(self, "n_threads_", self.n_threads), bool(self.spinning))

@@ -54,9 +54,26 @@ def node(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     return done
 
 
+def assert_named(outcome: dict, error: str, words: list[str]) -> None:
+    """A JavaScript call's outcome ({thrown, name, message}) is the error ``error`` whose message holds ``words``."""
+    assert outcome["thrown"], "no error"
+    assert outcome["name"] == error, outcome
+    for word in words:
+        assert word in outcome["message"], (word, outcome["message"])
+
+
 def weights_atol(steps: int, reference: np.ndarray) -> float:
     """The rule above for one tensor after ``steps`` steps."""
     return 2 * steps * TERM_ROUNDINGS * U32 * float(np.abs(reference).max(initial=0.0))
+
+
+def state_atol(reference, name: str) -> float:
+    """The rule above for the tensor ``name`` of the state ``reference`` (a TrainingState) at the scale of the terms
+    its updates are computed from: a gradient sums products at the scale of the model's weights and cancels to
+    much less (an intercept near 0, Adam's first moment of a small gradient differ by ~u32 of the weights' scale), so
+    each tensor's scale is the larger of its own and the model's largest weight."""
+    largest = max(float(np.abs(w).max(initial=0.0)) for w in reference.weights.values())
+    return weights_atol(reference.steps, np.array([largest, float(np.abs(reference.tensors[name]).max(initial=0.0))]))
 
 
 # --- issue 38's models as training packages --------------------------------------------------------------------

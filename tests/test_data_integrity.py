@@ -124,8 +124,17 @@ def test_a_text_column_with_a_level_per_row_is_named(compose_pipeline, tmp_path,
     cfg = compose_pipeline("data=file", f"data.path={tmp_path / 'orders.csv'}", "data.target=price", "model=linear")
     with caplog.at_level(logging.WARNING, logger="pipelines.data.tables"):
         read_table(cfg.data, cfg.preprocess)
-    assert "column 'order' of orders.csv is text with 300 levels in 300 rows" in caplog.text
+    # a level in every row: an identifier, left out (issue 46 item 1)
+    assert "column 'order' of orders.csv is text with a distinct value in every row (an identifier): left out of " \
+        "the features (to use it: +preprocess.columns.order=onehot)" in caplog.text
     assert "'city'" not in caplog.text  # three levels: no warning
+    frame["order"] = [f"A-{i // 2:05d}" for i in range(len(frame))]  # a level per two rows: named, kept
+    frame.to_csv(tmp_path / "orders.csv", index=False)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="pipelines.data.tables"):
+        table = read_table(cfg.data, cfg.preprocess)
+    assert "column 'order' of orders.csv is text with 150 levels in 300 rows" in caplog.text
+    assert "+preprocess.columns.order=drop leaves it out" in caplog.text and "order" in table.features
 
 
 # -- item 4: a null in an integer column after the sample --------------------------------------------------------

@@ -160,3 +160,38 @@ def test_select_refuses_a_setting_the_class_does_not_take():
         select("loss", "square", l1_weight=0.5, l2_weight=0.5)
     with pytest.raises(ValueError, match="is an instance: settings"):
         select("learning_rate", LearningRateSGD(), eta0=0.1)
+
+
+@pytest.mark.filterwarnings("ignore:LogisticRegression's objective sums its losses:UserWarning")
+def test_forward_backward_with_no_loss_named_trains_the_estimator_s_own_loss():
+    """Seen (issue 46, item 2): ``OrtGradientForwardBackwardOptimizer(to_onnx(classifier))`` with no loss named
+    trained squared error on the raw scores (penguins: test log loss 0.60 against 0.089 with the log loss). With no
+    loss named it trains the estimator's own loss, the one ``add_loss_output`` gives the full trainer
+    (``ortflow.estimator_loss``: log loss for a LogisticRegression), so both trainers end where the same run of the
+    same objective ends; squared error on the same graph ends far above."""
+    from sklearn.datasets import load_iris
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import log_loss
+
+    from ortflow import OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer, add_loss_output, to_onnx
+    from sklearn_fit import quiet_fit
+
+    X, y = load_iris(return_X_y=True)
+    X = ((X - X.mean(axis=0)) / X.std(axis=0)).astype(np.float32)
+    onx = to_onnx(quiet_fit(LogisticRegression(max_iter=1), X, y), X[:1])  # a start far from the optimum
+    common = dict(max_iter=40, batch_size=15, learning_rate=0.1, random_state=0, shuffle=True)
+    full = OrtGradientOptimizer(add_loss_output(onx), **common).fit(X, y)
+    own = OrtGradientForwardBackwardOptimizer(onx, **common).fit(X, y)
+    square = OrtGradientForwardBackwardOptimizer(onx, learning_loss="squared_error", **common).fit(X, y)
+    assert own._loss_object().names[0] == "log"
+    ll = {name: log_loss(y, est.predict_proba(X)) for name, est in
+          (("full", full), ("own", own), ("square", square))}
+    # Both trainers take the same batches (one seed) and the same steps of one objective, computed by different
+    # float32 graphs: each step's gradient differs by a few roundings (|g| * k * eps32, k ~ the ops of a softmax
+    # and a mean, well under 100), and gradient steps on a convex loss at a stable rate do not amplify a difference.
+    # Over S steps the weights drift by at most S * lr * 100 * eps32 * |g| (|g| <= 1 for a softmax loss on standard
+    # features), which moves the log loss by about as much times |X| ~ 4.
+    steps = common["max_iter"] * len(X) // common["batch_size"]
+    bound = steps * common["learning_rate"] * 100 * np.finfo(np.float32).eps * 4
+    assert abs(ll["own"] - ll["full"]) <= bound, (ll, bound)
+    assert ll["own"] < ll["square"] / 2, ll  # squared error on raw scores is no calibrated probability

@@ -28,7 +28,7 @@ from ortflow.schedules import learning_rate_at
 from ortflow.shuffle import draws, epoch_order, seed_state
 
 from js_support import (CASES, JS_GROUP, OPTIMIZERS, RUNTIMES, make_package, node, optimizer, output_atol,
-                        require_node, run_graph, weights_atol, write_jobs)
+                        require_node, run_graph, state_atol, weights_atol, write_jobs)
 
 pytestmark = JS_GROUP
 FIT = {"epochs": 3, "shuffle": True, "seed": 2026}
@@ -80,7 +80,7 @@ def test_weights_match_python_reference(trained, case, opt, runtime):
     initial = TrainingPackage(entry["folder"]).initial_state()
     moved = 0.0
     for name, expected in reference.tensors.items():
-        atol = weights_atol(reference.steps, expected)
+        atol = state_atol(reference, name)
         np.testing.assert_allclose(state.tensors[name], expected, rtol=0, atol=atol,
                                    err_msg=f"{case}/{opt} on {runtime}: {name}")
         moved = max(moved, float(np.abs(expected - initial.tensors[name]).max()))

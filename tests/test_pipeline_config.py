@@ -234,6 +234,17 @@ def _tiny_linear():
     (["trainer=full", "trainer.device=auto", "trainer.precision=tf32"], "OrtGradientOptimizer",
      {"device": "auto", "precision": "tf32"}),
     (["trainer=fwbw"], "OrtGradientForwardBackwardOptimizer", {"precision": "fp32"}),
+    # issue 44: the trainer group is generated from the core's tables: the portable shuffle, every optimizer
+    # setting (Adam's betas, Adagrad's epsilon) and every core setting the pipelines do not set themselves
+    (["trainer=full", "trainer.shuffle=portable"], "OrtGradientOptimizer", {"shuffle": "portable"}),
+    (["trainer=torch", "trainer.shuffle=false"], "TorchTrainer", {"shuffle": False}),
+    (["trainer=fwbw", "trainer.optimizer=adam", "trainer.beta1=0.95", "trainer.beta2=0.99"],
+     "OrtGradientForwardBackwardOptimizer", {"learning_rate": ("LearningRateAdam", {"beta1": 0.95, "beta2": 0.99})}),
+    (["trainer=full", "trainer.optimizer=adagrad", "trainer.epsilon=1e-6"], "OrtGradientOptimizer",
+     {"learning_rate": ("LearningRateAdagrad", {"epsilon": 1e-6})}),
+    (["trainer=full", "trainer.validation_every=2", "trainer.prefetch_depth=3", "trainer.spinning=false",
+      "trainer.enable_logging=true"], "OrtGradientOptimizer",
+     {"validation_every": 2, "prefetch_depth": 3, "spinning": False, "enable_logging": True}),
 ])
 def test_a_valid_setting_reaches_the_trainer(compose_pipeline, overrides, trainer, expected):
     import ortflow
@@ -382,3 +393,93 @@ def test_a_command_validates_once(compose_pipeline, monkeypatch):
     cfg.trainer.max_iter = 8  # another config is checked again
     validate(cfg)
     assert len(calls) == 2
+
+
+def test_every_core_trainer_setting_is_a_trainer_key_or_set_by_the_pipelines():
+    """Seen (issue 44): the trainer group was a hand copy of the core's tables and had drifted (the portable shuffle
+    refused as "not a valid bool", Adam's betas and Adagrad's epsilon unreachable). It is generated: every
+    parameter of every trainer's table is a ``trainer`` key of its type, or one the pipelines set themselves (with
+    what sets it); every optimizer setting of the registry is a key."""
+    from dataclasses import fields
+
+    from ortflow.parameters import TRAINERS
+    from ortflow.registry import family, settings_of
+    from pipelines.base.builders import optimizer_keys, trainer_keys
+    from pipelines.base.schema import PIPELINE_SET, TrainerConfig
+
+    core = {p.name for table in TRAINERS.values() for p in table}
+    reached = set(trainer_keys().values())
+    assert core - set(PIPELINE_SET) == reached | {"verbose"}  # verbose: None picks it from the terminal
+    assert set(PIPELINE_SET) <= core, "PIPELINE_SET names a parameter no trainer has"
+    assert not reached & set(PIPELINE_SET)
+    ours = [cls for cls in family("optimizer").values() if cls.__module__.startswith("ortflow.")]  # not tests'
+    assert set(optimizer_keys().values()) == {p for cls in ours for p in settings_of(cls)}
+    assert set(optimizer_keys()) | set(trainer_keys()) <= {f.name for f in fields(TrainerConfig)}
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (["trainer.shuffle=maybe"], ["trainer.shuffle='maybe' must be True, False or 'portable'"]),
+    (["trainer.optimizer=sgd", "trainer.beta1=0.9"], ["trainer.beta1=0.9: trainer.optimizer=sgd takes no beta1"]),
+    (["trainer=torch", "trainer.gradients=ortflow"], ["trainer.gradients=ortflow: trainer=torch takes no gradients"]),
+    (["trainer.validation_every=1.5"], ["trainer.validation_every=1.5", "(0, 1)"]),
+    (["trainer.prefetch_depth=0"], ["trainer.prefetch_depth"]),
+])
+def test_a_trainer_setting_the_core_refuses_is_refused_naming_the_key(compose_pipeline, overrides, words):
+    with pytest.raises(ConfigError) as info:
+        validate(compose_pipeline(*overrides))
+    for word in words:
+        assert word in str(info.value)
+
+
+@pytest.mark.parametrize("override,close", [("trainer.beta=0.9", ["trainer.beta1", "trainer.beta2"]),
+                                            ("trainer.epsilonn=1e-6", ["trainer.epsilon"])])
+def test_a_mistyped_optimizer_setting_gets_a_did_you_mean(compose_pipeline, override, close):
+    """A key outside the generated group is refused at composition; the hint names the generated keys close to it."""
+    import io
+
+    from pipelines.base.errors import report
+
+    with pytest.raises(Exception) as info:
+        compose_pipeline(override)
+    out = io.StringIO()
+    report(info.value, out)
+    hint = out.getvalue().split("did you mean ", 1)[1].split("?")[0]
+    assert sorted(hint.split(" or ")) == close
+
+
+def test_a_chain_trains_with_the_portable_shuffle_and_adam_s_betas(compose_pipeline, clean_mlflow_env, tmp_path,
+                                                                    sqlite_uri):
+    """``trainer.shuffle=portable`` and Adam's betas, given on the command line, reach the trainer of a real chain:
+    its trained weights are those of the core trainer fitted on the same split from the same graph with
+    ``shuffle='portable'`` and ``LearningRateAdam(beta1=0.95, beta2=0.99)``, not those of the default betas."""
+    from mlflow import MlflowClient
+
+    import ortflow
+    from pipelines.data.datasets import Split
+    from pipelines.orchestration.chain import run_chain
+
+    settings = ["trainer=full", "trainer.optimizer=adam", "trainer.beta1=0.95", "trainer.beta2=0.99",
+                "trainer.shuffle=portable", "trainer.max_iter=3", "trainer.learning_rate=0.05", "data.n_samples=300",
+                "data.n_features=4"]
+    cfg = compose_pipeline(f"mlflow.tracking_uri={sqlite_uri}", f"mlflow.root={tmp_path}", *settings,
+                           "stages=[convert,add_loss,train]")
+    result = run_chain(cfg, work_dir=tmp_path / "c")
+
+    logged = MlflowClient(sqlite_uri).get_run(result.stage_run_ids["train"]).data.params
+    assert (logged["trainer.shuffle"], logged["trainer.beta1"], logged["trainer.beta2"]) == ("portable", "0.95", "0.99")
+    split = Split.load(tmp_path / "c" / "convert" / "split.npz")
+    graph = onnx.load(tmp_path / "c" / "add_loss" / "model_with_loss.onnx")
+    trained = ortflow.get_initializers(onnx.load(tmp_path / "c" / "train" / "graphs" / "trained_model.onnx"))
+
+    def fit(**rate):
+        est = ortflow.OrtGradientOptimizer(graph, learning_rate=ortflow.LearningRateAdam(eta0=0.05, **rate),
+                                           shuffle="portable", random_state=cfg.seed, max_iter=3, batch_size=32)
+        return est.fit(split.X_train, split.y_train).get_state()
+
+    ours, default = fit(beta1=0.95, beta2=0.99), fit()
+    for name, value in ours.items():
+        # the same computation in the same process: equal up to the float32 rounding of a few threads' sums
+        atol = 64 * np.finfo(np.float32).eps * max(1.0, float(np.abs(value).max()))
+        np.testing.assert_allclose(trained[name].reshape(value.shape), value, rtol=0, atol=atol, err_msg=name)
+    gap = max(float(np.abs(ours[n] - default[n]).max()) for n in ours)
+    assert gap > 1000 * np.finfo(np.float32).eps, gap  # the betas changed the weights: the check above can tell

@@ -66,11 +66,12 @@ def test_the_registered_version_has_a_package_and_imported_states_are_averaged(c
         np.testing.assert_array_equal(value, registered[name], err_msg=name)
     manifest = package.manifest
     assert manifest["batch_size"] == 32 and manifest["feature_names"] == [f"x{i}" for i in range(5)]
-    np.testing.assert_allclose(manifest["metadata"]["standardization"]["x_mean"], split.x_mean, rtol=1e-6)
+    np.testing.assert_array_equal(manifest["preprocess"]["features"]["mean"], split.x_mean)  # inside the graphs
 
-    # two clients on parts of the training rows: Node's JavaScript trainer, or Python's reference loop (same graph)
+    # two clients on parts of the raw training rows: Node's JavaScript trainer, or Python's reference loop
     half = len(split.X_train) // 3
-    parts = [(split.X_train[:half], split.y_train[:half]), (split.X_train[half:], split.y_train[half:])]
+    X_raw, y_raw = split.raw_X(split.X_train), split.raw_y(split.y_train)
+    parts = [(X_raw[:half], y_raw[:half]), (X_raw[half:], y_raw[half:])]
     if client_runtime == "node":
         require_node()
         states = [_node_state(folder, X, y, k, tmp_path) for k, (X, y) in enumerate(parts)]
@@ -141,7 +142,7 @@ def test_a_classifiers_package_trains_on_its_labels_and_comes_back(compose_pipel
     assert package.manifest["target"]["classes"] == [0, 1, 2]
     assert package.manifest["target"]["encoding"] == "one_hot"
     split = Split.load(Bundle.from_run(export_run).path("split", "test"))
-    state = train_package(package, split.X_train, split.y_train, epochs=3, seed=5)
+    state = train_package(package, split.raw_X(split.X_train), split.y_train, epochs=3, seed=5)
     (tmp_path / "iris.state").write_bytes(state.to_bytes())
     # the config of another task (the default data=regression) is refused inside the run, naming both
     with pytest.raises(StateImportError, match="is a classification model but the config says data.task=regression"):

@@ -39,7 +39,8 @@ from tolerances import U32, float32_sum_atol
 FILES, GROUPS, GROUP_ROWS = 4, 3, 100
 N = FILES * GROUPS * GROUP_ROWS
 WEIGHTS = np.array([2.0, -0.3, 4.0])
-TEST, VALID = 0.2, 0.2
+TEST, VALIDATION_FRACTION = 0.2, 0.2
+VALID = VALIDATION_FRACTION * (1 - TEST)  # validation_fraction: a share of the rows outside the test part
 
 
 def _table(seed: int = 0) -> pd.DataFrame:
@@ -179,7 +180,7 @@ def test_a_table_without_a_key_splits_its_rows_as_the_fractions_say(files, tmp_p
                        row_group_size=GROUP_ROWS)
     path = folder / "part-0.parquet" if files == 1 else folder
     cfg = compose_pipeline("data=parquet", f"data.path={path}", "data.target=y", f"data.test_size={TEST}",
-                           f"data.validation_fraction={VALID}")
+                           f"data.validation_fraction={VALIDATION_FRACTION}")
     ids = {}
     for attempt in range(2):
         _, parts = open_stream(cfg.data)

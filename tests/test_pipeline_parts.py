@@ -1,6 +1,7 @@
 """The losses, penalties and optimizers of the pipelines are built from their registry classes with the settings
-those classes take, taken from the config by name (issue 37): a model's settings reach its loss, and a model
-trains with its estimator's own loss (``ortflow.estimator_loss``) unless ``loss.name`` says another."""
+those classes take, taken from the config by name (issue 37); a model trains with its estimator's own loss
+(``ortflow.estimator_loss``, with the estimator's settings) unless ``loss.name`` says another, whose settings are
+``loss.*`` only (issue 44)."""
 
 import json
 import math
@@ -32,13 +33,12 @@ def _predict(path, X):
     return np.asarray(session.run(None, {name: X.astype(np.float32)})[0]).reshape(len(X))
 
 
-def test_loss_name_quantile_trains_the_model_s_quantile(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
-    """Seen: ``loss.name=quantile model.quantile=0.9`` trained the median (PinballLearningLoss's default 0.5), the
-    quantile reaching scikit-learn only. From a least-squares start, training the pinball loss at 0.9 puts about
-    90% of the test targets below the predictions."""
+def test_loss_quantile_trains_the_loss_s_quantile(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
+    """Seen: a named quantile loss trained the median (PinballLearningLoss's default 0.5). ``loss=quantile
+    loss.quantile=0.9``, from a least-squares start, puts about 90% of the test targets below the predictions."""
     q = 0.9
     _chain(compose_pipeline, tmp_path, sqlite_uri, "q", "data.n_samples=2500", "data.n_features=5",
-           "loss.name=quantile", f"model.quantile={q}", "trainer.max_iter=30", "trainer.learning_rate=0.02",
+           "loss=quantile", f"loss.quantile={q}", "trainer.max_iter=30", "trainer.learning_rate=0.02",
            "stages=[convert,add_loss,train]")
     split = Split.load(tmp_path / "q" / "convert" / "split.npz")
     below = float(np.mean(split.y_test <= _predict(tmp_path / "q" / "train" / "graphs" / "trained_model.onnx",
@@ -67,7 +67,7 @@ def test_model_huber_trains_its_own_loss_with_its_epsilon(compose_pipeline, clea
 
 
 def test_the_loss_follows_epsilon(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
-    """A different model.epsilon trains a different loss: the same start graph scored by the two loss graphs
+    """A different loss.epsilon trains a different loss: the same start graph scored by the two loss graphs
     (the start's fit also depends on epsilon, so the loss graphs are compared on one graph)."""
     from pipelines.base.builders import loss
     from pipelines.stages.add_loss import with_loss
@@ -77,7 +77,7 @@ def test_the_loss_follows_epsilon(compose_pipeline, clean_mlflow_env, tmp_path, 
     split = Split.load(tmp_path / "h" / "convert" / "split.npz")
     values = []
     for epsilon in (0.5, 3.0):
-        cfg = compose_pipeline("data=diabetes", "model=huber", "loss.name=scaled_huber", f"model.epsilon={epsilon}")
+        cfg = compose_pipeline("data=diabetes", "model=huber", "loss.name=scaled_huber", f"+loss.epsilon={epsilon}")
         assert loss(cfg).epsilon == epsilon
         onx = with_loss(cfg, graph)
         session = onnxruntime.InferenceSession(onx.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -90,8 +90,30 @@ def test_a_setting_its_loss_does_not_take_is_refused(compose_pipeline):
         validate(compose_pipeline("loss.name=square", "+loss.foo=1"))
     with pytest.raises(ConfigError, match=r"loss\.l1_weight.*loss\.name is unset"):
         validate(compose_pipeline("+loss.l1_weight=1"))
-    with pytest.raises(ConfigError, match=r"model\.quantile=1\.5 must be in \(0, 1\)"):
-        validate(compose_pipeline("loss.name=quantile", "model.quantile=1.5"))
+    with pytest.raises(ConfigError, match=r"loss\.quantile=1\.5 must be in \(0, 1\)"):
+        validate(compose_pipeline("loss=quantile", "loss.quantile=1.5"))
+
+
+def test_a_loss_setting_is_never_taken_from_the_model(compose_pipeline):
+    """Seen (issue 44): a loss with ``alpha=1.0`` got ``model.alpha=0.0001`` (the model's L2 strength), silently: a
+    named loss's settings were looked up in ``loss`` then in ``model``. A loss's settings come from ``loss.*`` only
+    (or, with no loss named, from the estimator's record)."""
+    from ortflow.losses import SquareLearningLoss
+    from pipelines.base.builders import loss
+
+    class AlphaSquare(SquareLearningLoss):  # a loss with a setting named like a model's
+        names = ("test_alpha_square",)
+
+        def __init__(self, alpha: float = 1.0):
+            self.alpha = alpha
+
+    cfg = compose_pipeline("loss.name=test_alpha_square", "model.alpha=0.0001")
+    validate(cfg)
+    assert loss(cfg).alpha == 1.0
+    assert loss(compose_pipeline("loss.name=test_alpha_square", "+loss.alpha=0.5", "model.alpha=0.0001")).alpha == 0.5
+    # huber's epsilon: model=huber's 1.1 is HuberRegressor's; the named huber loss keeps its own
+    cfg = compose_pipeline("data=diabetes", "model=huber", "model.epsilon=1.1", "loss.name=huber")
+    assert loss(cfg).epsilon == family("loss")["huber"]().epsilon != 1.1
 
 
 class PullToOne(BaseLearningPenalty):
@@ -175,7 +197,15 @@ def test_every_optimizer_of_the_registry_is_a_valid_trainer_optimizer(compose_pi
     validate(cfg)
     rate = learning_rate(cfg)
     assert rate.names[0] == optimizer and rate.eta0 == 0.05
-    assert set(optimizer_keys()) == {"learning_rate", "lr_schedule", "power_t", "momentum", "weight_decay"}
+    # every setting of every optimizer is a trainer key (issue 44: Adam's betas, Adagrad's epsilon could not be set)
+    from dataclasses import fields
+
+    from ortflow.registry import settings_of
+    from pipelines.base.schema import TrainerConfig
+
+    ours = [cls for cls in family("optimizer").values() if cls.__module__.startswith("ortflow.")]  # not tests'
+    assert set(optimizer_keys().values()) == {p for cls in ours for p in settings_of(cls)}
+    assert set(optimizer_keys()) <= {f.name for f in fields(TrainerConfig)}
 
 
 def test_the_trainer_files_repeat_no_default_of_the_schema():

@@ -43,7 +43,7 @@ from ortflow.package import (
     _targets,
     train_package,
 )
-from ortflow.package_export import unrolled_bound
+from ortflow.package import unrolled_bound
 from ortflow.shuffle import draws, epoch_order, seed_state
 from sklearn_fit import quiet_fit
 from tolerances import TERM_ROUNDINGS, U32
@@ -177,7 +177,7 @@ def test_the_flat_step_graph_takes_the_same_steps(tmp_path, model):
     est = OrtGradientOptimizer(onx, batch_size=16, learning_rate=LearningRateAdam(eta0=0.01))
     folder = ortflow.export_training_package(est, tmp_path / "pkg")
     flat = TrainingPackage(folder).manifest["step_flat"]
-    total = sum(int(np.prod(t["shape"])) for t in TrainingPackage(folder).tensors)
+    total = sum(int(np.prod(t.shape)) for t in TrainingPackage(folder).tensors)
     assert [o["name"] for o in flat["outputs"]] == ["loss", "state_updated"]
     assert next(i for i in flat["inputs"] if i["name"] == "state")["shape"] == [total]
     by_tensor = train_package(folder, X, y, epochs=2, seed=4)
@@ -202,7 +202,7 @@ def test_the_unrolled_graphs_take_the_same_steps(tmp_path, model):
     assert unrolled[1]["outputs"][0]["shape"] == [4]
 
     trained = train_package(folder, X, y, epochs=1, seed=1, flat=True)  # a state that is not the initial one
-    vector = np.concatenate([trained.tensors[t["name"]].ravel() for t in package.tensors])
+    vector = np.concatenate([trained.tensors[t.name].ravel() for t in package.tensors])
     feeds = {"X": X[:28], package.manifest["target"]["name"]: _targets(package.manifest, y[:28], 28),
              "learning_rate": np.array(0.01, np.float32), "step": np.array(5, np.float32)}
     single = InferenceSession(package.read(FLAT_STEP_FILE), providers=["CPUExecutionProvider"])
@@ -243,12 +243,34 @@ def test_the_unrolled_graphs_follow_the_steps_cost(linear_package, tmp_path):
         ortflow.export_training_package(OrtGradientOptimizer(onx), tmp_path / "bad", max_unrolled=-1)
     big = X.copy()
     big[20:] = 1e20  # the second batch (rows 16-31, in the first run of steps_2.onnx) overflows
-    messages = []
-    for kwargs in ({"flat": True}, {"unrolled": True}):
+    messages, states = [], []
+    for kwargs in ({"flat": True}, {"unrolled": True}, {}):
         with pytest.raises(ConvergenceError) as caught:
             train_package(folder, big, y, shuffle=False, **kwargs)
         messages.append(str(caught.value))
-    assert messages[0] == messages[1] and "epoch 1, step 2" in messages[0]
+        states.append(caught.value.state)
+    assert messages[0] == messages[1] == messages[2] and "epoch 1, step 2" in messages[0]
+    # the state before the bad step: the one a run of the first batch alone reaches, unrolled or not
+    first = train_package(folder, X[:16], y[:16], shuffle=False, flat=True)
+    for state in states:
+        assert (state.epochs, state.steps, state.rows_seen) == (0, 1, 16)
+        for name, value in first.tensors.items():
+            np.testing.assert_array_equal(state.tensors[name], value, err_msg=name)
+
+
+def test_the_reference_loop_reports_each_epoch(linear_package):
+    """``on_epoch(record)`` gets the record the JavaScript library's ``logs`` hold (INTERFACES.md): the epoch, its
+    mean loss, the steps, the rows seen and the epoch's learning rate (float32, the schedule's)."""
+    folder, X, y = linear_package
+    records = []
+    state = train_package(folder, X, y, epochs=2, seed=3, on_epoch=records.append)
+    package = TrainingPackage(folder)
+    steps = -(-len(X) // 16)
+    assert [sorted(r) for r in records] == [["epoch", "learning_rate", "loss", "rows_seen", "steps"]] * 2
+    assert [(r["epoch"], r["steps"], r["rows_seen"]) for r in records] == [(1, steps, len(X)), (2, 2 * steps,
+                                                                                               2 * len(X))]
+    assert records[1]["learning_rate"] == float(np.float32(package.learning_rate(len(X))))
+    assert all(np.isfinite(r["loss"]) for r in records) and state.steps == 2 * steps
 
 
 @pytest.mark.parametrize("kind", ["full", "fwbw"])
@@ -435,7 +457,7 @@ def test_a_state_of_other_names_or_shapes_is_refused(linear_package):
         load_training_state(folder, _state_with(state, tensors=reshaped))
     with pytest.raises(TrainingPackageError, match="trained from another package"):
         load_training_state(folder, _state_with(state, package_id="0" * 64))
-    with pytest.raises(TrainingPackageError, match="lies outside the data"):
+    with pytest.raises(TrainingPackageError, match=r"announces \d+ bytes of values, the file holds \d+ \(truncated\)"):
         load_training_state(folder, state.to_bytes()[:-4])
     with pytest.raises(TrainingPackageError, match="not an ortflow training state"):
         load_training_state(folder, b"PK\x03\x04...")
@@ -450,11 +472,11 @@ def test_non_finite_values_in_a_state_or_the_data_are_named(linear_package):
         load_training_state(folder, _state_with(state, body=bytes(body)))
     X_bad = X.copy()
     X_bad[3, 2] = np.inf
-    with pytest.raises(TrainingPackageError, match=r"X \('X'\) holds non-finite values \(first at index \[3, 2\]\)"):
+    with pytest.raises(TrainingPackageError, match=r"X \('X'\) holds a non-finite value \(Infinity\) at row 3, column 2"):
         train_package(folder, X_bad, y)
     y_bad = y.copy()
     y_bad[5] = np.nan
-    with pytest.raises(TrainingPackageError, match=r"y holds non-finite values \(first at index \[5"):
+    with pytest.raises(TrainingPackageError, match=r"y holds a non-finite value \(NaN\) at row 5\b"):
         train_package(folder, X, y_bad)
 
 

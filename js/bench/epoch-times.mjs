@@ -7,7 +7,7 @@
 // seconds per epoch, all threads], "losses": [...], "threads": 1}.
 import {readFile} from 'node:fs/promises';
 import {createRequire} from 'node:module';
-import {Trainer} from '../index.js';
+import {Trainer} from '../node.js';
 
 const [kind, folder, xFile, yFile, rowsText, epochsText, layout = 'unrolled'] = process.argv.slice(2);
 const require = createRequire(import.meta.url);

@@ -7,20 +7,8 @@
 // `prediction`. A job that throws writes {name, message} to `state` + ".error.json"
 // instead.
 import {readFile, writeFile} from 'node:fs/promises';
-import {createRequire} from 'node:module';
-import {Trainer} from '../index.js';
-
-const require = createRequire(import.meta.url);
-
-export async function runtime(kind) {
-  if (kind === 'node') return require('onnxruntime-node');
-  if (kind === 'web') {
-    const ort = require('onnxruntime-web');
-    ort.env.wasm.numThreads = 1;
-    return ort;
-  }
-  throw new Error(`unknown runtime ${kind}: node or web`);
-}
+import {Trainer} from '../node.js';
+import {runtime} from './runtime.mjs';
 
 const [kind, jobsFile] = process.argv.slice(2);
 const ort = await runtime(kind);

@@ -14,16 +14,16 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from sklearn.base import clone
 
 from .. import graph as g
 from .._ort import OrtValueVector, backend
 from ..base import BaseTrainer
+from ..estimator_loss import own_loss, own_penalty
 from ..graph_spec import GraphSpec, TrainData, prediction_spec
 from ..learning_rates import BaseLearningRate, UpdateRuntime
 from ..onnx_builder import DEFAULT_OPSET
 from ..parameters import TRAINERS, init_from
-from ..registry import register, select
+from ..registry import register
 from ..runtime import DeviceBuffer, OnnxFunction, make_session_options
 from ..training_runtime import TrainingRuntime
 from ..placement import Placement
@@ -93,14 +93,15 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         return prediction_spec(model, self.output_name, self.weight_name)
 
     def _loss_object(self):
-        return clone(select("loss", self.learning_loss))
+        return own_loss(self._model, self.learning_loss)
 
     def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec, rate: BaseLearningRate) -> None:
         output = spec.trained_output
         train_graph = g.keep_outputs(model, [output])
         self.weights_to_train_ = self._check_weights(model, train_graph, output)
+        penalty = own_penalty(self._model, self.learning_loss, self.learning_penalty)
         runtime = ForwardBackwardRuntime(
-            train_graph, self.weights_to_train_, g.get_initializers(model), spec, rate, self._loss_object(), clone(select("penalty", self.learning_penalty)),
+            train_graph, self.weights_to_train_, g.get_initializers(model), spec, rate, self._loss_object(), penalty,
             self._placement(), self._session_options(), self.gradients, self.batch_size)
         self.backend_, self.gradients_ = backend(), runtime.fb.gradients_
         self._rt_runtime, self._rt_rate = runtime, rate

@@ -1,6 +1,6 @@
 """The ortflow objects a config describes, each built from its registry class (:mod:`ortflow.registry`) with the
-settings that class takes, looked up by name in the config's groups: the loss (``loss`` then ``model``: a model's
-``epsilon`` or ``quantile`` reaches its loss), the penalty (``penalty``), the optimizer (``trainer``), and the
+settings that class takes, looked up by name in the config's groups: the loss (``loss`` only; with ``loss.name``
+unset the estimator's own loss and settings), the penalty (``penalty``), the optimizer (``trainer``), and the
 trainer's arguments (the trainer's table of parameters, :mod:`ortflow.parameters`). A new loss, penalty or optimizer
 class in ortflow is usable here with nothing added. A setting its class does not take is a ConfigError naming it.
 """
@@ -17,41 +17,31 @@ from omegaconf import DictConfig, OmegaConf
 import ortflow
 from ortflow.registry import family, names, select, settings_of
 
-from .schema import TASK_LOSS, TRAINERS, ConfigError, TrainerConfig, plain_value, task_of
+from .schema import (OPTIMIZER_SETTINGS, PIPELINE_SET, TRAINER_RENAMED, TRAINERS, ConfigError, TrainerConfig,
+                     plain_value, task_of)
 
 
-#: the keys of the ``trainer`` group named otherwise than the optimizer parameter they set: the rate is an
-#: optimizer's ``eta0``, and the schedule is what SGD's constructor calls ``learning_rate`` (onnxcustom's name)
-OPTIMIZER_RENAMED = {"learning_rate": "eta0", "lr_schedule": "learning_rate"}
 #: what an unset key means for a class that takes its parameter (else: the class's own default)
 OPTIMIZER_DEFAULTS = {"lr_schedule": "constant"}
-#: the keys of the ``trainer`` group named otherwise than the trainer parameter they set
-TRAINER_RENAMED = {"seed": "random_state"}
-#: the trainers' own rate settings, which the pipelines give as an optimizer object instead, and ``verbose``
+#: the ``trainer`` keys of a trainer parameter that the pipelines pass otherwise: ``verbose``
 #: (:func:`trainer_verbose`)
-NOT_TRAINER_KEYS = ("learning_rate", "lr_schedule", "power_t", "verbose")
-
-
-def _trainer_group() -> list[str]:
-    return [f.name for f in fields(TrainerConfig)]
+NOT_TRAINER_KEYS = ("verbose",)
 
 
 def optimizer_keys() -> dict[str, str]:
-    """``trainer.<key>`` -> the optimizer parameter it sets: every key of the ``trainer`` group that names (through
-    :data:`OPTIMIZER_RENAMED`) a constructor parameter of an optimizer of the registry."""
-    taken = {param for cls in family("optimizer").values() for param in settings_of(cls)}
-    return {key: OPTIMIZER_RENAMED.get(key, key) for key in _trainer_group()
-            if OPTIMIZER_RENAMED.get(key, key) in taken}
+    """``trainer.<key>`` -> the optimizer parameter it sets: every constructor parameter of an optimizer of the
+    registry when the schema was generated (:data:`pipelines.base.schema.OPTIMIZER_SETTINGS`)."""
+    return {key: param for key, (param, _, _) in OPTIMIZER_SETTINGS.items()}
 
 
 def trainer_keys() -> dict[str, str]:
     """``trainer.<key>`` -> the trainer parameter it sets: every key of the ``trainer`` group that names (through
-    :data:`TRAINER_RENAMED`) a parameter of a trainer's table (:data:`ortflow.parameters.TRAINERS`), but
-    :data:`NOT_TRAINER_KEYS`. No registry needed."""
+    :data:`~pipelines.base.schema.TRAINER_RENAMED`) a parameter of a trainer's table
+    (:data:`ortflow.parameters.TRAINERS`), but :data:`NOT_TRAINER_KEYS`. No registry needed."""
     from ortflow.parameters import TRAINERS as TABLES
 
-    taken = {p.name for table in TABLES.values() for p in table}
-    return {key: TRAINER_RENAMED.get(key, key) for key in _trainer_group()
+    taken = {p.name for table in TABLES.values() for p in table} - set(PIPELINE_SET)
+    return {key: TRAINER_RENAMED.get(key, key) for key in (f.name for f in fields(TrainerConfig))
             if key not in NOT_TRAINER_KEYS and TRAINER_RENAMED.get(key, key) in taken}
 
 
@@ -92,50 +82,43 @@ def instance(kind: str, name: str, settings: dict[str, tuple[str, Any]], key: st
 
 
 def loss_settings(cfg: DictConfig) -> dict[str, tuple[str, Any]]:
-    """The settings of the chosen ``loss.name``: each parameter of its class from ``loss.<parameter>``, else from
-    ``model.<parameter>`` (a model's setting reaches its loss: ``model.quantile``, ``model.epsilon``). A key of
+    """The settings of the chosen ``loss.name``, each parameter of its class from ``loss.<parameter>`` only: a
+    model's setting of the same name (``model.alpha``, ``model.epsilon``) is the model's, never the loss's. A key of
     ``loss`` its class does not take is a ConfigError; so is any with ``loss.name`` unset (the model's own loss
-    takes the model's settings)."""
+    takes its settings from the estimator's record)."""
     name = cfg.loss.name
     if name is None:
         given = [f"loss.{k}" for k in cfg.loss if k != "name"]
         if given:
             raise ConfigError(f"{', '.join(given)}: settings of a loss, but loss.name is unset (the model's own loss, "
-                              "which takes the model's settings): choose the loss with loss.name=<name> or "
-                              "loss=<option>")
+                              "whose settings are the fitted estimator's: model.epsilon, model.quantile...): choose "
+                              "the loss with loss.name=<name> or loss=<option>")
         return {}
     cls = family("loss")[name]
     _unknown_settings("loss", cfg.loss, cls, name)
-    return settings_from(cls, {"loss": cfg.loss, "model": cfg.model})
+    return settings_from(cls, {"loss": cfg.loss})
 
 
 def loss(cfg: DictConfig, graph: Any = None) -> ortflow.BaseLearningLoss:
     """The loss to train: ``loss.name`` from the registry with :func:`loss_settings`; ``loss.name`` unset, the
-    model's own (:func:`ortflow.estimator_loss.estimator_loss` of the estimator ``graph`` records, with its settings:
-    HuberRegressor's epsilon and scale, QuantileRegressor's quantile...; :data:`TASK_LOSS` for a graph without
-    one)."""
+    model's own loss (:func:`ortflow.estimator_loss.own_loss`, what the core's trainers train with no loss named:
+    the loss of the estimator ``graph`` records with the estimator's settings, HuberRegressor's epsilon and scale,
+    QuantileRegressor's quantile...), and the task's :data:`ortflow.estimator_loss.DEFAULT_LOSS` for a graph without
+    a record (model=onnx). The estimator's penalty is not taken: the ``penalty`` group names the penalty (``none`` by
+    default), as ``add_loss_output``'s ``penalty=`` replaces the estimator's."""
+    from ortflow.convert import estimator_record
+    from ortflow.estimator_loss import DEFAULT_LOSS, own_loss
+
     if cfg.loss.name is not None:
         return instance("loss", cfg.loss.name, loss_settings(cfg), "loss.name")
     loss_settings(cfg)
-    name, settings = own_loss(graph, task_of(cfg))
-    return instance("loss", name, {k: (f"model.{k}", v) for k, v in settings.items()}, "loss.name")
-
-
-def own_loss(graph: Any, task: str) -> tuple[str, dict]:
-    """``(loss name, settings)`` of the estimator ``graph`` records (``ortflow.estimator_loss``, the one map of
-    estimators to losses), :data:`TASK_LOSS` of ``task`` for a graph without an estimator record. The estimator's
-    penalty is not taken: the ``penalty`` group says the penalty."""
-    import warnings
-
-    from ortflow.convert import estimator_record
-    from ortflow.estimator_loss import estimator_loss
-
     if graph is None or not estimator_record(graph):
-        return TASK_LOSS[task], {}
-    with warnings.catch_warnings():  # the warning that its penalty needs n_samples: the penalty is not taken
-        warnings.simplefilter("ignore", UserWarning)
-        name, settings, _ = estimator_loss(graph)
-    return name, settings
+        return instance("loss", DEFAULT_LOSS[task_of(cfg)], {}, "loss.name")
+    try:
+        return own_loss(graph)
+    except ValueError as exc:  # an estimator whose settings have no loss in ortflow (SGD's loss, Tweedie's link)
+        raise ConfigError(f"model={plain_value(cfg.model.name)}: {exc}; choose the loss with loss.name=<name>") \
+            from None
 
 
 def penalty(cfg: DictConfig, weights: list[str] | None = None) -> ortflow.BaseLearningPenalty:
@@ -192,13 +175,11 @@ def trainer_settings(cfg: DictConfig) -> dict[str, Any]:
     args: dict[str, Any] = {}
     for key, param in trainer_keys().items():
         value = t[key]
+        if value is None:  # unset: the trainer's own default
+            continue
         if param not in taken:
-            if value is not None:
-                raise ConfigError(f"trainer.{key}={plain_value(value)}: trainer={name} takes no {key}")
-            continue
-        if value is None and param in ("gradients", "precision"):
-            continue
-        args[param] = list(value) if key == "weights_to_train" and value else plain_value(value)
+            raise ConfigError(f"trainer.{key}={plain_value(value)}: trainer={name} takes no {key}")
+        args[param] = OmegaConf.to_container(value) if OmegaConf.is_config(value) else plain_value(value)
     return args
 
 

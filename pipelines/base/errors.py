@@ -42,7 +42,7 @@ def stream_hint(key_set: bool) -> str:
     """The hint of a DataError about a Parquet table streamed (``data=parquet``): its doc section and its keys
     (``data.key`` only where none is set)."""
     keys = ("" if key_set else "data.key, ") + ("data.test_size, data.validation_fraction, data.features, "
-                                                "preprocess.columns.<column>=drop")
+                                                "+preprocess.columns.<column>=drop")
     return f"see 'Parquet larger than memory' in docs/PIPELINES.md ({keys})"
 
 

@@ -5,17 +5,19 @@ and listed first in ``conf/config.yaml``'s defaults, so a value of the wrong typ
 an enum fails at composition with an error naming the key (``full_key: trainer.max_iter``). The choices of
 ``model.name`` come from the table of models (:mod:`pipelines.modeling.models`). The ``loss`` and ``penalty`` groups
 hold a registry name (:mod:`ortflow.registry`) and the settings of its class, which the schema cannot know: they are
-checked by :mod:`pipelines.base.checks`, as is everything a per-key type cannot express.
+checked by :mod:`pipelines.base.checks`, as is everything a per-key type cannot express. The ``trainer`` group
+(:data:`TrainerConfig`) is generated from the core's tables of trainer parameters (:mod:`ortflow.parameters`) and the
+optimizers' constructors, with the pipelines' own defaults on top (:data:`TRAINER_DEFAULTS`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import dataclass, field, is_dataclass, make_dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Optional, get_type_hints
+from typing import Any, Dict, List, Optional, Union, get_type_hints
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -207,8 +209,8 @@ class ModelConfig:
     start_max_iter: int = 50
     target_opset: int = 17
     l1_ratio: float = 0.5  # elastic_net
-    # the settings a model shares with a loss: None (unset) leaves the estimator's and the loss's own default. A loss
-    # chosen with loss.name takes them by name (loss.name=quantile model.quantile=0.9 trains the 0.9 quantile)
+    # the estimator's settings that its own loss takes (loss.name unset: ortflow.estimator_loss reads them from the
+    # fitted estimator); None leaves the estimator's default. A loss named with loss.name takes loss.<setting> only
     epsilon: Optional[float] = None  # huber (conf/model/huber.yaml: 1.35)
     quantile: Optional[float] = None  # quantile (conf/model/quantile.yaml: 0.5)
     # sgd_regressor / sgd_classifier: scikit-learn's loss (None: squared_error / log_loss)
@@ -219,54 +221,128 @@ class ModelConfig:
     output: Optional[str] = None
 
 
-class Gradients(_Choice):
-    """Who builds the gradient graphs (trainer=full and fwbw; see ortflow.parameters.GRADIENTS)."""
-
-    auto = "auto"
-    ortflow = "ortflow"
-    onnxruntime = "onnxruntime"
-
-
-@dataclass
-class TrainerConfig:
-    """The trainer's settings. A setting left None is not passed: the part it belongs to keeps its own default.
-    A setting given a value that the chosen trainer or optimizer does not take is refused by :func:`validate`."""
-
-    name: TrainerKind = MISSING  # type: ignore[valid-type]
-    # a learning-rate name of ortflow's registry, built with the settings below that its class takes
-    optimizer: str = "sgd"  # a name of ortflow's registry (family "optimizer")
-    learning_rate: float = 0.01  # the optimizer's eta0
-    # sgd and nesterov only; None: constant
-    lr_schedule: Optional[Schedule] = None  # type: ignore[valid-type]
-    power_t: Optional[float] = None  # sgd and nesterov (invscaling); None: 0.25
-    momentum: Optional[float] = None  # nesterov; None: 0.9
-    weight_decay: Optional[float] = None  # adamw; None: 0.01
-    # full and fwbw: 'auto' (ortflow's graphs, onnxruntime's on the training build for an op outside ortflow's
-    # gradient rules), 'ortflow' or 'onnxruntime' (training build only); None: auto
-    gradients: Optional[Gradients] = None
-    max_iter: int = 20
-    batch_size: int = 32
-    device: str = "cpu"  # 'cpu', 'cuda', 'cuda:N' or 'auto' (cuda when onnxruntime has it); trainer=torch: cpu only
-    # float32 matrix products on CUDA: 'fp32' (exact, the default) or 'tf32'; None: fp32
-    precision: Optional[str] = None
-    # onnxruntime intra-op threads; None: the trainer picks them from a batch's work (logged as trainer.n_threads_)
-    n_threads: Optional[int] = None
-    seed: int = "${seed}"  # type: ignore[assignment]
-    shuffle: bool = True
-    early_stopping: bool = False
-    n_iter_no_change: int = 10
-    tol: float = 1e-4
-    weights_to_train: Optional[List[str]] = None
+#: the core's trainer parameters (:data:`ortflow.parameters.TRAINERS`) that no ``trainer.*`` key sets, and what
+#: sets them in the pipelines; every other parameter of every trainer is a key of the ``trainer`` group
+PIPELINE_SET = {
+    "model_onnx": "the graph of convert (add_loss's for trainer=full)",
+    "learning_rate": "the optimizer object of trainer.optimizer and its settings (trainer.learning_rate is its eta0)",
+    "lr_schedule": "trainer.lr_schedule, a setting of the optimizer object",
+    "power_t": "trainer.power_t, a setting of the optimizer object",
+    "callbacks": "the train stage's (MLflow metrics, checkpoints)",
+    "exc": "always True: a diverging run ends FAILED",
+    "learning_loss": "the loss group", "learning_penalty": "the penalty group",
+    "loss_output_name": "add_loss's graph: 'loss'", "label_name": "add_loss's graph: 'label'",
+    "sample_weight_name": "none: the pipelines train without sample weights",
+    "weight_name": "none: the pipelines train without sample weights",
+    "output_name": "the trained output of convert's graph (model.output for model=onnx)",
+    "validation_fraction": "data.validation_fraction: the split's validation part",
+    "warm_start": "each train run fits once; trainer.resume_from continues a training",
+}
+#: ``trainer.<key>`` named otherwise than the core's trainer parameter it sets
+TRAINER_RENAMED = {"seed": "random_state"}
+#: the pipelines' defaults where they differ from the core's (``verbose`` None: a progress bar when stdout is a
+#: terminal, :func:`pipelines.base.builders.trainer_verbose`)
+TRAINER_DEFAULTS = {"max_iter": 20, "batch_size": 32, "random_state": "${seed}", "verbose": None}
+#: ``trainer.<key>`` named otherwise than the optimizer parameter it sets: the rate is an optimizer's ``eta0``, and
+#: the schedule is what SGD's constructor calls ``learning_rate`` (onnxcustom's name)
+OPTIMIZER_RENAMED = {"learning_rate": "eta0", "lr_schedule": "learning_rate"}
+#: the pipelines' own keys of the ``trainer`` group, no parameter of a trainer nor of an optimizer
+PIPELINE_TRAINER_KEYS = (
     # N > 0: a checkpoint every N epochs and after the last, each logged under the run's checkpoint/ at once
-    checkpoint_every: int = 0
-    # data=parquet: also a checkpoint inside an epoch, at the first chunk boundary after every N rows trained (a run
-    # killed mid-epoch resumes there); needs checkpoint_every > 0
-    checkpoint_every_rows: Optional[int] = None
-    # continue a training from a checkpoint folder, or from a logged one: runs:/<train run id>/checkpoint, or
-    # just <train run id> (a run killed while RUNNING is then marked KILLED, tagged ortflow.resumed_by)
-    resume_from: Optional[str] = None
-    # a progress bar over epochs: None (default) when stdout is a terminal, 0 never, 1 or more always
-    verbose: Optional[int] = None
+    ("checkpoint_every", int, 0),
+    # data=parquet: also a checkpoint inside an epoch, at the first chunk boundary after every N rows trained (a
+    # run killed mid-epoch resumes there); needs checkpoint_every > 0
+    ("checkpoint_every_rows", Optional[int], None),
+    # continue a training from a checkpoint folder, or from a logged one: runs:/<train run id>/checkpoint, or just
+    # <train run id> (a run killed while RUNNING is then marked KILLED, tagged ortflow.resumed_by)
+    ("resume_from", Optional[str], None),
+)
+
+
+def _config_type(annotation: Any, default: Any) -> Any:
+    """The type OmegaConf types a key with: a union of several types (OmegaConf 2.3 has none) is ``Any``, checked
+    by the core's own check of the parameter (:func:`pipelines.base.checks.check_trainer`); None allowed when the
+    default is None."""
+    args = [a for a in getattr(annotation, "__args__", ()) if a is not type(None)]
+    if getattr(annotation, "__origin__", None) is Union and len(args) > 1:
+        return Any
+    if default is None and getattr(annotation, "__origin__", None) is not Union:
+        return Optional[annotation]
+    return annotation
+
+
+def _field(annotation: Any, default: Any) -> tuple:
+    kind = _config_type(annotation, default)
+    if isinstance(default, list):
+        return kind, field(default_factory=lambda: list(default))
+    return kind, field(default=default)
+
+
+def optimizer_settings() -> dict[str, tuple[str, Any, Any]]:
+    """Every constructor parameter of an optimizer of ortflow's registry (family ``optimizer``), as
+    ``trainer.<key>`` (through :data:`OPTIMIZER_RENAMED`) -> (the parameter, its type, the key's default). The
+    rate's default is the pipelines' 0.01; any other key is None by default: unset, the class keeps its own
+    default. Two optimizers naming a parameter alike share its key (``trainer.epsilon``: Adam's, Adagrad's...)."""
+    import inspect
+
+    from ortflow.registry import family
+
+    keys = {param: key for key, param in OPTIMIZER_RENAMED.items()}
+    found: dict[str, tuple[str, Any, Any]] = {"learning_rate": ("eta0", float, 0.01),
+                                              "lr_schedule": ("learning_rate", Schedule, None)}
+    for cls in family("optimizer").values():
+        for param in inspect.signature(cls.__init__).parameters.values():
+            key = keys.get(param.name, param.name)
+            if param.name == "self" or key in found or param.default is inspect.Parameter.empty:
+                continue
+            kind = float if isinstance(param.default, (int, float)) and not isinstance(param.default, bool) \
+                else type(param.default)
+            found[key] = (param.name, kind, None)
+    return found
+
+
+def _trainer_config() -> type:
+    """``TrainerConfig``, generated: ``name``, the optimizer's keys (:data:`OPTIMIZER_SETTINGS`), every parameter of
+    the core's trainer tables (:data:`ortflow.parameters.TRAINERS`) but :data:`PIPELINE_SET`, typed and defaulted
+    as the core declares it (:data:`TRAINER_DEFAULTS` where the pipelines differ; None, unset, where a trainer
+    does not take it), and :data:`PIPELINE_TRAINER_KEYS`."""
+    from ortflow.parameters import TRAINERS as TABLES
+
+    params: dict[str, Any] = {}
+    for table in TABLES.values():
+        for p in table:
+            params.setdefault(p.name, p)
+    everywhere = set.intersection(*({p.name for p in table} for table in TABLES.values()))
+    renamed = {param: key for key, param in TRAINER_RENAMED.items()}
+    # trainer.optimizer: a name of ortflow's registry (family "optimizer"), built with the trainer.<key> settings
+    # its class takes
+    fields: list[tuple] = [("name", TrainerKind, field(default=MISSING)), ("optimizer", str, field(default="sgd"))]
+    optimizer = OPTIMIZER_SETTINGS
+    fields += [(key, *_field(kind, default)) for key, (_, kind, default) in optimizer.items()]
+    for p in params.values():
+        if p.name in PIPELINE_SET:
+            continue
+        key = renamed.get(p.name, p.name)
+        if key in optimizer:
+            raise TypeError(f"trainer.{key} would set both the optimizer's {optimizer[key][0]} and the trainers' "
+                            f"{p.name}: rename one in OPTIMIZER_RENAMED or TRAINER_RENAMED")
+        default = TRAINER_DEFAULTS.get(p.name, p.default if p.name in everywhere else None)
+        kind = int if p.name == "random_state" else p.type  # the seed: an int, ${seed} by default
+        fields.append((key, *_field(kind, default)))
+    fields += [(key, *_field(kind, default)) for key, kind, default in PIPELINE_TRAINER_KEYS]
+    return make_dataclass("TrainerConfig", fields, namespace={"__doc__": _TRAINER_DOC, "__module__": __name__})
+
+
+_TRAINER_DOC = """The trainer's settings (``trainer.<key>``), generated from the core's parameter tables
+(:data:`ortflow.parameters.TRAINERS`) and the optimizers of ortflow's registry (:func:`optimizer_settings`): every
+core setting but :data:`PIPELINE_SET` is a key. A key left None is not passed: the part it belongs to keeps its own
+default. A key given a value that the chosen trainer or optimizer does not take is refused by
+:func:`pipelines.base.checks.validate`, as is a value the core's check of the parameter refuses."""
+
+#: the optimizer keys of the ``trainer`` group, read once (an optimizer registered later keeps its defaults)
+OPTIMIZER_SETTINGS = optimizer_settings()
+#: the ``trainer`` group's schema (:func:`_trainer_config`)
+TrainerConfig = _trainer_config()
 
 
 @dataclass
@@ -361,11 +437,6 @@ class ConfigError(UserError, ValueError):
 
 #: the option model= takes for each data.task when neither the command line nor an experiment picks one
 TASK_MODEL = {"regression": "linear", "classification": "logistic"}
-
-
-#: the loss of a model with no estimator of its own (model=onnx) when loss.name is unset; every other model trains
-#: with its estimator's own loss (:func:`ortflow.estimator_loss.estimator_loss`)
-TASK_LOSS = {"regression": "square", "classification": "log"}
 
 
 def follow_task(cfg: DictConfig) -> dict[str, str]:

@@ -147,7 +147,7 @@ class Split:
         if self.streamed:  # the test part is the files' rows in the hash band: the description names them
             from .streams import Stream, description
 
-            digest.update(self.stream.encode())
+            digest.update(Stream.from_json(self.stream).rows_json().encode())  # buffer_rows: the same rows
             digest.update(description(Stream.from_json(self.stream))["digest"].encode())
         X_test = self.X_test
         if self.is_table:
@@ -310,17 +310,29 @@ def stream_split(data: DictConfig, preprocess: DictConfig | None = None) -> Spli
     from. With ``preprocess=auto`` the samples are the raw columns (their kinds read from the training sample), the
     preprocessing ``convert`` fits scales them inside the graph; without, they are standardized with the training
     sample's statistics."""
-    from .streams import labels_like, open_stream, raw_rows, sample, scan_labels, stream_error
-    from .tables import column_kind, column_treatments, warn_many_levels
+    from dataclasses import replace
+
+    from .streams import (constant_target, labels_by_file, labels_like, open_stream, raw_rows, sample, scan_labels,
+                          stream_error)
+    from .tables import column_kind, column_treatments, leave_out_row_labels, warn_many_levels
 
     stream, parts = open_stream(data, preprocess)
     treatments = column_treatments(preprocess)
     rows = int(data.sample_rows)
     kinds = None
+    raw, y_raw, _ = parts["train"].head(rows)
+    if not data.features:  # row indexes and identifiers (by the training sample): features only when named
+        labels = leave_out_row_labels(raw, [c for c in stream.columns if c not in (treatments or {})],
+                                      f"{stream.path} (its first {len(raw)} training rows)")
+        if len(labels) == len(stream.columns):
+            raise stream_error(f"{stream.path} has no feature column besides the target {stream.target!r} and the "
+                               f"row labels {labels}")
+        if labels:
+            stream = replace(stream, columns=tuple(c for c in stream.columns if c not in labels))
+            parts, raw = stream.parts(), raw.drop(columns=labels)
     if treatments is None:
-        X_train, y_train = sample(parts["train"], rows)
+        X_train, y_train = raw_rows(parts["train"], raw, y_raw, "sample")
     else:  # the kinds of the training sample's columns hold for every chunk of every part
-        raw, y_raw, _ = parts["train"].head(rows)
         kinds = {c: column_kind(raw[c], treatments.get(c)) for c in stream.columns}
         warn_many_levels(raw, kinds, treatments, f"{stream.path} (its first {len(raw)} training rows)")
         X_train, y_train = raw_rows(parts["train"], raw, y_raw, "sample", kinds, stream.junk_cells)
@@ -337,9 +349,25 @@ def stream_split(data: DictConfig, preprocess: DictConfig | None = None) -> Spli
         if missing:
             raise stream_error(f"{where}: the training part holds the labels {missing[:10]} that its first {rows} "
                                "rows (data.sample_rows, where the start model is fitted) lack: raise data.sample_rows")
+        trained = set(found.tolist())
+        for part in ("validation", "test"):  # a class the training part never shows cannot be predicted, nor scored
+            if part not in parts:
+                continue
+            for label, file in labels_by_file(parts[part]).items():
+                label = labels_like(np.array([label]), classes)[0].item()
+                if label not in trained:
+                    raise stream_error(
+                        f"{where}: the class {label!r} is in the {part} part (file {file}) and in no row of the "
+                        "training part: no model trained on this split can predict it. Give it training rows (more "
+                        "rows of it, or data.key=<a column> spreading them over the parts), or leave its rows out "
+                        "of the table")
         y_train, y_valid, y_test = (labels_like(y, classes) for y in (y_train, y_valid, y_test))
     else:
         y_train, y_valid, y_test = (np.asarray(y, dtype=np.float64) for y in (y_train, y_valid, y_test))
+        value = constant_target(stream)
+        if value is not None:
+            raise stream_error(f"{where} holds one value ({value:g}) in every row (the files' statistics): nothing to "
+                               "learn (any model predicts it exactly); choose another target column")
     if len(y_train) < 2:
         raise stream_error(f"the training part of {stream.path} holds {len(y_train)} rows: too few to train on")
     return standardized_split(data, task, (X_train, y_train), (X_valid, y_valid), (X_test, y_test), stream.columns,

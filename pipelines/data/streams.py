@@ -1,7 +1,8 @@
 """``data=parquet``: a Parquet file or folder streamed through the stages, never held in memory.
 
 The table is split by one stable hash (:meth:`ortflow.sources.ParquetSource.split`): the rows whose ``data.key``
-hashes in ``[0, test_size)`` are the test part, in ``[test_size, test_size + validation_fraction)`` the validation
+hashes in ``[0, test_size)`` are the test part, a ``validation_fraction`` share of the other rows (the band
+``[test_size, test_size + validation_fraction * (1 - test_size))``, as a table read whole splits) the validation
 part, the rest the training part; without ``data.key`` the hash is of the row's position (its file's name and its
 row in the file), so one file or a few split as the fractions say. The same rows on every run and machine,
 whatever else changes. :func:`split_line` says how many rows each part holds (printed before the chain runs).
@@ -55,20 +56,46 @@ class Stream:
     buffer_rows: int
     junk_cells: str = "refuse"  # data.junk_cells: the cells of a number column that are not numbers
     files: tuple[str, ...] = ()  # the Parquet files the split was made of (empty: those the path holds now)
+    # each file's signature when the split was made (file_signature), in the order of files: a later stage refuses
+    # a file rewritten since
+    signatures: tuple[str, ...] = ()
 
     def to_json(self) -> str:
-        return json.dumps({**asdict(self), "columns": list(self.columns), "files": list(self.files)}, sort_keys=True)
+        return json.dumps({**asdict(self), "columns": list(self.columns), "files": list(self.files),
+                           "signatures": list(self.signatures)}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> Stream:
         values = json.loads(text)
-        return cls(**{**values, "columns": tuple(values["columns"]), "files": tuple(values.get("files", ()))})
+        return cls(**{**values, "columns": tuple(values["columns"]), "files": tuple(values.get("files", ())),
+                      "signatures": tuple(values.get("signatures", ()))})
+
+    def rows_json(self) -> str:
+        """:meth:`to_json` without what does not change the rows of the parts (``buffer_rows``, how many are read
+        at once): what the split's fingerprint hashes."""
+        values = json.loads(self.to_json())
+        values.pop("buffer_rows")
+        return json.dumps(values, sort_keys=True)
+
+    def check_files(self) -> None:
+        """A DataError naming each recorded file rewritten since the split was made (its size or its Parquet
+        footer, which holds the row groups' statistics, differs) or gone: the parts would hold other rows than
+        the ones the earlier stages trained and scored on."""
+        changed = [file for file, signature in zip(self.files, self.signatures)
+                   if not os.path.isfile(file) or file_signature(file) != signature]
+        if changed:
+            raise stream_error(f"{len(changed)} Parquet file(s) of {self.path} changed or went away since the split "
+                               f"was made: {changed[:10]}; the stages after it would read other rows than those the "
+                               "split holds. Run the chain again from the split (all its stages), or put the files "
+                               "back as they were")
 
     def source(self):
-        """The whole table as a ParquetSource over the files the split recorded; a warning names the files the
-        folder holds now beyond them (added since: not read, so that every stage reads the rows the split had)."""
+        """The whole table as a ParquetSource over the files the split recorded (:meth:`check_files`: none
+        rewritten since); a warning names the files the folder holds now beyond them (added since: not read, so
+        that every stage reads the rows the split had)."""
         from ortflow.sources import ParquetSource
 
+        self.check_files()
         source = ParquetSource(self.path, self.target, list(self.columns) or None, buffer_rows=self.buffer_rows,
                                files=list(self.files) or None)
         if self.files and os.path.isdir(self.path):
@@ -82,9 +109,12 @@ class Stream:
 
     def parts(self) -> dict[str, Any]:
         """``{part: ParquetSource}`` (no ``validation`` when ``validation_fraction`` is 0), over the recorded files
-        (:meth:`source`)."""
+        (:meth:`source`). ``validation_fraction`` is a share of the rows outside the test part, as for a table read
+        whole (:func:`pipelines.data.datasets.make_split`): the validation band of the hash is
+        ``validation_fraction * (1 - test_size)`` wide."""
         source = self.source()
-        fractions = [self.test_size] + ([self.validation_fraction] if self.validation_fraction > 0 else [])
+        validation = self.validation_fraction * (1.0 - self.test_size)
+        fractions = [self.test_size] + ([validation] if self.validation_fraction > 0 else [])
         parts = source.split(fractions, key=self.key)
         return dict(zip(("train", "test", "validation"), parts))
 
@@ -93,7 +123,7 @@ def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple
     """The configured table checked and split: ``(Stream, {part: ParquetSource})``. A :class:`DataError` names a
     missing path, a folder without Parquet files, a missing target, key or feature column, a column ``preprocess``
     cannot take (without preprocessing, a non-numeric one) and an empty part; its hint suggests ``data.key`` only
-    where none is set. ``preprocess.columns.<column>=drop`` leaves a column out."""
+    where none is set. ``+preprocess.columns.<column>=drop`` leaves a column out."""
     try:
         return _open_stream(data, preprocess)
     except DataError as exc:
@@ -153,11 +183,12 @@ def _open_stream(data: DictConfig, preprocess: DictConfig | None) -> tuple[Strea
         if other:
             raise stream_error(f"data=parquet takes columns of numbers, booleans, text, categories and dates, and "
                                f"{path} has the columns {other}: leave them out with data.features=[...] or "
-                            "preprocess.columns.<column>=drop")
+                            "+preprocess.columns.<column>=drop")
     stream = Stream(str(path), target, tuple(columns), key, float(data.test_size),
                     float(data.validation_fraction), int(data.buffer_rows), str(data.get("junk_cells", "refuse")))
     try:
-        stream = replace(stream, files=tuple(stream.source().files))  # the files the run reads, whatever comes later
+        files = tuple(stream.source().files)  # the files the run reads, whatever comes later, as they are now
+        stream = replace(stream, files=files, signatures=tuple(file_signature(f) for f in files))
         parts = stream.parts()
         _log.info("%s", split_line(stream, parts))
         return stream, parts
@@ -182,7 +213,7 @@ def split_line(stream: Stream, parts: dict[str, Any]) -> str:
         rows = ", ".join(f"{parts[p].n_rows} {names[p]}" for p in PARTS if p in parts)
         return (f"split of {stream.path}: {rows} rows (a stable hash of each row's position; data.key=<a column> "
                 "hashes a column's values)")
-    fractions = f"test {stream.test_size:g}, validation {stream.validation_fraction:g}"
+    fractions = f"test {stream.test_size:g}, validation {stream.validation_fraction:g} of the other rows"
     return (f"split of {stream.path}: by a stable hash of data.key={stream.key!r} ({fractions}, training the rest; "
             "the rows of each part are counted as they are read)")
 
@@ -290,6 +321,55 @@ def file_digest(files: list[str]) -> str:
         stat = os.stat(file)
         digest.update(f"{os.path.basename(file)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
     return digest.hexdigest()[:16]
+
+
+def file_signature(file: str) -> str:
+    """A Parquet file's size and the digest of its footer (the schema, the row groups and their statistics): a
+    file rewritten with other rows has another, whatever its modification time says; read: the footer only."""
+    size = os.path.getsize(file)
+    with open(file, "rb") as handle:
+        if size < 12:
+            return f"{size}:short"
+        handle.seek(size - 8)
+        length = int.from_bytes(handle.read(4), "little")
+        handle.seek(max(0, size - 8 - length))
+        footer = handle.read(min(length, size - 8) + 8)
+    return f"{size}:{hashlib.sha256(footer).hexdigest()[:16]}"
+
+
+def constant_target(stream: Stream) -> float | None:
+    """The one value of the target in every row of the stream's files, when their Parquet statistics say so (every
+    row group's minimum and maximum that value, no null); None otherwise, or where a row group has no statistics.
+    Read: the footers only."""
+    import pyarrow.parquet as pq
+
+    values = set()
+    for file in stream.files:
+        meta = pq.read_metadata(file)
+        index = meta.schema.to_arrow_schema().get_field_index(stream.target)
+        for group in range(meta.num_row_groups):
+            statistics = meta.row_group(group).column(index).statistics
+            if statistics is None or not statistics.has_min_max or statistics.null_count:
+                return None
+            values.update((statistics.min, statistics.max))
+            if len(values) > 1:
+                return None
+    return next(iter(values)) if values else None
+
+
+def labels_by_file(source) -> dict:
+    """``{label: the first file holding it}`` of ``source``'s target (its part of the split), read one file and one
+    row group at a time (the target column alone)."""
+    from ortflow.sources import ParquetSource
+
+    found: dict = {}
+    for file in source.files:
+        labels_only = ParquetSource(source.path, source.target, [], buffer_rows=source.buffer_rows,
+                                    _held=source._held, files=[file])
+        for _, y, _ in labels_only.chunks(None):
+            for label in np.unique(np.asarray(y)).tolist():
+                found.setdefault(label, file)
+    return found
 
 
 def description(stream: Stream) -> dict[str, Any]:

@@ -17,6 +17,7 @@ anything else, so a missing file, a wrong target column or unusable labels fail 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -143,8 +144,11 @@ def _read_raw(path: Path, data: DictConfig, treatments: dict[str, str]) -> Table
     if unknown:
         raise DataError(f"preprocess.columns names columns {unknown} missing from {path.name}; its columns: "
                         f"{_names(frame.columns)}")
-    features = _named_features(frame, data, path.name) or [c for c in frame.columns if c != target]
+    named = _named_features(frame, data, path.name)
+    features = named or [c for c in frame.columns if c != target]
     dropped = [c for c in features if treatments.get(c) == "drop"]
+    if not named:  # row numbers and identifiers: features only when the user names them
+        dropped += leave_out_row_labels(frame, [c for c in features if c not in treatments], path.name)
     features = [c for c in features if c not in dropped]
     if not features:
         raise DataError(f"{path.name} has no feature column besides the target {target!r}")
@@ -159,11 +163,13 @@ def _read_raw(path: Path, data: DictConfig, treatments: dict[str, str]) -> Table
     raw = frame.loc[valid, features].reset_index(drop=True)
     kinds = {c: column_kind(raw[c], treatments.get(c)) for c in features}
     warn_many_levels(raw, kinds, treatments, path.name)
-    X = table_frame(raw, treatments, path.name, kinds, str(data.get("junk_cells", "refuse")))
+    # messages count rows as the file has them, whatever rows without a target were dropped
+    X = table_frame(raw, treatments, path.name, kinds, str(data.get("junk_cells", "refuse")),
+                    rows=np.flatnonzero(valid) + 1)
     y = y[valid]
     if y.dtype == object:
         y = y.astype(str)
-    _check_rows(y, path.name)
+    _check_rows(y, path.name, str(data.task), target)
     return Table(X, y, features, path, len(frame), dropped, n_bad, kinds)
 
 
@@ -176,17 +182,18 @@ def column_kind(column, treatment: str | None = None) -> str:
 
 
 def table_frame(frame, treatments: dict[str, str] | None = None, file: str = "the table",
-                kinds: dict[str, str] | None = None, junk_cells: str = "refuse"):
+                kinds: dict[str, str] | None = None, junk_cells: str = "refuse", rows: np.ndarray | None = None):
     """The feature columns in the form the preprocessing and the graph take, by kind
     (:func:`ortflow.preprocessing.prepare_frame`; ``kinds``, the kinds fixed earlier: a streamed table's chunks
     take those of its first rows). A date that does not parse, a number beyond float32, or the cells of a number
     column that are not numbers (``?``, ``n.a.``) with ``junk_cells="refuse"`` (``data.junk_cells``) are a DataError
-    naming them; with ``"gap"`` those cells become gaps, with a warning."""
+    naming them; with ``"gap"`` those cells become gaps, with a warning. ``rows``: each row's number in the file
+    (messages name those), else counted from 1."""
     from ortflow.preprocessing import prepare_frame
 
     try:
         return prepare_frame(frame, treatments, kinds, where=file, junk_cells=junk_cells,
-                             junk_option="data.junk_cells=gap")
+                             junk_option="data.junk_cells=gap", rows=rows)
     except ValueError as exc:
         raise DataError(str(exc)) from exc
 
@@ -204,8 +211,58 @@ def warn_many_levels(frame, kinds: dict[str, str], treatments: dict[str, str], f
         levels, rows = frame[name].nunique(), int(frame[name].notna().sum())
         if levels >= MANY_LEVELS and levels * 2 >= rows:
             _log.warning("column %r of %s is text with %d levels in %d rows: one-hot encoding gives each level a "
-                         "weight learned from about %.1f rows (an identifier? preprocess.columns.%s=drop leaves it "
-                         "out; a number read as text? fix its cells)", name, file, levels, rows, rows / levels, name)
+                         "weight learned from about %.1f rows (an identifier? %s leaves it out; a number read as "
+                         "text? fix its cells)", name, file, levels, rows, rows / levels, treatment_override(name, "drop"))
+
+
+#: names pandas (an unnamed first column: ``to_csv``'s index) and R (``write.csv``, Rdatasets) give a row index
+_ROW_INDEX_NAME = re.compile(r"^(Unnamed: \d+|rownames|row\.names|__index_level_\d+__|)$")
+#: names of identifiers: a column so named with a value per row is one
+_ID_NAME = re.compile(r"^(id|.*[_ .-]id|.*[a-z]Id|.*ID|key|uuid|guid)$", re.IGNORECASE)
+
+
+def treatment_override(column: str, treatment: str) -> str:
+    """The override that gives ``column`` a treatment, as a command line takes it (Hydra adds a key with ``+``);
+    a name Hydra cannot take as a key: ``data.features=[...]``."""
+    if re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", column):
+        return f"+preprocess.columns.{column}={treatment}"
+    return "data.features=[...] naming the columns to use"
+
+
+def row_labels(frame, columns: list[str]) -> dict[str, str]:
+    """``{column: why}`` for the columns that label rows rather than describe them, each with a distinct value in
+    every row (at least :data:`MIN_ROWS`): an integer sequence 0, 1, 2... or 1, 2, 3... in file order, integers or
+    text named as pandas or R name a row index (``Unnamed: 0``, ``rownames``), text (at least :data:`MANY_LEVELS`
+    rows), integers or text named as an identifier (``id``, ``customer_id``)."""
+    found = {}
+    n = len(frame)
+    for name in columns:
+        column = frame[name]
+        values = column.to_numpy()
+        if n < MIN_ROWS or column.isna().any() or column.nunique() != n:
+            continue  # a label has a distinct value in every row
+        whole = values.dtype.kind in "iu" or (values.dtype.kind == "f" and bool((values == np.round(values)).all()))
+        if values.dtype.kind in "OSU" and column_kind(column) != "text":
+            continue  # numbers written as text, dates: values, not labels
+        if whole and values[0] in (0, 1) and np.array_equal(values, np.arange(values[0], values[0] + n)):
+            found[name] = f"row numbers ({int(values[0])}, {int(values[0]) + 1}, ... in file order)"
+        elif (whole or values.dtype.kind in "OSU") and _ROW_INDEX_NAME.match(str(name)):
+            found[name] = "a row index (named as pandas or R write one, a distinct value in every row)"
+        elif values.dtype.kind in "OSU" and n >= MANY_LEVELS:
+            found[name] = "text with a distinct value in every row (an identifier)"
+        elif (whole or values.dtype.kind in "OSU") and _ID_NAME.match(str(name)):
+            found[name] = "named as an identifier, with a distinct value in every row"
+    return found
+
+
+def leave_out_row_labels(frame, columns: list[str], file: str) -> list[str]:
+    """The columns of :func:`row_labels`, each named in a warning saying how to keep it: a model would learn the
+    row order (a file sorted by its target gives the label away) and the served model would require them."""
+    found = row_labels(frame, columns)
+    for name, why in found.items():
+        _log.warning("column %r of %s is %s: left out of the features (to use it: %s)", name, file, why,
+                     treatment_override(name, "scale" if frame[name].dtype.kind in "iuf" else "onehot"))
+    return list(found)
 
 
 def _read(path: Path, data: DictConfig) -> Table:
@@ -213,6 +270,11 @@ def _read(path: Path, data: DictConfig) -> Table:
     target = str(data.target)
     drop = bool(data.get("drop_invalid", False))
     features, dropped = _feature_columns(frame, data, path.name, drop)
+    if not data.features:  # row numbers and identifiers: features only when data.features names them
+        labels = leave_out_row_labels(frame, features, path.name)
+        features, dropped = [c for c in features if c not in labels], dropped + labels
+        if not features:
+            raise DataError(f"{path.name} has no numeric feature column besides the target {target!r}")
     y = _target(frame[target], str(data.task), target, path.name)
     X = frame[features].astype(np.float64).to_numpy()
     cells = np.column_stack([np.isfinite(X), _target_present(y)])
@@ -229,7 +291,7 @@ def _read(path: Path, data: DictConfig) -> Table:
         X, y = X[valid], y[valid]
     if y.dtype == object:  # text labels (pandas keeps them as objects): compared and sorted as strings
         y = y.astype(str)
-    _check_rows(y, path.name)
+    _check_rows(y, path.name, str(data.task), target)
     return Table(X, y, features, path, len(frame), dropped, n_bad)
 
 
@@ -307,11 +369,15 @@ def _target_present(y: np.ndarray) -> np.ndarray:
     return ~pd.isna(y)
 
 
-def _check_rows(y: np.ndarray, file: str) -> None:
-    """Enough rows for the split; a classification target's labels are checked by :mod:`pipelines.data.labels`."""
+def _check_rows(y: np.ndarray, file: str, task: str, target: str) -> None:
+    """Enough rows for the split, and a regression target that varies (a constant one leaves nothing to learn:
+    every model scores perfectly); a classification target's labels are checked by :mod:`pipelines.data.labels`."""
     if len(y) < MIN_ROWS:
         raise DataError(f"{file} has {len(y)} usable rows: at least {MIN_ROWS} are needed to split train, "
                         "validation and test")
+    if task == "regression" and np.ptp(y) == 0:
+        raise DataError(f"data.target={target!r} of {file} holds one value ({y[0]:g}) in all {len(y)} rows: nothing "
+                        "to learn (any model predicts it exactly); choose another target column")
 
 
 def _numeric(column) -> bool:

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from .. import tracking as tr
 from ..execution.bundle import Bundle
 from ..stages import stage_function
+from ..base.metric_names import PREFIXES
 from ..base.schema import task_of
 from .precheck import check_training_settings
 from ..execution.runner import (
@@ -85,7 +86,7 @@ def report(result: ChainResult, cfg: DictConfig) -> str:
         f"store {result.tracking.uri}",
         "  stage runs: " + ", ".join(f"{k}={v}" for k, v in result.stage_run_ids.items()),
     ]
-    shown = {k: v for k, v in sorted(m.items()) if (k.startswith(("test_", "sklearn_test_", "start_test_")) and "_class_" not in k)
+    shown = {k: v for k, v in sorted(m.items()) if (k.startswith(PREFIXES) and "_class_" not in k)
              or k in ("train_loss", "validation_loss")}  # per-class metrics: in the evaluate run
     if shown:
         lines.append("  metrics: " + ", ".join(f"{k}={v:.5g}" for k, v in shown.items() if isinstance(v, float)))

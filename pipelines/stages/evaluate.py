@@ -36,8 +36,12 @@ from ..execution.runner import StageContext
 def deploy_graph(split: Split, trained: onnx.ModelProto, model_name: str | None = None) -> onnx.ModelProto:
     """The trained graph taking raw features and answering in the target's units (``model_name``: the config's
     ``model.name``, which says whether the graph outputs a log-link GLM's linear predictor)."""
+    from ortflow.package.graphs import PREPROCESS_KEY
+
     input_name = trained.graph.input[0].name  # a table's graph takes its columns: no standardization in front
     output = "variable" if split.task == "regression" else "__none__"
+    if any(e.key == PREPROCESS_KEY for e in trained.metadata_props):  # a training package's: raw data in and out
+        return with_mean(trained, model_name) if split.task == "regression" else trained
     scaled = with_scaling(trained, split.x_mean, split.x_scale, split.y_mean, split.y_scale, input_name=input_name,
                           output_name=output)
     return with_mean(scaled, model_name) if split.task == "regression" else scaled  # a GLM answers exp(score)

@@ -1,0 +1,15 @@
+// Trainer.load on each of `cases` ({name: folder or URL}): {name: {loaded} or {name, message} of the error}. Shared by
+// load-cases.mjs (Node) and load-cases.html (a browser) for tests/test_js_safety.py.
+export async function tryLoads(Trainer, ort, cases) {
+  const out = {};
+  for (const [name, source] of Object.entries(cases)) {
+    try {
+      const trainer = await Trainer.load(source, {ort});
+      out[name] = {loaded: true, bytes: trainer.exportModel().length};
+      await trainer.dispose();
+    } catch (err) {
+      out[name] = {loaded: false, name: err.name, message: err.message};
+    }
+  }
+  return out;
+}

@@ -1,0 +1,291 @@
+"""The package's graphs: the flat step (the state as one vector), the unrolled steps, the prediction graph whose
+weights another runtime patches in place, the manifest's description of a graph's inputs and outputs, and the check
+of a graph read from a package against that description (:func:`check_graph`)."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .. import graph as g
+from .._ort import MAX_IR_VERSION
+from ..autodiff.training import UPDATED
+from ..exceptions import TrainingPackageError
+from ..learning_rates import LEARNING_RATE, STEP
+from .format import FLAT_STATE, FLAT_UPDATED, UNROLLED_LOSSES, TensorSpec
+
+#: the key of a graph's ``metadata_props`` holding the preprocessing its nodes do (the manifest's ``preprocess``)
+PREPROCESS_KEY = "ortflow.preprocess"
+
+#: the IR version of the package's graphs: onnxruntime 1.19 (the training build) to 1.32 read it
+IR_VERSION = MAX_IR_VERSION
+
+#: the most steps one unrolled graph holds, and the compute one run of the largest covers at most (estimated): a
+#: run of onnxruntime-node costs 70-120 µs beside its compute, and copies the state in and out (D-wide: 370 kB)
+MAX_UNROLLED, UNROLLED_TARGET_US = 32, 6000.0
+#: the estimate of a step's time: per node, and floating-point operations per microsecond (one core, AVX), set from
+#: steps timed in Python (2026-11-27, Xeon): seed case A's step 30 µs, D-wide's 1.2 ms
+_NODE_US, _FLOPS_PER_US = 0.4, 100_000.0
+
+
+
+def _dtype(elem_type: int) -> str:
+    return "string" if elem_type == TensorProto.STRING else helper.tensor_dtype_to_np_dtype(elem_type).name
+
+
+def _shape(value: onnx.ValueInfoProto) -> list:
+    t = value.type.tensor_type
+    if not t.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+
+
+def describe(value: onnx.ValueInfoProto, **extra) -> dict:
+    return {"name": value.name, "shape": _shape(value), "dtype": _dtype(value.type.tensor_type.elem_type), **extra}
+
+
+def with_ir(model: onnx.ModelProto) -> onnx.ModelProto:
+    model.ir_version = min(model.ir_version or IR_VERSION, IR_VERSION)
+    return model
+
+
+def unrolled_bound(flat: onnx.ModelProto, batch: int, weights: Sequence[str], state: Mapping[str, np.ndarray]
+                   ) -> int:
+    """The largest number of steps an unrolled graph of ``flat`` holds by default: the power of two (at most
+    :data:`MAX_UNROLLED`) whose steps take at most :data:`UNROLLED_TARGET_US` by the estimate ``_NODE_US`` per node
+    plus ``6 * batch * weights`` operations (forward and backward) at ``_FLOPS_PER_US``: a step of a small model
+    (seed case A: MLP (50, 10) on 100 features, batch 15, 29 µs) gets 32, one of milliseconds (D-wide: batch 256,
+    92,000 weights, 1.4 ms) 4, a step of more than :data:`UNROLLED_TARGET_US` / 2 none (1)."""
+    flops = 6.0 * batch * sum(int(np.size(state[w])) for w in weights)
+    step_us = _NODE_US * len(flat.graph.node) + flops / _FLOPS_PER_US
+    bound = 1
+    while bound * 2 <= MAX_UNROLLED and bound * 2 * step_us <= UNROLLED_TARGET_US:
+        bound *= 2
+    return bound
+
+
+def unrollable(step: onnx.ModelProto) -> bool:
+    """Whether the nodes of ``step`` can be copied by renaming their names (no subgraph reads an outer name)."""
+    return not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                   for node in step.graph.node for a in node.attribute)
+
+
+def unrolled_step(step: onnx.ModelProto, count: int, batch: int, table: list[dict]) -> onnx.ModelProto:
+    """``count`` copies of the step ``step`` in one graph, each on its ``batch`` rows of the batched inputs (a
+    ``Split`` of ``count * batch`` rows), copy ``i`` reading the ``<name>_updated`` tensors of copy ``i - 1`` as its
+    state and the input ``step`` plus ``i`` as its step number; outputs the ``count`` losses
+    (:data:`UNROLLED_LOSSES`) and the last copy's state, then made flat (:func:`flat_step`: the state one vector in
+    and out, split once and concatenated once). The copies' names are prefixed ``u<i>/``; initializers and
+    ``learning_rate`` are shared."""
+    graph = step.graph
+    if UNROLLED_LOSSES in g.all_names(step):
+        raise TrainingPackageError(f"the step graph already uses the name {UNROLLED_LOSSES!r}")
+    opset = next((o.version for o in step.opset_import if o.domain in ("", "ai.onnx")), 13)
+    state = {t["name"] for t in table}
+    updated = {n + UPDATED for n in state}
+    shared = {i.name for i in graph.initializer} | {LEARNING_RATE, ""}
+    batched = {v.name for v in graph.input} - state - {LEARNING_RATE, STEP}
+    nodes, inits = [], []
+    sizes = helper.make_tensor("unrolled/sizes", TensorProto.INT64, [count], [batch] * count)
+    for v in graph.input:
+        if v.name in batched:
+            pieces = [f"{v.name}/{i}" for i in range(count)]
+            nodes.append(helper.make_node("Split", [v.name, sizes.name], pieces, axis=0) if opset >= 13 else
+                         helper.make_node("Split", [v.name], pieces, axis=0, split=[batch] * count))
+    if opset >= 13:
+        inits.append(sizes)
+    reads_step = any(v.name == STEP for v in graph.input)
+    one = helper.make_tensor("unrolled/one", TensorProto.INT64, [1], [1])
+    inits.append(one)
+    for i in range(count):
+        def name(x: str, i=i) -> str:
+            if x in shared or (i == 0 and (x in state or x == STEP)) or (i == count - 1 and x in updated):
+                return x
+            if x in state:
+                return f"u{i - 1}/{x}{UPDATED}"
+            if x == STEP:
+                return f"unrolled/{STEP}/{i}"
+            if x in batched:
+                return f"{x}/{i}"
+            return f"u{i}/{x}"
+
+        if reads_step and i > 0:
+            offset = helper.make_tensor(f"unrolled/{STEP}/+{i}", TensorProto.FLOAT, [], [float(i)])
+            inits.append(offset)
+            nodes.append(helper.make_node("Add", [STEP, offset.name], [name(STEP)]))
+        for node in graph.node:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(node)
+            copy.name = f"u{i}/{node.name}" if node.name else ""
+            copy.input[:] = [name(x) for x in node.input]
+            copy.output[:] = [name(x) for x in node.output]
+            nodes.append(copy)
+        nodes.append(helper.make_node("Reshape", [name(graph.output[0].name), one.name], [f"{UNROLLED_LOSSES}/{i}"]))
+    nodes.append(helper.make_node("Concat", [f"{UNROLLED_LOSSES}/{i}" for i in range(count)], [UNROLLED_LOSSES],
+                                  axis=0))
+    inputs = []
+    for v in graph.input:
+        v = onnx.ValueInfoProto.FromString(v.SerializeToString())
+        if v.name in batched and len(v.type.tensor_type.shape.dim):
+            v.type.tensor_type.shape.dim[0].Clear()
+            v.type.tensor_type.shape.dim[0].dim_value = count * batch
+        inputs.append(v)
+    outputs = [helper.make_tensor_value_info(UNROLLED_LOSSES, TensorProto.FLOAT, [count]), *graph.output[1:]]
+    unrolled = helper.make_graph(nodes, f"{graph.name}_x{count}", inputs, outputs, [*graph.initializer, *inits])
+    return flat_step(helper.make_model(unrolled, opset_imports=list(step.opset_import), ir_version=step.ir_version,
+                                        producer_name=step.producer_name), table)
+
+
+def flat_step(step: onnx.ModelProto, table: list[dict]) -> onnx.ModelProto:
+    """``step`` taking the whole state as one float32 vector :data:`FLAT_STATE` (the tensors of ``table`` one after
+    the other) and giving it back as :data:`FLAT_UPDATED`, the loss first: the same nodes between a ``Split`` and
+    ``Reshape`` of the vector and a ``Concat`` of the updated tensors. A runtime that copies every input and output
+    at each run (onnxruntime-node, onnxruntime-web) crosses 2 state tensors per step instead of twice their number,
+    and feeds each step's output vector to the next step as it is."""
+    names = [t["name"] for t in table]
+    taken = g.all_names(step)
+    clash = sorted({FLAT_STATE, FLAT_UPDATED} & taken)
+    if clash:
+        raise TrainingPackageError(f"the step graph already uses the names {clash}")
+    opset = next((o.version for o in step.opset_import if o.domain in ("", "ai.onnx")), 13)
+    sizes = [int(np.prod(t["shape"], dtype=np.int64)) for t in table]
+    total = int(sum(sizes))
+    nodes, inits = [], []
+    pieces = [f"{FLAT_STATE}/{n}" for n in names]
+    split_sizes = helper.make_tensor(f"{FLAT_STATE}/sizes", TensorProto.INT64, [len(sizes)], sizes)
+    if opset >= 13:
+        inits.append(split_sizes)
+        nodes.append(helper.make_node("Split", [FLAT_STATE, split_sizes.name], pieces, axis=0))
+    else:
+        nodes.append(helper.make_node("Split", [FLAT_STATE], pieces, axis=0, split=sizes))
+    for t, piece in zip(table, pieces):
+        shape = helper.make_tensor(f"{piece}/shape", TensorProto.INT64, [len(t["shape"])], list(t["shape"]))
+        inits.append(shape)
+        nodes.append(helper.make_node("Reshape", [piece, shape.name], [t["name"]]))
+    flat_shape = helper.make_tensor(f"{FLAT_UPDATED}/flat", TensorProto.INT64, [1], [-1])
+    inits.append(flat_shape)
+    tail = []
+    for name in names:
+        tail.append(helper.make_node("Reshape", [name + UPDATED, flat_shape.name], [f"{FLAT_UPDATED}/{name}"]))
+    tail.append(helper.make_node("Concat", [f"{FLAT_UPDATED}/{n}" for n in names], [FLAT_UPDATED], axis=0))
+    graph = step.graph
+    state = set(names)
+    vector = helper.make_tensor_value_info(FLAT_STATE, TensorProto.FLOAT, [total])
+    inputs = [v for v in graph.input if v.name not in state]
+    first_scalar = next((i for i, v in enumerate(inputs) if v.name in (LEARNING_RATE, STEP)), len(inputs))
+    inputs.insert(first_scalar, vector)
+    outputs = [graph.output[0], helper.make_tensor_value_info(FLAT_UPDATED, TensorProto.FLOAT, [total])]
+    flat = helper.make_graph([*nodes, *graph.node, *tail], f"{graph.name}_flat", inputs, outputs,
+                             [*graph.initializer, *inits], value_info=list(graph.value_info))
+    model = helper.make_model(flat, opset_imports=list(step.opset_import), ir_version=step.ir_version,
+                              producer_name=step.producer_name)
+    return model
+
+
+def standardize_input(model: onnx.ModelProto, name: str, mean, scale, prefix: str) -> onnx.ModelProto:
+    """A copy of ``model`` whose nodes read ``(name - mean) / scale`` where they read the input ``name`` (``Sub``
+    and ``Div`` in front, the float32 constants ``<prefix>mean`` and ``<prefix>scale``: not weights)."""
+    inner = f"{prefix}standardized"
+    return _affine(model, name, inner, [("Sub", mean, "mean", f"{prefix}centered"), ("Div", scale, "scale", inner)],
+                   prefix, front=True)
+
+
+def unscale_output(model: onnx.ModelProto, name: str, mean, scale, prefix: str) -> onnx.ModelProto:
+    """A copy of ``model`` whose output ``name`` is ``value * scale + mean`` of what it was (``Mul`` and ``Add``
+    behind; the nodes that read it still read the value before)."""
+    inner = f"{prefix}standardized"
+    return _affine(model, name, inner, [("Mul", scale, "scale", f"{prefix}scaled"), ("Add", mean, "mean", name)],
+                   prefix, front=False)
+
+
+def _affine(model: onnx.ModelProto, name: str, inner: str, ops: list, prefix: str, front: bool) -> onnx.ModelProto:
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    taken = g.all_names(new)
+    clash = sorted({inner, *(f"{prefix}{key}" for _, _, key, _ in ops), *(out for *_, out in ops[:-1])} & taken)
+    if clash:
+        raise TrainingPackageError(f"the graph already uses the names {clash}")
+    graph = new.graph
+    for node in graph.node:
+        node.input[:] = [inner if x == name else x for x in node.input]
+        if not front:
+            node.output[:] = [inner if x == name else x for x in node.output]
+    added, source = [], name if front else inner
+    for op, values, key, out in ops:
+        constant = f"{prefix}{key}"
+        graph.initializer.append(numpy_helper.from_array(
+            np.asarray(values, dtype=np.float32).reshape(-1), constant))
+        added.append(helper.make_node(op, [source, constant], [out], name=f"{prefix}{op.lower()}"))
+        source = out
+    nodes = [*added, *graph.node] if front else [*graph.node, *added]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return new
+
+
+def patchable(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> tuple[bytes, list[dict]]:
+    """``model`` serialized with the float32 initializers ``values`` in ``raw_data``, and where each one's bytes
+    lie in it: ``[{name, shape, offset, bytes}]``. The offsets are found by writing a distinct random pattern in
+    each initializer (same length: the serialized layout does not change), locating it once, then writing the
+    values there."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    inits = {i.name: i for i in model.graph.initializer}
+    values = {n: np.ascontiguousarray(v, dtype="<f4") for n, v in values.items() if n in inits}
+    for name in values:
+        if inits[name].data_type != TensorProto.FLOAT:
+            raise TrainingPackageError(f"weight {name!r} of the prediction graph is not float32")
+    rng = np.random.default_rng(0)
+    for _ in range(16):
+        patterns = {}
+        for name, array in values.items():
+            init = inits[name]
+            init.ClearField("float_data")
+            init.ClearField("external_data")
+            init.data_location = TensorProto.DEFAULT
+            patterns[name] = rng.integers(0, 256, size=array.nbytes, dtype=np.uint8).tobytes()
+            init.raw_data = patterns[name]
+        data = bytearray(model.SerializeToString())
+        offsets = {}
+        for name, pattern in patterns.items():
+            at = data.find(pattern) if pattern else 0
+            if at < 0 or (pattern and data.find(pattern, at + 1) >= 0):
+                break
+            offsets[name] = at
+        else:
+            for name, at in offsets.items():
+                data[at: at + values[name].nbytes] = values[name].tobytes()
+            return bytes(data), [{"name": n, "shape": list(values[n].shape), "offset": offsets[n],
+                                  "bytes": values[n].nbytes} for n in values]
+    raise TrainingPackageError("could not locate the weights' bytes in the prediction graph")  # pragma: no cover
+
+
+def check_graph(specs_in: Sequence[TensorSpec], specs_out: Sequence[TensorSpec], data: bytes, where: str) -> None:
+    """The graph ``data`` takes the inputs ``specs_in`` and gives the outputs ``specs_out`` of its manifest entry
+    ``where`` (same names in the same order, dtypes, ranks and fixed sizes): :class:`TrainingPackageError` naming
+    the manifest's field otherwise."""
+    try:
+        model = onnx.load_from_string(data)
+    except Exception as exc:  # noqa: BLE001 (protobuf's DecodeError and friends)
+        raise TrainingPackageError(f"{where}.file is not a readable ONNX graph: {exc}") from exc
+    inits = {i.name for i in model.graph.initializer}
+    for key, specs, values in (("inputs", specs_in, [v for v in model.graph.input if v.name not in inits]),
+                               ("outputs", specs_out, list(model.graph.output))):
+        names = [v.name for v in values]
+        if names != [s.name for s in specs]:
+            raise TrainingPackageError(f"{where}.{key}: the manifest lists {[s.name for s in specs]}, the graph has "
+                                       f"{names}")
+        for i, (spec, value) in enumerate(zip(specs, values)):
+            actual = describe(value)
+            if spec.dtype != actual["dtype"]:
+                raise TrainingPackageError(f"{where}.{key}[{i}].dtype: {spec.dtype!r}, the graph has "
+                                           f"{actual['dtype']!r}")
+            shape = actual["shape"]
+            if spec.shape is None or shape is None:
+                continue
+            if len(spec.shape) != len(shape) or any(isinstance(a, int) and isinstance(b, int) and a != b
+                                                    or isinstance(a, int) != isinstance(b, int)
+                                                    for a, b in zip(spec.shape, shape)):
+                raise TrainingPackageError(f"{where}.{key}[{i}].shape: {spec.shape}, the graph has {shape}")
