@@ -23,8 +23,8 @@ _EXPORTS = {
     **dict.fromkeys(["OrtGradientOptimizer"], "full"),
     **dict.fromkeys(["OrtGradientForwardBackward", "OrtGradientForwardBackwardOptimizer"], "fwbw"),
     **dict.fromkeys(["get_initializers", "load_model", "replace_initializers", "trainable_initializers"], "graph"),
-    **dict.fromkeys(["BaseLearningRate", "LearningRateAdam", "LearningRateAdamW", "LearningRateRMSProp",
-                     "LearningRateSGD", "LearningRateSGDNesterov"], "learning_rates"),
+    **dict.fromkeys(["BaseLearningRate", "LearningRateAdagrad", "LearningRateAdam", "LearningRateAdamW",
+                     "LearningRateRMSProp", "LearningRateSGD", "LearningRateSGDNesterov"], "learning_rates"),
     **dict.fromkeys(["AbsoluteLearningLoss", "BaseLearningLoss", "ElasticLearningLoss", "NegLogLearningLoss",
                      "SquareLearningLoss"], "losses"),
     **dict.fromkeys(["make_trainable"], "ml_op_rewrites"),
@@ -48,8 +48,8 @@ if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads ea
     from .full import OrtGradientOptimizer
     from .fwbw import OrtGradientForwardBackward, OrtGradientForwardBackwardOptimizer
     from .graph import get_initializers, load_model, replace_initializers, trainable_initializers
-    from .learning_rates import (BaseLearningRate, LearningRateAdam, LearningRateAdamW, LearningRateRMSProp,
-                                 LearningRateSGD, LearningRateSGDNesterov)
+    from .learning_rates import (BaseLearningRate, LearningRateAdagrad, LearningRateAdam, LearningRateAdamW,
+                                 LearningRateRMSProp, LearningRateSGD, LearningRateSGDNesterov)
     from .losses import (AbsoluteLearningLoss, BaseLearningLoss, ElasticLearningLoss, NegLogLearningLoss,
                          SquareLearningLoss)
     from .ml_op_rewrites import make_trainable

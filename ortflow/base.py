@@ -4,29 +4,23 @@ A subclass owns the onnxruntime side and implements the hooks below; the base cl
 validation set, shuffles, runs epochs and callbacks, runs the batches and detects divergence. It checkpoints
 through :class:`ortflow.checkpoint.CheckpointMixin` and predicts through :class:`ortflow.prediction.PredictionMixin`;
 what it feeds and reads is :mod:`ortflow.graph_spec`'s, a stream's chunks are cut into whole batches by
-:mod:`ortflow.rechunk`. The runtime a subclass builds is stored in ``_rt_*`` attributes (the optimizer, a
-:class:`~ortflow.learning_rates.BaseLearningRate`, in ``_rt_rate``), left out of a pickle.
+:mod:`ortflow.rechunk`. The runtime a subclass builds is stored in ``_rt_*`` attributes, left out of a pickle.
 
 Parameters are declared once in :mod:`ortflow.parameters` (``parameters`` of each subclass, from which its
-``__init__`` is made) and checked in ``fit``. Hooks a subclass implements:
+``__init__`` is made) and checked in ``fit``. What a subclass implements:
 
-- ``_graph_spec(model) -> GraphSpec``: the feeds and outputs of ``model`` (already loaded and checked).
-- ``_build_runtime(model, spec, rate)``: create the sessions for a fresh fit, ``rate`` the learning rate.
-- ``_loss_object()``: the :class:`ortflow.losses.BaseLearningLoss` trained (for :meth:`BaseTrainer.losses`).
-- the batch loop's hooks (:meth:`BaseTrainer._train_rows` runs them): ``_set_learning_rate(rate)`` for the coming
-  steps; ``_row_arrays(data) -> list[np.ndarray]``, the arrays whose rows a batch copies; ``_new_batch(n, arrays)``,
-  the trainer's buffers for batches of ``n`` rows (built once per size; ``inputs``: one
-  :class:`~ortflow.runtime.DeviceBuffer` per array); ``_step(batch) -> float``, one training step on the rows copied
-  into ``batch.inputs`` (``batch.rows`` says which), its loss, the update not yet applied; ``_apply_step(batch) ->
-  float``, the update applied (only after a finite loss), returning what it adds to the batch's recorded loss;
-  optionally ``_train_rows_on_device(data, order, rate)`` (a loop over the data kept on the device: full training's)
-  and ``_release_training_data()``.
-- ``_validation_loss(data) -> float``.
-- ``get_state()``, ``_set_weights(state)``; ``_optimizer_state()``, ``_set_optimizer_state(state)`` (keys
-  ``<slot>:<weight>`` and ``step``, the same in every trainer); ``_state_file``, the file they are saved in.
-- ``_graphs() -> dict[str, onnx.ModelProto | bytes]``: every graph the trainer uses, for ``save_onnx_graph``.
-- ``_save_runtime_state(folder)`` / ``_load_runtime_state(folder)``: weights and optimizer state, by default in
-  ``_state_file`` (:func:`ortflow.checkpoint.save_state`).
+- ``_graph_spec(model) -> GraphSpec``: the feeds and outputs of ``model`` (already loaded and checked);
+- ``_build_runtime(model, spec, rate)``: the runtime of a fresh fit, ``rate`` the optimizer: it sets ``_rt_runtime``,
+  a :class:`~ortflow.training_runtime.TrainingRuntime` (rows of a unit, learning rate, batches, step and update,
+  validation loss, weights, optimizer state, graphs), and ``_rt_rate``, the optimizer whose schedule gives each
+  epoch's rate; the one batch loop (:meth:`BaseTrainer._run_batches`) and every state method go through it;
+- ``_loss_object()``: the :class:`ortflow.losses.BaseLearningLoss` trained (for :meth:`BaseTrainer.losses`);
+- ``_training_problem(model, weights, rate)``: what it trains as a :class:`~ortflow.problem.TrainingProblem`
+  (default: a prediction graph trained with a loss family), ``_state_settings(state)`` what ``from_state`` makes;
+- optionally ``_device_pass(data, order, count)``: a :class:`~ortflow.training_runtime.DevicePass` over the unit
+  kept on the device (full training's), run by the same batch loop;
+- ``_state_file``, the file the weights and optimizer state are saved in (:func:`ortflow.checkpoint.save_state`),
+  or ``_save_runtime_state(folder)`` / ``_load_runtime_state(folder)`` for a runtime that saves its own.
 """
 
 from __future__ import annotations
@@ -35,6 +29,7 @@ import logging
 import os
 import time
 import warnings
+from itertools import islice
 
 import numpy as np
 import onnx
@@ -45,6 +40,7 @@ from . import graph as g
 from .callbacks import Callback, EarlyStopping, ProgressBar
 from .checkpoint import CheckpointMixin, Progress, load_state, save_state
 from .convert import ESTIMATOR_METADATA
+from .estimator_loss import own_loss, own_penalty
 from .exceptions import ConvergenceError
 from .frozen_prefix import FrozenPrefix
 from .graph_spec import (GraphSpec, TrainData, encoded_targets, fitted_names, fitted_width, matrix_width,
@@ -53,12 +49,15 @@ from .learning_rates import BaseLearningRate, LearningRateSGD
 from .ml_op_rewrites import make_trainable
 from .parameters import check_parameters
 from .prediction import PredictionMixin
-from .guards import exclusive_fit
+from .guards import check_not_fitting, exclusive_fit
+from .placement import Placement
 from .prefetch import Prefetcher
+from .problem import TrainingProblem, fitted, prediction_problem, trainer_settings
 from .rechunk import whole_batches
 from .registry import select
 from .runtime import THREADS_WORK_THRESHOLD, SessionOptions, threads_for_work, training_session_options
 from .shuffle import epoch_order
+from .training_runtime import DevicePass
 from .sources import is_source, replays_order, source_identity
 from .validation import batch_rows, check_targets, check_weights_to_train
 
@@ -247,7 +246,8 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
                                   [self._trained_output_name(self._spec)], feeds)[1]
 
     def _start(self, model, spec, train_model) -> None:
-        """A fresh training: the runtime built on the trainable part, an empty history."""
+        """A fresh training: the placement resolved, the runtime built on the trainable part, an empty history."""
+        self._rt_placement = None
         self._spec = spec
         self._model = model
         self._train_model = train_model
@@ -469,31 +469,53 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
 
     def _train_rows(self, data: TrainData, order, learning_rate: float) -> np.ndarray:
         """Train the rows of one unit ``(data, order)`` (``order``: indices into ``data``; None: every row as
-        stored) in batches of ``batch_size``, the one batch loop of every trainer: per batch its rows copied into
-        the buffers of its size, one :meth:`_step`, its loss checked, :meth:`_apply_step`. The loss of every
-        batch, ending at the first non-finite one, whose step is not applied. A trainer that keeps the data on the
-        device trains the unit there instead (:meth:`_train_rows_on_device`), with the same result."""
-        on_device = self._train_rows_on_device(data, order, learning_rate)
-        if on_device is not None:
-            return on_device
+        stored) in batches of ``batch_size`` through the runtime (:meth:`_run_batches`, the one batch loop). The
+        loss of every batch, ending at the first non-finite one, whose step is not applied. A trainer that keeps
+        the data on the device trains the unit there (:meth:`_device_pass`), with the same result: the pass's
+        steps are all applied, the losses read at its end, and a non-finite one rolls the state back to the pass's
+        start and replays the steps before it."""
+        runtime = self._rt_runtime
+        runtime.set_learning_rate(learning_rate)
         n_rows = self._unit_rows(data, order)
-        self._set_learning_rate(learning_rate)
-        arrays = self._row_arrays(data)
-        built, step, apply = self._rt_batches, self._step, self._apply_step
+        count = -(-n_rows // self.batch_size)
+        on_device = self._device_pass(data, order, count)
+        if on_device is None:
+            return self._run_batches(self._batches(n_rows, order), n_rows, runtime.row_arrays(data),
+                                     self._rt_batches, runtime.new_batch, runtime.step, runtime.apply)
+        self._run_batches(self._batches(n_rows, None), n_rows, (), on_device.batches, on_device.new_batch,
+                          on_device.step, None, on_device.feed)
+        losses = on_device.losses(count)
+        bad = np.flatnonzero(~np.isfinite(losses))
+        if len(bad) == 0:
+            return losses
+        on_device.rollback()
+        self._run_batches(islice(self._batches(n_rows, None), int(bad[0])), n_rows, (), on_device.batches,
+                          on_device.new_batch, on_device.step, None, on_device.feed)
+        return losses[: bad[0] + 1]
+
+    def _run_batches(self, batches, n_rows: int, arrays, built: dict, new_batch, step, apply, feed=None) -> np.ndarray:
+        """The batch loop: per row selection of ``batches`` (slices or indices of rows of ``arrays``), the batch of
+        its size (``built``, else ``new_batch(n, arrays)``) gets its rows (copied into its ``inputs``, or
+        ``feed(batch, rows, i)`` where given), then ``step(batch)``: its loss checked and ``apply(batch)`` added
+        (the update applied only after a finite loss); ``apply=None``: the steps apply themselves and return no
+        loss (a :class:`~ortflow.training_runtime.DevicePass`). The losses, ending at the first non-finite one."""
         copy, take = np.copyto, np.take
         losses = np.empty(-(-n_rows // self.batch_size), dtype=np.float64)
-        for i, rows in enumerate(self._batches(n_rows, order)):
+        for i, rows in enumerate(batches):
             is_slice = rows.__class__ is slice
             n = (min(rows.stop, n_rows) - rows.start) if is_slice else len(rows)
             entry = built.get(n)
             if entry is None:
-                batch = self._new_batch(n, arrays)
-                on_host = all(b.array is not None for b in batch.inputs)
+                batch = new_batch(n, arrays)
+                on_host = feed is None and all(b.array is not None for b in batch.inputs)
                 entry = built[n] = (batch, [b.array for b in batch.inputs] if on_host else None)
             batch, targets = entry
-            if targets is None:  # device buffers: gathered on the host, then copied over
-                for buffer, array in zip(batch.inputs, arrays):
-                    buffer.gather(array, rows)
+            if targets is None:
+                if feed is not None:  # rows on the device: bound by address
+                    feed(batch, rows, i)
+                else:  # device buffers: gathered on the host, then copied over
+                    for buffer, array in zip(batch.inputs, arrays):
+                        buffer.gather(array, rows)
             elif is_slice:
                 for target, array in zip(targets, arrays):
                     copy(target, array[rows])
@@ -502,19 +524,22 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
                     take(array, rows, axis=0, out=target)
             batch.rows = rows
             loss = step(batch)
+            if apply is None:
+                continue
             if loss - loss != 0.0:  # NaN or infinite: the step is not applied
                 losses[i] = loss
                 return losses[: i + 1]
             losses[i] = loss + apply(batch)
         return losses
 
-    def _train_rows_on_device(self, data: TrainData, order, learning_rate: float) -> np.ndarray | None:
-        """What :meth:`_train_rows` returns, from a loop over the data copied to the device once, or None where the
-        trainer has none (the default) or does not use it for this unit."""
+    def _device_pass(self, data: TrainData, order, count: int) -> DevicePass | None:
+        """The pass of ``count`` steps over the unit ``(data, order)`` kept on the device, or None where the
+        trainer keeps no data there (the default) or not this unit."""
         return None
 
     def _release_training_data(self) -> None:
         """Drop what the trainer keeps of the training data between units (its device copy), when training ends."""
+        self._rt_runtime.release()
 
     def _epoch_learning_rate(self, samples_seen: int) -> float:
         """The rate of the coming epoch: the optimizer's schedule after ``samples_seen`` samples."""
@@ -524,20 +549,8 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         """The prediction graph, weights not yet replaced."""
         return g.keep_outputs(self._model, self._spec.prediction_outputs)
 
-    def _set_learning_rate(self, learning_rate: float) -> None:
-        raise NotImplementedError
-
-    def _row_arrays(self, data: TrainData) -> list[np.ndarray]:
-        raise NotImplementedError
-
-    def _new_batch(self, n: int, arrays: list[np.ndarray]):
-        raise NotImplementedError
-
-    def _step(self, batch) -> float:
-        raise NotImplementedError
-
-    def _apply_step(self, batch) -> float:
-        raise NotImplementedError
+    def _validation_loss(self, data: TrainData) -> float:
+        return self._rt_runtime.loss(data)
 
     def _check_portable_shuffle(self) -> None:
         """``shuffle='portable'`` needs an int ``random_state`` and rows held in memory."""
@@ -599,6 +612,61 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         self.set_state(last_good)
         self.stop_training_ = True
 
+    # --- what the trainer trains, as one value -------------------------------------------------------------
+    def training_problem(self) -> TrainingProblem:
+        """What this trainer trains, fitted or not, as one :class:`ortflow.problem.TrainingProblem`: its loss and
+        prediction graphs, the inputs by role, the trained weights, the optimizer, the state table (current
+        weights and optimizer slots), the progress and the batch size. The training package's writer reads a
+        trainer through it."""
+        model = make_trainable(g.load_model(self.model_onnx), self.weights_to_train)
+        was_fitted = hasattr(self, "history_")
+        problem = self._training_problem(model, list(self.weights_to_train_) if was_fitted else None,
+                                         self._learning_rate())
+        names = getattr(self, "feature_names_in_", None)
+        problem.feature_names = None if names is None else [str(n) for n in names]
+        if was_fitted:
+            fitted(problem, self.get_state(), self._exported_optimizer_state(problem.rate), len(self.history_),
+                   getattr(self, "_samples_seen", 0))
+        return problem
+
+    def _training_problem(self, model: onnx.ModelProto, weights: list[str] | None,
+                          rate: BaseLearningRate) -> TrainingProblem:
+        """The hook of :meth:`training_problem`: the problem of ``model`` (weights at their start), ``weights``
+        the trained ones of a fitted trainer (None: from ``weights_to_train``). Default: a prediction graph trained
+        with a loss family (``learning_loss``, ``learning_penalty``, ``output_name``, ``weight_name``)."""
+        spec = prediction_spec(model, self.output_name, self.weight_name)
+        return prediction_problem(type(self).__name__, model, spec.trained_output, spec.weight_name,
+                                  own_loss(model, self.learning_loss),
+                                  own_penalty(model, self.learning_loss, self.learning_penalty),
+                                  self.learning_penalty, weights, self.weights_to_train, rate, self.batch_size)
+
+    def _exported_optimizer_state(self, rate: BaseLearningRate) -> dict[str, np.ndarray] | None:
+        """The optimizer state :meth:`training_problem` carries (None: one ortflow cannot read)."""
+        return self.get_optimizer_state()
+
+    @classmethod
+    def from_state(cls, state, **params) -> BaseTrainer:
+        """An unfitted trainer of this class continuing a training package's ``state`` (a
+        :class:`ortflow.package.TrainingState`): its weights, optimizer, schedule and batch size (``params``
+        overrides or adds settings: ``max_iter``...). Its ``fit`` starts new optimizer slots (Adam's moments at
+        zero, ``step`` from 1); the weights continue from the state's."""
+        model, settings = cls._state_settings(state)
+        settings.update(params)
+        return cls(model, **settings)
+
+    @classmethod
+    def _state_settings(cls, state) -> tuple[onnx.ModelProto, dict]:
+        """The graph and the settings :meth:`from_state` makes its trainer of (default: a prediction graph, the
+        package's with the state's weights, trained with the loss the package's loss graph records)."""
+        _, settings = trainer_settings(state)
+        return state.get_trained_onnx(), settings
+
+    def set_params(self, **params):
+        """scikit-learn's ``set_params``, refused (:class:`~ortflow.exceptions.ConcurrentFitError`) while the
+        estimator fits."""
+        check_not_fitting(self, f"set_params({', '.join(sorted(params))})")
+        return super().set_params(**params)
+
     # --- state ---------------------------------------------------------------------------------------------
     def set_state(self, state: dict[str, np.ndarray]) -> None:
         """Set the trained weights from a dict name -> array (as returned by :meth:`get_state`)."""
@@ -614,6 +682,23 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         ``m:coef`` and ``v:coef``, Nesterov's ``velocity:coef``) and ``step``, the number of updates."""
         self._check_fitted()
         return self._optimizer_state()
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Trained weights by name (copies)."""
+        self._check_fitted()
+        return self._rt_runtime.get_weights()
+
+    def _set_weights(self, state: dict[str, np.ndarray]) -> None:
+        self._rt_runtime.set_weights(state)
+
+    def _optimizer_state(self) -> dict[str, np.ndarray]:
+        return self._rt_runtime.get_optimizer_state()
+
+    def _set_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+        self._rt_runtime.set_optimizer_state(state)
+
+    def _graphs(self) -> dict:
+        return self._rt_runtime.graphs()
 
     def _save_runtime_state(self, folder: str) -> None:
         save_state(folder, self._state_file, self.get_state(), self._optimizer_state())
@@ -647,10 +732,16 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
 
     # --- helpers for subclasses ----------------------------------------------------------------------------
     def _session_options(self) -> SessionOptions:
-        """The training sessions' options: ``n_threads_`` intra-op threads, spinning as :meth:`_spinning` says,
-        ``precision`` of CUDA's float32 products (absent in an older pickle: fp32)."""
-        return training_session_options(getattr(self, "n_threads_", self.n_threads), self._spinning(),
-                                        getattr(self, "precision", "fp32"))
+        """The training sessions' options: ``n_threads_`` intra-op threads, spinning as :meth:`_spinning` says."""
+        return training_session_options(getattr(self, "n_threads_", self.n_threads), self._spinning())
+
+    def _placement(self) -> Placement:
+        """``device`` and ``precision`` (of CUDA's float32 products; absent in an older pickle: fp32) resolved once
+        per fit into the :class:`~ortflow.placement.Placement` every session of the trainer gets."""
+        placement = self.__dict__.get("_rt_placement")
+        if placement is None:
+            placement = self._rt_placement = Placement.of(self.device, getattr(self, "precision", "fp32"))
+        return placement
 
     def _spinning(self) -> bool:
         """``spinning``, or, when None, spinning except in a streamed fit (where the reader thread needs a core)."""
@@ -661,7 +752,7 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         ``batch_size`` rows through ``model``'s float weights."""
         if self.n_threads is not None:
             return int(self.n_threads)
-        return threads_for_work(self.batch_size, g.float_weight_count(model), self.device,
+        return threads_for_work(self.batch_size, g.float_weight_count(model), self._placement().device,
                                 self._threads_threshold())
 
     def _threads_threshold(self) -> int:

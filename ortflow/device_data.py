@@ -15,7 +15,7 @@ where they are tested):
 - :func:`fits_on_device`: whether the data (twice, for the shuffled copy) fits in the device's free memory (in
   :data:`DEVICE_DATA_LIMIT` bytes where that is not known).
 
-Full training's loop over them is :meth:`ortflow.full_step.StepGraphRuntime.train_device_rows`: it binds the batch
+Full training runs them through :meth:`ortflow.full_step.StepGraphRuntime.device_pass`: it binds the batch
 feeds and the loss output per step instead of copying rows into bound buffers and reading the loss; the
 non-finite-loss check happens when the losses are read (see docs/DESIGN.md, "The epoch loop").
 """

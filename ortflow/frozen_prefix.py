@@ -41,10 +41,15 @@ class FrozenPrefix:
 
     @classmethod
     def split(cls, model: onnx.ModelProto, weights: Iterable[str], data_inputs: Iterable[str],
-              outputs: Iterable[str], sample: dict[str, np.ndarray]) -> tuple[onnx.ModelProto, FrozenPrefix | None]:
+              outputs: Iterable[str], sample: dict[str, np.ndarray],
+              not_per_row: frozenset = frozenset()) -> tuple[onnx.ModelProto, FrozenPrefix | None]:
         """``(trainable part, prefix)`` of ``model`` computing ``outputs`` with ``weights`` trained, the cut
         tensors typed from a run of the prefix on ``sample`` (a few rows of the data inputs' feeds); ``(model, None)``
-        when every node is reached by a trained weight (nothing to cut)."""
+        when every node is reached by a trained weight (nothing to cut).
+
+        Only tensors with one row per data row can be cut (the trainer copies their rows batch by batch): a tensor
+        the prefix computes whose first axis does not follow the rows (a shape, ``Shape(X) * 2``, a reduction over
+        the rows) is computed by the trainable part instead (``not_per_row`` holds those found so far)."""
         model = g.keep_outputs(model, list(outputs))
         weights, data_inputs = set(weights), set(data_inputs)
         constant = {i.name for i in model.graph.initializer if i.name not in weights} | {""}
@@ -54,7 +59,9 @@ class FrozenPrefix:
         for node in nodes:
             fixed = (node.op_type not in _PER_RUN and not any(a.type in (onnx.AttributeProto.GRAPH,
                      onnx.AttributeProto.GRAPHS) for a in node.attribute))
-            if fixed and all(i in constant for i in node.input):
+            if fixed and any(o in not_per_row for o in node.output):
+                trainable_nodes.append(node)
+            elif fixed and all(i in constant for i in node.input):
                 constant.update(node.output)  # computed from constants only: goes where it is used (below)
                 frozen.update(node.output)
                 constant_nodes.append(node)
@@ -85,6 +92,12 @@ class FrozenPrefix:
         prefix = g.keep_outputs(prefix, cut)
         frozen_prefix = cls(prefix, cut)
         values = frozen_prefix.transform({k: v[:2] for k, v in sample.items()})
+        rows = len(next(iter(sample.values())))
+        one = frozen_prefix.transform({k: v[:1] for k, v in sample.items()}) if rows > 1 else values
+        whole = [name for name in cut if np.ndim(values[name]) == 0 or len(values[name]) != min(rows, 2)
+                 or np.ndim(one[name]) == 0 or len(one[name]) != 1]
+        if whole:
+            return cls.split(model, weights, data_inputs, outputs, sample, not_per_row | frozenset(whole))
         frozen_prefix.row_shapes = {name: v.shape[1:] for name, v in values.items()}
         frozen_prefix.row_bytes = sum(v[:1].nbytes for v in values.values())
         types = {name: helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(v.dtype),

@@ -9,11 +9,12 @@ two bindings, built once, so a batch copies its rows into the batch buffers and 
 finite is not applied (:meth:`StepGraphRuntime.apply`): the state stays the one read (the buffers it wrote are the
 next step's outputs).
 
-With the data on the device (:meth:`StepGraphRuntime.train_device_rows`, a :class:`~ortflow.device_data.DeviceRows`),
-a batch's feeds are bound by address into the rows already there, its step number read from a device vector
-written once per pass, and its loss written into a :class:`~ortflow.device_data.DeviceLosses` read once when the
-pass ends: every step runs and is applied, and a non-finite loss found then rolls the state back to the pass's start
-(a device copy kept) and replays the steps before it, leaving the state the host loop leaves.
+With the data on the device (:meth:`StepGraphRuntime.device_pass` over a :class:`~ortflow.device_data.DeviceRows`,
+run by the trainer's one batch loop), a batch's feeds are bound by address into the rows already there, its step
+number read from a device vector written once per pass, and its loss written into a
+:class:`~ortflow.device_data.DeviceLosses` read once when the pass ends: every step runs and is applied, and a
+non-finite loss found then rolls the state back to the pass's start (a device copy kept) and the loop replays the
+steps before it, leaving the state the host loop leaves.
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ from .artifact_cache import STEP_GRAPHS
 from .autodiff import training_step
 from .autodiff.training import LEARNING_RATE, STEP, UPDATED
 from .device_data import DeviceLosses, DeviceRows, DeviceScalars
-from .learning_rates import BaseLearningRate, slot_name
+from .graph_spec import TrainData
+from .learning_rates import BaseLearningRate, slot_name, state_tensor
+from .placement import Placement
 from .runtime import DeviceBuffer, OnnxFunction, SessionOptions
+from .training_runtime import DevicePass, LossGraphFeeds, TrainingRuntime
 
 @dataclass
 class StepBatch:
@@ -44,19 +48,24 @@ class StepBatch:
     rows: object = None
 
 
-class StepGraphRuntime:
-    """Runs :func:`~ortflow.autodiff.training_step` graphs of ``loss_graph`` (a scalar output ``loss_name``)
-    training ``weights`` with the optimizer ``rate`` (its update rule written into the step graph)."""
+class StepGraphRuntime(LossGraphFeeds, TrainingRuntime):
+    """Runs :func:`~ortflow.autodiff.training_step` graphs of ``loss_graph`` (a scalar output ``loss_name``, its
+    label input ``label``, its sample weight input ``weight``) training ``weights`` with the optimizer ``rate`` (its
+    update rule written into the step graph): a :class:`~ortflow.training_runtime.TrainingRuntime`."""
 
     def __init__(self, loss_graph: onnx.ModelProto, loss_name: str, weights: Sequence[str], rate: BaseLearningRate,
-                 device: str, options: SessionOptions):
-        self.device = device
+                 placement: Placement | str, options: SessionOptions, label: str | None = None,
+                 weight: str | None = None):
+        self.placement = Placement.of(placement)
+        self.device = device = self.placement.device
+        self.label_name, self.weight_name = label, weight
+        self.declare_label(loss_graph)
         self.weights = list(weights)
         self._build = dict(loss_model=loss_graph, weights=self.weights, loss_output=loss_name, optimizer=rate)
         self._options = options
         # what the graphs are built from, hashed once: the same graph fitted again reuses them and their sessions
         self._key = STEP_GRAPHS.key(loss_graph.SerializeToString(), self.weights, loss_name, rate.graph_key(),
-                                    device, options.intra_op_num_threads)
+                                    device, self.placement.precision, options.intra_op_num_threads)
         # the graph with a symbolic batch axis: what is saved, and the names every batch shape's graph shares
         self.step_model = self._cached(None)[0]
         self.input_names = [i.name for i in self.step_model.graph.input]
@@ -66,8 +75,8 @@ class StepGraphRuntime:
         self.feed_names = [n for n in self.input_names if n not in self.state_names and n not in scalars]
         inits = g.get_initializers(loss_graph)
         # a state tensor of the step graph (``<weight>_<slot>``) -> its weight, and its key in the optimizer state
-        owners = {f"{w}_{slot}": w for w in self.weights for slot in rate.slots[1:]}
-        self._slot_keys = {f"{w}_{slot}": slot_name(slot, w) for w in self.weights for slot in rate.slots[1:]}
+        owners = {state_tensor(w, slot): w for w in self.weights for slot in rate.slots[1:]}
+        self._slot_keys = {state_tensor(w, slot): slot_name(slot, w) for w in self.weights for slot in rate.slots[1:]}
         self._state = {}
         for name in self.state_names:
             start = inits[name] if name in inits else np.zeros(inits[owners[name]].shape, dtype=np.float32)
@@ -78,9 +87,9 @@ class StepGraphRuntime:
         self.parity = 0
         self.steps = 0
         self._rate = None
-        self._on_device: _DeviceState | None = None  # passes over device rows (train_device_rows), built on first use
+        self._on_device: _DeviceState | None = None  # passes over device rows (device_pass), built on first use
         eval_graph = g.keep_outputs(g.initializers_as_inputs(loss_graph, self.weights), [loss_name])
-        self.eval_function = OnnxFunction(eval_graph, device, options)
+        self.eval_function = OnnxFunction(eval_graph, self.placement, options)
 
     # --- training ---
     def new_batch(self, n: int, arrays: Sequence[np.ndarray]) -> StepBatch:
@@ -105,51 +114,16 @@ class StepGraphRuntime:
         entry = STEP_GRAPHS.get(key)
         if entry is None:
             model = training_step(**self._build, batch_rows=rows)
-            entry = (model, None if rows is None else OnnxFunction(model, self.device, self._options))
+            entry = (model, None if rows is None else OnnxFunction(model, self.placement, self._options))
             STEP_GRAPHS.put(key, entry)
         return entry
 
     # --- training on data kept on the device ---
-    def train_device_rows(self, rows: DeviceRows, batch_size: int) -> np.ndarray:
-        """One pass over every row of ``rows`` in their current order, in batches of ``batch_size`` (the last one
-        shorter): each batch's feeds bound by address, every step applied, the losses read once at the end (one
-        device-to-host copy). The loss of every batch up to the first non-finite one; when there is one, the state
-        is rolled back to the pass's start and the steps before it replayed, so the state is the one before it,
-        as the host loop leaves it (the bad step not applied)."""
-        starts = range(0, rows.n_rows, batch_size)
-        count = len(starts)
-        device = self._device_state(count)
-        start_parity, start_steps = self.parity, self.steps
-        device.snapshot(self._state, self.state_names, self.parity)
-        if self._step_number is not None:  # the pass's step numbers (as the host loop rounds them): one copy
-            first = self.steps + 1
-            device.steps.buffer.write(np.arange(first, first + device.steps.buffer.shape[0]).astype(np.float32))
-        self._run_device_steps(rows, batch_size, starts, device)
-        losses = device.losses.read(count)
-        bad = np.flatnonzero(~np.isfinite(losses))
-        if len(bad) == 0:
-            return losses
-        device.restore(self._state, self.state_names, start_parity)
-        self.parity, self.steps = start_parity, start_steps
-        self._run_device_steps(rows, batch_size, starts[: bad[0]], device)
-        return losses[: bad[0] + 1]
-
-    def _run_device_steps(self, rows: DeviceRows, batch_size: int, starts: range, device: _DeviceState) -> None:
-        built, feeds, loss, losses, steps = device.batches, self.feed_names, self.loss_name, device.losses, device.steps
-        n_rows = rows.n_rows
-        for i, start in enumerate(starts):
-            n = min(batch_size, n_rows - start)
-            batch = built.get(n)
-            if batch is None:
-                batch = built[n] = self._device_batch(n)
-            binding = batch.bindings[self.parity]
-            rows.bind(binding, feeds, slice(start, start + n))
-            losses.bind(binding, loss, i)
-            if self._step_number is not None:
-                steps.bind_input(binding, STEP, i)
-            batch.run(binding, None)
-            self.parity ^= 1
-            self.steps += 1
+    def device_pass(self, rows: DeviceRows, count: int) -> DevicePass:
+        """A pass of ``count`` steps over ``rows`` (in their current order), which the trainer's batch loop runs
+        (:class:`~ortflow.training_runtime.DevicePass`): each batch's feeds bound by address, every step applied,
+        the losses read once at the end; a non-finite one rolls the state back to the pass's start."""
+        return _StepPass(self, rows, count)
 
     def _device_batch(self, n: int) -> StepBatch:
         """The session run and two bindings of batches of ``n`` rows whose feeds, loss and step number are bound
@@ -173,7 +147,7 @@ class StepGraphRuntime:
             device.losses, device.steps = DeviceLosses(count, self.device), DeviceScalars(count, self.device)
         return device
 
-    def release_device_state(self) -> None:
+    def release(self) -> None:
         """Free what the passes over device rows hold (the state's copy, the loss vectors, their bindings)."""
         self._on_device = None
 
@@ -190,15 +164,16 @@ class StepGraphRuntime:
         batch.run(batch.bindings[self.parity], None)
         return self._loss.scalar()
 
-    def apply(self) -> None:
+    def apply(self, batch: StepBatch | None = None) -> float:
         """Make the state the last step wrote the current one."""
         self.parity ^= 1
         self.steps += 1
+        return 0.0
 
-    def loss(self, arrays: Sequence[np.ndarray]) -> float:
-        """The loss of ``arrays`` (one per feed) at the current weights, nothing updated."""
+    def loss(self, data: TrainData) -> float:
+        """The loss of ``data`` at the current weights, nothing updated."""
         current = self.current()
-        feeds = dict(zip(self.feed_names, arrays))
+        feeds = dict(zip(self.feed_names, self.row_arrays(data)))
         values = [feeds[n] if n in feeds else current[n] for n in self.eval_function.input_names]
         return float(self.eval_function.run(*values)[0].numpy())
 
@@ -218,6 +193,9 @@ class StepGraphRuntime:
                 raise ValueError(f"set_state: {name!r} has shape {expected}, the value has {value.shape}")
             current[name].write(value)
 
+    def graphs(self) -> dict:
+        return {"training_step": self.step_model}
+
     def get_optimizer_state(self) -> dict[str, np.ndarray]:
         """The optimizer's state (``<slot>:<weight>``, as forward-backward training's) and ``step``, as numpy
         arrays."""
@@ -236,8 +214,47 @@ class StepGraphRuntime:
         self.steps = int(state[STEP])
 
 
+class _StepPass(DevicePass):
+    """A pass of :class:`StepGraphRuntime` over device rows (:meth:`StepGraphRuntime.device_pass`)."""
+
+    def __init__(self, runtime: StepGraphRuntime, rows: DeviceRows, count: int):
+        self.runtime, self.rows = runtime, rows
+        self.device = device = runtime._device_state(count)
+        self.batches = device.batches
+        self.start = (runtime.parity, runtime.steps)
+        device.snapshot(runtime._state, runtime.state_names, runtime.parity)
+        if runtime._step_number is not None:  # the pass's step numbers (as the host loop rounds them): one copy
+            first = runtime.steps + 1
+            device.steps.buffer.write(np.arange(first, first + device.steps.buffer.shape[0]).astype(np.float32))
+
+    def new_batch(self, n: int, arrays) -> StepBatch:
+        return self.runtime._device_batch(n)
+
+    def feed(self, batch: StepBatch, rows: slice, index: int) -> None:
+        runtime, device = self.runtime, self.device
+        binding = batch.bindings[runtime.parity]
+        self.rows.bind(binding, runtime.feed_names, rows)
+        device.losses.bind(binding, runtime.loss_name, index)
+        if runtime._step_number is not None:
+            device.steps.bind_input(binding, STEP, index)
+
+    def step(self, batch: StepBatch) -> None:
+        runtime = self.runtime
+        batch.run(batch.bindings[runtime.parity], None)
+        runtime.parity ^= 1
+        runtime.steps += 1
+
+    def losses(self, count: int) -> np.ndarray:
+        return self.device.losses.read(count)
+
+    def rollback(self) -> None:
+        runtime = self.runtime
+        self.device.restore(runtime._state, runtime.state_names, self.start[0])
+        runtime.parity, runtime.steps = self.start
+
+
 class _DeviceState:
-    """What passes over device rows keep (:meth:`StepGraphRuntime.train_device_rows`): the losses and the step
+    """What passes over device rows keep (:meth:`StepGraphRuntime.device_pass`): the losses and the step
     numbers (float32 vectors, element ``i`` for step ``i`` of a pass), the batches' bindings by size, a copy of the
     state taken at each pass's start and the graph of Identity nodes that copies it on the device."""
 

@@ -20,23 +20,41 @@ _LARGE = 1 << 30
 
 def exclusive_fit(method):
     """``fit``/``partial_fit`` of a trainer: a second thread entering while one fits gets
-    :class:`ConcurrentFitError` (the two would interleave their epochs in one history and one set of weights);
-    allocation failures are translated (:func:`translated_memory_errors`)."""
+    :class:`ConcurrentFitError` (the two would interleave their epochs in one history and one set of weights), and
+    so does a fit started again in the fitting thread (from a callback); allocation failures are translated
+    (:func:`translated_memory_errors`)."""
 
     @functools.wraps(method)
     def guarded(self, *args, **kwargs):
         # the lock lives under an _rt_ name: pickling and deepcopy drop those (BaseTrainer.__getstate__)
         lock = self.__dict__.setdefault("_rt_fit_lock", threading.Lock())
         if not lock.acquire(blocking=False):
+            if self.__dict__.get("_rt_fit_thread") == threading.get_ident():
+                raise ConcurrentFitError(f"{method.__name__} called on this {type(self).__name__} while it is "
+                                         "fitting, in the same thread (from a callback?): a fit inside a fit would "
+                                         "mix their epochs and weights; fit a copy (sklearn.base.clone(estimator)) "
+                                         "or call it after the fit returns")
             raise ConcurrentFitError(f"this {type(self).__name__} is already fitting in another thread: two fits of "
                                      "one estimator would mix their epochs and weights; fit a copy "
                                      "(sklearn.base.clone(estimator)) in each thread")
+        self.__dict__["_rt_fit_thread"] = threading.get_ident()
         try:
             return translated_memory_errors(method)(self, *args, **kwargs)
         finally:
+            self.__dict__.pop("_rt_fit_thread", None)
             lock.release()
 
     return guarded
+
+
+def check_not_fitting(estimator, what: str) -> None:
+    """Refuse ``what`` (a change of the estimator's settings) while ``estimator`` fits: the running fit built its
+    runtime from the old settings and would go on with a mix of both."""
+    lock = estimator.__dict__.get("_rt_fit_lock")
+    if lock is not None and lock.locked():
+        raise ConcurrentFitError(f"{what} while this {type(estimator).__name__} is fitting: the fit runs on the "
+                                 "settings it started with; change them after it returns, or stop it "
+                                 "(trainer.stop_training_ = True in a callback) first")
 
 
 def translated_memory_errors(method):

@@ -17,8 +17,9 @@ The rule reads two scalars fed at every step: ``learning_rate`` (the schedule's 
 optimizers (``gradients='onnxruntime'``) are onnxruntime's rules, not ours: :meth:`~BaseLearningRate.ort_optimizer`
 maps a class to the one onnxruntime has, where it has one.
 
-At run time (:meth:`BaseLearningRate.start`) every weight and state tensor has two device buffers used in turn, and the
-two IOBindings (read 0 / write 1, read 1 / write 0) are built once: a step binds nothing.
+At run time forward-backward training runs the update graph in an :class:`UpdateRuntime`: every weight and state
+tensor has two device buffers used in turn, and the two IOBindings (read 0 / write 1, read 1 / write 0) are built
+once: a step binds nothing.
 """
 
 from __future__ import annotations
@@ -32,17 +33,16 @@ from onnx import TensorProto
 
 from .onnx_builder import DEFAULT_OPSET, GraphBuilder
 from .penalties import BaseLearningPenalty, NoLearningPenalty
+from .placement import Placement
 from .registry import Parametrized, Registered
 from .runtime import DeviceBuffer, OnnxFunction
 from .schedules import SCHEDULES, learning_rate_at
 from ._ort import artifacts, onnxblock
 from .validation import (
     check_choice,
-    check_device,
     check_finite,
     check_non_negative,
     check_positive_float,
-    resolve_device,
 )
 
 PENALTY_OUTPUT = "penalty"
@@ -103,7 +103,15 @@ def grad_name(weight: str) -> str:
 
 
 def slot_name(slot: str, weight: str, new: bool = False) -> str:
+    """The key of ``weight``'s ``slot`` in the trainers' public optimizer state (``get_optimizer_state``) and in
+    the update graph: ``<slot>:<weight>``."""
     return f"{'new_' if new else ''}{slot}:{weight}"
+
+
+def state_tensor(weight: str, slot: str) -> str:
+    """The name of ``weight``'s ``slot`` as a state tensor: in the step graph (:func:`ortflow.autodiff.training_step`),
+    a training package's state and :class:`ortflow.problem.TrainingProblem`'s state table: ``<weight>_<slot>``."""
+    return f"{weight}_{slot}"
 
 
 class BaseLearningRate(Registered, Parametrized):
@@ -137,6 +145,10 @@ class BaseLearningRate(Registered, Parametrized):
 
     def _initial_slot(self, slot: str, weight: np.ndarray) -> np.ndarray:
         return np.zeros_like(weight, dtype=np.float32)
+
+    def initial_slot(self, slot: str, weight: np.ndarray) -> np.ndarray:
+        """The value of ``weight``'s ``slot`` before the first step (a subclass overrides ``_initial_slot``)."""
+        return self._initial_slot(slot, weight)
 
     def write_update(self, ops, weights: Mapping[str, tuple], learning_rate, step) -> dict[str, dict]:
         """The rule applied to ``weights`` (name -> (value, gradient, state)) in ``ops``: name -> new slots."""
@@ -221,21 +233,78 @@ class BaseLearningRate(Registered, Parametrized):
                 b.output(updates[weight][slot], slot_name(slot, weight, new=True), shape)
         return b.model(opset, name=type(self).__name__)
 
-    # --- runtime ---
+    # --- runtime (forward-backward training's update buffers: an UpdateRuntime, see start) ---
     def start(self, weights: Mapping[str, np.ndarray], device: str = "cpu",
-              penalty: BaseLearningPenalty | None = None, session_options=None, flat: bool | None = None) -> None:
-        """Allocate the buffers of ``weights``, their gradients (``grads_``, where the backward pass writes) and
-        their state, and bind the update graph to them.
+              penalty: BaseLearningPenalty | None = None, session_options=None, flat: bool | None = None
+              ) -> UpdateRuntime:
+        """Start an :class:`UpdateRuntime` of this rule on ``weights`` (kept as ``runtime_``; the methods and
+        attributes below read it: ``buffers_``, ``grads_``, ``parity_``...). A trainer holds its own
+        :class:`UpdateRuntime` instead: the optimizer object carries no buffers while it trains."""
+        self.runtime_ = UpdateRuntime(self, weights, device, penalty, session_options, flat)
+        return self.runtime_
 
-        With ``flat`` (default on CPU) the weights share one contiguous buffer per slot (two groups: penalized
-        or not) and each weight is a view of it, so the update graph has a handful of nodes whatever the number
-        of weights."""
-        self.check()
+    def __getattr__(self, name: str):
+        if name in _RUNTIME_ATTRIBUTES and "runtime_" in self.__dict__:
+            return getattr(self.__dict__["runtime_"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def step(self, learning_rate: float) -> None:
+        """Update every weight from the gradients in the bound buffers (of :meth:`start`'s runtime)."""
+        self.runtime_.step(learning_rate)
+
+    def stepper(self, learning_rate: float) -> Callable[[], None]:
+        return self.runtime_.stepper(learning_rate)
+
+    def penalty_value(self) -> float:
+        return self.runtime_.penalty_value()
+
+    def current(self, slot: str = "weight") -> dict[str, DeviceBuffer]:
+        return self.runtime_.current(slot)
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return self.runtime_.get_weights()
+
+    def set_weights(self, values: Mapping[str, Any]) -> None:
+        self.runtime_.set_weights(values)
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        return self.runtime_.get_state()
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        self.runtime_.set_state(state)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("runtime_", None)
+        return state
+
+
+#: what :meth:`BaseLearningRate.start`'s runtime exposes through the rate (earlier, the rate's own attributes)
+_RUNTIME_ATTRIBUTES = frozenset({"buffers_", "grads_", "parity_", "step_", "device_", "function_", "scalar_buffers_",
+                                 "penalty_buffer_"})
+
+
+class UpdateRuntime:
+    """Forward-backward training's update: the rule of ``rate`` in its update graph
+    (:meth:`BaseLearningRate.build_onnx_function`) bound to the buffers of ``weights``, their gradients
+    (``grads_``, where the backward pass writes) and their state.
+
+    Every weight and state tensor has two device buffers used in turn, and the two IOBindings (read 0 / write 1,
+    read 1 / write 0) are built once: a step binds nothing. With ``flat`` (default on CPU) the weights share one
+    contiguous buffer per slot (two groups: penalized or not) and each weight is a view of it, so the update graph
+    has a handful of nodes whatever the number of weights."""
+
+    def __init__(self, rate: BaseLearningRate, weights: Mapping[str, np.ndarray], device: str = "cpu",
+                 penalty: BaseLearningPenalty | None = None, session_options=None, flat: bool | None = None):
+        rate.check()
+        self.rate = rate
+        self.slots, self.scalars, self.per_step_scalars = rate.slots, rate.scalars, rate.per_step_scalars
         penalty = penalty or NoLearningPenalty()
-        device = resolve_device(device)
+        placement = Placement.of(device)
+        device = placement.device
         self.device_, self.step_, self.parity_ = device, 0, 0
         shapes = {name: tuple(np.shape(value)) for name, value in weights.items()}
-        flat = check_device(device)[0] == "cpu" if flat is None else flat
+        flat = placement.kind == "cpu" if flat is None else flat
         if flat:
             groups: dict[str, list[str]] = {}
             for name in weights:
@@ -261,10 +330,10 @@ class BaseLearningRate(Registered, Parametrized):
                         self.grads_[name] = views[0]
                         continue
                     self.buffers_[slot, name] = views
-                    initial = weights[name] if slot == "weight" else self._initial_slot(slot, np.asarray(weights[name]))
+                    initial = weights[name] if slot == "weight" else rate.initial_slot(slot, np.asarray(weights[name]))
                     views[0].write(np.asarray(initial, dtype=np.float32).reshape(shapes[name]))
-        model = self.build_onnx_function(DEFAULT_OPSET, device, group_shapes, penalty, penalized)
-        self.function_ = OnnxFunction(model, device, session_options)
+        model = rate.build_onnx_function(DEFAULT_OPSET, device, group_shapes, penalty, penalized)
+        self.function_ = OnnxFunction(model, placement, session_options)
         self.scalar_buffers_ = [DeviceBuffer((), device) for _ in self.scalars]
         self._scalars = [None] * len(self.scalars)
         has_penalty = PENALTY_OUTPUT in self.function_.output_names
@@ -338,13 +407,6 @@ class BaseLearningRate(Registered, Parametrized):
                     raise KeyError(f"set_state: the optimizer state has no {key!r}; keys: {sorted(state)}")
                 pair[self.parity_].write(np.asarray(state[key], dtype=np.float32))
         self.step_ = int(state.get("step", 0))
-
-    def __getstate__(self):
-        state = super().__getstate__()
-        for key in ("function_", "buffers_", "grads_", "scalar_buffers_", "penalty_buffer_", "_bindings",
-                    "_group_buffers"):
-            state.pop(key, None)
-        return state
 
 
 def _check_schedule(rate: BaseLearningRate) -> None:

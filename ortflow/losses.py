@@ -129,7 +129,11 @@ class BaseLearningLoss(Registered, Parametrized):
 
     def loss_gradient(self, device: str, expected: Any, predicted: Any,
                       weight: Any = None) -> tuple[OrtValue, OrtValue]:
-        """(loss, gradient w.r.t. ``predicted``) as OrtValues on ``device``; inputs are OrtValues or arrays."""
+        """(loss, gradient w.r.t. ``predicted``) as OrtValues on ``device``; inputs are OrtValues or arrays.
+
+        The arguments come in onnxcustom's order (``expected``, the label, before ``predicted``), kept for its
+        users; the loss graph itself takes ``prediction`` then ``label``. Pass them by name to avoid the swap:
+        ``loss_gradient(device, expected=y, predicted=p)``."""
         predicted = to_ortvalue(predicted, device)
         shape = predicted.shape()
         width = shape[1] if len(shape) == 2 else None

@@ -70,7 +70,7 @@ class Emitter:
         elem = self.info.get(name, ValueInfo()).elem_type
         return elem or TensorProto.FLOAT
 
-    def const(self, value, like: str | None = None, dtype: int | None = None) -> str:
+    def const(self, value, *, like: str | None = None, dtype: int | None = None) -> str:
         """A Constant node holding ``value`` with the element type of ``like`` (or ``dtype``)."""
         elem = dtype if dtype is not None else self.dtype(like)
         array = np.ascontiguousarray(value, dtype=np.dtype(helper.tensor_dtype_to_np_dtype(elem)).newbyteorder("<"))
@@ -290,7 +290,7 @@ class GraphBuilder(Emitter):
         """One node with one output (:meth:`Emitter.op`)."""
         return self.op(op, inputs, **attrs)
 
-    def const(self, value, dtype=np.float32, like: str | None = None) -> str:
+    def const(self, value, *, like: str | None = None, dtype=np.float32) -> str:
         """A Constant node holding ``value`` with its own shape (a number is a scalar), of numpy ``dtype``
         (``'int64'`` for shapes and axes) or an ONNX element type, or the type of ``like``."""
         if like is not None:

@@ -67,7 +67,7 @@ class PredictionMixin:
 
     def _run_feeds(self, feeds: dict[str, np.ndarray], names: list[str] | None = None) -> dict[str, np.ndarray]:
         if self._predict_sess is None:
-            self._predict_sess = make_session(self.get_trained_onnx(), self.device, self._session_options())
+            self._predict_sess = make_session(self.get_trained_onnx(), self._placement(), self._session_options())
         names = names or self._spec.prediction_outputs
         return dict(zip(names, self._predict_sess.run(names, feeds)))
 

@@ -76,16 +76,28 @@ class Registered:
 
 #: the modules defining ortflow's own members of each family, imported on the first look-up (``import ortflow``
 #: loads nothing until a name is used)
-FAMILY_MODULES = {"loss": "ortflow.losses", "penalty": "ortflow.penalties", "optimizer": "ortflow.learning_rates"}
+FAMILY_MODULES = {"loss": ("ortflow.losses",), "penalty": ("ortflow.penalties",),
+                  "optimizer": ("ortflow.learning_rates",),
+                  "trainer": ("ortflow.full", "ortflow.fwbw.optimizer", "ortflow.torch_trainer")}
 #: earlier names of a family (the optimizers' family was called after onnxcustom's classes, learning rates)
 KIND_ALIASES = {"learning_rate": "optimizer"}
 
 
+def register(kind: str, cls: type, *names: str) -> type:
+    """Register ``cls`` in the family ``kind`` under ``names`` (default: its class name), for a class that does not
+    derive from :class:`Registered` (the trainers, family ``'trainer'``, under the name a training package's
+    manifest records)."""
+    members = Registered._registry.setdefault(kind, {})
+    for name in names or (cls.__name__,):
+        members[name] = cls
+    return cls
+
+
 def family(kind: str) -> dict[Any, type]:
-    """Name -> class of the family ``kind`` (``'loss'``, ``'penalty'``, ``'optimizer'``)."""
+    """Name -> class of the family ``kind`` (``'loss'``, ``'penalty'``, ``'optimizer'``, ``'trainer'``)."""
     kind = KIND_ALIASES.get(kind, kind)
-    if kind in FAMILY_MODULES:
-        importlib.import_module(FAMILY_MODULES[kind])
+    for module in FAMILY_MODULES.get(kind, ()):
+        importlib.import_module(module)
     if kind not in Registered._registry:
         raise ValueError(f"kind={kind!r} is not a family; families: {sorted(Registered._registry)}")
     return dict(Registered._registry[kind])

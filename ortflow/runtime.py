@@ -13,6 +13,7 @@ import onnx
 
 from ._ort import _C, InferenceSession, OrtValue, SessionOptions, cuda_help
 from .exceptions import DeviceError
+from .placement import Placement
 from .validation import check_device, check_precision, device_index, resolve_device
 
 
@@ -112,62 +113,42 @@ def c_session(session: InferenceSession):
 
 
 # --- sessions --------------------------------------------------------------------------------------------
-#: the session config entry carrying ortflow's float32 precision (:data:`ortflow.validation.PRECISIONS`) from
-#: :func:`make_session_options` to :func:`make_session`: the options are what every trainer already hands to the
-#: sessions it creates, so the precision reaches all of them (onnxruntime keeps entries it does not know)
-PRECISION_ENTRY = "ortflow.precision"
-
-
-def precision_of(options: SessionOptions | None) -> str:
-    """The precision recorded in ``options`` by :func:`make_session_options` (``'fp32'`` when none is)."""
-    if options is not None:
-        try:
-            value = options.get_session_config_entry(PRECISION_ENTRY)
-        except Exception:  # noqa: BLE001 - onnxruntime raises for an absent entry
-            value = ""
-        if value:
-            return value
-    return "fp32"
-
-
 def cuda_provider_options(device: str, precision: str = "fp32") -> dict[str, str]:
-    """The CUDA provider's options for ``device`` ('cuda' or 'cuda:N') at ``precision``: ``use_tf32`` '0' for
-    exact float32 products (onnxruntime's CUDA provider uses TF32 unless told not to; PyTorch does not), '1'
-    for TF32."""
-    check_precision("precision", precision)
-    return {"device_id": str(device_index(resolve_device(device))), "use_tf32": "1" if precision == "tf32" else "0"}
+    """The CUDA provider's options for ``device`` ('cuda' or 'cuda:N') at ``precision``
+    (:meth:`ortflow.placement.Placement.cuda_options`)."""
+    return Placement(resolve_device(device), check_precision("precision", precision)).cuda_options()
 
 
-def session_providers(device: str, options: SessionOptions | None = None) -> list:
-    """The ``providers`` argument of a session on ``device``: the CUDA provider with its options
-    (:func:`cuda_provider_options`, the precision read from ``options``) before the CPU's, or the CPU's alone."""
-    kind, providers = check_device(device)
-    if kind == "cpu":
-        return providers
-    return [("CUDAExecutionProvider", cuda_provider_options(device, precision_of(options))), "CPUExecutionProvider"]
+def session_providers(placement: Placement | str) -> list:
+    """The ``providers`` argument of a session at ``placement`` (a device string: fp32 products)."""
+    return Placement.of(placement).providers()
 
 
-def make_session(model: onnx.ModelProto | bytes, device: str = "cpu",
+def make_session(model: onnx.ModelProto | bytes, placement: Placement | str = "cpu",
                  options: SessionOptions | None = None) -> InferenceSession:
-    """An onnxruntime session of ``model`` on ``device`` with ``options`` (default :func:`make_session_options`),
-    its providers from :func:`session_providers`. On CUDA, a provider that fails to load (onnxruntime then falls
-    back to the CPU with a log line) is a DeviceError naming the CUDA and cuDNN this build looks for."""
+    """An onnxruntime session of ``model`` at ``placement`` (a :class:`~ortflow.placement.Placement`, or a device
+    string: fp32 products) with ``options`` (default :func:`make_session_options`), its providers the placement's.
+    On CUDA, a provider that fails to load (onnxruntime then falls back to the CPU with a log line) is a
+    DeviceError naming the CUDA and cuDNN this build looks for."""
+    placement = Placement.of(placement)
     data = model if isinstance(model, bytes) else model.SerializeToString()
-    providers = session_providers(device, options)
+    providers = placement.providers()
     session = InferenceSession(data, options or make_session_options(), providers=providers)
-    if providers[0] != "CPUExecutionProvider" and "CUDAExecutionProvider" not in session.get_providers():
-        raise DeviceError(f"device={device!r}: onnxruntime's CUDA provider did not load (the session runs on "
-                          f"{session.get_providers()}): {cuda_help()}")
+    if placement.kind != "cpu" and "CUDAExecutionProvider" not in session.get_providers():
+        raise DeviceError(f"device={placement.device!r}: onnxruntime's CUDA provider did not load (the session runs "
+                          f"on {session.get_providers()}): {cuda_help()}")
     return session
 
 
 class OnnxFunction:
     """A graph run on OrtValues with IOBinding: ``run`` binds per call, ``bind`` + ``run_bound`` bind once."""
 
-    def __init__(self, model: onnx.ModelProto, device: str = "cpu", options: SessionOptions | None = None):
+    def __init__(self, model: onnx.ModelProto, placement: Placement | str = "cpu",
+                 options: SessionOptions | None = None):
         self.model = model
-        self.device = device = resolve_device(device)
-        self.session = make_session(model, device, options)
+        self.placement = Placement.of(placement)
+        self.device = device = self.placement.device
+        self.session = make_session(model, self.placement, options)
         self._sess = c_session(self.session)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
@@ -257,22 +238,21 @@ def threads_for_work(batch_size: int, n_weights: int, device: str = "cpu",
     return 1 if int(batch_size) * int(n_weights) < threshold else cores
 
 
-def make_session_options(n_threads: int | None = None, precision: str = "fp32") -> SessionOptions:
+def make_session_options(n_threads: int | None = None) -> SessionOptions:
     """Session options logging errors only (onnxruntime warns about harmless shape merges in training graphs),
-    with ``n_threads`` intra-op threads when given (default: onnxruntime's choice, all cores) and the float32
-    ``precision`` of matrix products on CUDA ('fp32' or 'tf32', applied by :func:`make_session`)."""
+    with ``n_threads`` intra-op threads when given (default: onnxruntime's choice, all cores). The device and the
+    precision are not options: a session takes them from its :class:`~ortflow.placement.Placement`."""
     options = SessionOptions()
     options.log_severity_level = 3
     if n_threads:
         options.intra_op_num_threads = int(n_threads)
-    options.add_session_config_entry(PRECISION_ENTRY, check_precision("precision", precision))
     return options
 
 
-def training_session_options(n_threads: int | None, spinning: bool, precision: str = "fp32") -> SessionOptions:
-    """A trainer's session options: :func:`make_session_options` with ``n_threads`` and ``precision``, the intra-op
-    threads spinning between runs only when ``spinning`` (off in a streamed fit: the reader thread needs the core)."""
-    options = make_session_options(n_threads, precision)
+def training_session_options(n_threads: int | None, spinning: bool) -> SessionOptions:
+    """A trainer's session options: :func:`make_session_options` with ``n_threads``, the intra-op threads spinning
+    between runs only when ``spinning`` (off in a streamed fit: the reader thread needs the core)."""
+    options = make_session_options(n_threads)
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return options

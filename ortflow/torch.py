@@ -41,6 +41,7 @@ from ._ort import _C, TRAINING, OrtValueVector, SessionOptions
 from .exceptions import UnsupportedModelError
 from .fwbw.forward_backward import OrtGradientForwardBackward
 from .runtime import OnnxFunction, make_session_options, threads_for_work
+from .placement import Placement
 from .validation import check_weights_to_train
 
 #: who builds the layer's gradient graphs: onnxruntime's TrainingAgent on the training build (its per-shape agents
@@ -163,6 +164,8 @@ class _Runtime:
         self.module = module
         self.torch_device = device
         self.device = _device_string(device)
+        # torch's own float32 precision, read when the layer first runs on the device, for its sessions there
+        self.placement = Placement.of(self.device, torch_precision())
         self.threads = module.n_threads or torch.get_num_threads()
         self.options = self._options(self.threads)
         self._small_batch_options: SessionOptions | None = None
@@ -174,7 +177,7 @@ class _Runtime:
         self._inference: OnnxFunction | None = None
 
     def _options(self, threads: int) -> SessionOptions:
-        options = make_session_options(threads, torch_precision())
+        options = make_session_options(threads)
         # torch's and onnxruntime's thread pools take turns on the same cores: a pool spinning while it waits
         # for work steals them from the other (4x slower batches on case A of the bench with 2 threads each).
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.module.spinning else "0")
@@ -200,7 +203,7 @@ class _Runtime:
         if plan is None:
             fb = OrtGradientForwardBackward(
                 self.module.onnx_model_, weights_to_train=self.module.weights_to_train_,
-                input_names_to_train=list(inputs_with_grad), device=self.device, session_options=self.options,
+                input_names_to_train=list(inputs_with_grad), device=self.placement, session_options=self.options,
                 gradients=LAYER_GRADIENTS)
             plan = self._plans[inputs_with_grad] = _Plan(self.module, fb, inputs_with_grad, self.torch_device)
         return plan
@@ -241,7 +244,7 @@ class _Runtime:
         if self._inference is None:
             plan = next(iter(self._plans.values()), None) or self.plan(())
             model = plan.fb.training_input_model_
-            self._inference = OnnxFunction(model, self.device, self.options)
+            self._inference = OnnxFunction(model, self.placement, self.options)
         fn = self._inference
         binding = fn.bind([feeds[name] for name in fn.input_names])
         _synchronize(device)

@@ -8,12 +8,14 @@ trainers minimize the same loss. The update is the optimizer's one rule on torch
 (:class:`ortflow.torch.RuleOptimizer`), its rate set every epoch from ``value_at`` like
 the other trainers: the three trainers take the same steps.
 
+Like the other trainers it says what it trains (``training_problem()``), so it exports a training package
+(:func:`ortflow.export_training_package`), whose step is ortflow's step graph of the same loss and optimizer.
+
 torch is imported when the trainer fits (``import ortflow`` does not import it): ``pip install 'ortflow[torch]'``.
 """
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import onnx
@@ -25,7 +27,9 @@ from .estimator_loss import own_loss, own_penalty
 from .graph_spec import GraphSpec, TrainData, prediction_spec
 from .learning_rates import BaseLearningRate, slot_name
 from .parameters import TRAINERS, init_from
+from .registry import register
 from .runtime import DeviceBuffer, OnnxFunction, make_session_options
+from .training_runtime import TrainingRuntime
 
 
 
@@ -105,113 +109,123 @@ class TorchTrainer(BaseTrainer):
         return own_loss(self._model, self.learning_loss)
 
     def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec, rate: BaseLearningRate) -> None:
-        from .torch import OnnxModule, RuleOptimizer
-
         output = spec.trained_output
         train_graph = g.keep_outputs(model, [output])
         self.weights_to_train_ = self._check_weights(model, train_graph, output)
         self.backend_ = backend()
-        module = OnnxModule(train_graph, weights_to_train=self.weights_to_train_,
-                            n_threads=getattr(self, "n_threads_", self.n_threads), spinning=bool(self.spinning))
+        penalty = own_penalty(self._model, self.learning_loss, self.learning_penalty)
+        penalty.check()
+        runtime = TorchRuntime(train_graph, self.weights_to_train_, spec, rate, self._loss_object(), penalty,
+                               getattr(self, "n_threads_", self.n_threads), bool(self.spinning))
+        self._rt_runtime, self._rt_rate = runtime, rate
+        self.module_, self.optimizer_ = runtime.module, runtime.optimizer
+
+
+class TorchRuntime(TrainingRuntime):
+    """The torch trainer's :class:`~ortflow.training_runtime.TrainingRuntime`: ``train_graph`` as an
+    :class:`ortflow.torch.OnnxModule` training ``weights``, the loss family's graph ``loss`` as an autograd function,
+    ``penalty`` by its own rule, and the update rule of ``rate`` as a torch optimizer
+    (:class:`ortflow.torch.RuleOptimizer`)."""
+
+    def __init__(self, train_graph: onnx.ModelProto, weights: list[str], spec: GraphSpec, rate: BaseLearningRate,
+                 loss, penalty, n_threads: int | None, spinning: bool):
+        from .torch import OnnxModule, RuleOptimizer
+
+        self.module = module = OnnxModule(train_graph, weights_to_train=weights, n_threads=n_threads,
+                                          spinning=spinning)
         rank = len(spec.label_shape)
         width = spec.label_shape[1] if rank == 2 and isinstance(spec.label_shape[1], int) else None
-        loss = self._loss_object()
         # the loss graph of forward-backward training: weights pre-scaled by 1 / rows, the same roundings
         function = OnnxFunction(loss.build_onnx_function(weight_name="weight", rank=rank, width=width,
                                                          scaled_weight=True), "cpu", make_session_options(1))
-        self._rt_module, self._rt_rate, self._rt_loss = module, rate, _family_loss(function)
-        self._rt_penalty = own_penalty(self._model, self.learning_loss, self.learning_penalty)
-        self._rt_penalty.check()
-        self._rt_penalty_value = _penalty_value(self._rt_penalty)
-        self._rt_optimizer = RuleOptimizer(list(module.parameters()), rate)
-        self.module_, self.optimizer_ = module, self._rt_optimizer
+        self.rate, self.loss_fn = rate, _family_loss(function)
+        self.penalty, self.penalty_fn = penalty, _penalty_value(penalty)
+        self.optimizer = RuleOptimizer(list(module.parameters()), rate)
 
     def _penalty(self):
         """The penalty's value on the weights it applies to, as a torch scalar (0 without penalty), by the penalty's
         own rule (:meth:`ortflow.penalties.BaseLearningPenalty.value` and ``gradient``)."""
-        penalty = self._rt_penalty
+        penalty = self.penalty
         if penalty.is_null():
             return 0.0
-        params = [p for n, p in self._rt_module.parameters_by_initializer().items() if penalty.penalizes(n)]
-        return self._rt_penalty_value(*params) if params else 0.0
+        params = [p for n, p in self.module.parameters_by_initializer().items() if penalty.penalizes(n)]
+        return self.penalty_fn(*params) if params else 0.0
 
-    # --- hooks: training -----------------------------------------------------------------------------------
     def _tensors(self, data: TrainData, rows):
         import torch
 
         y, weight = data.y[rows], data.weight[rows]
         scaled = np.multiply(weight, 1.0 / len(weight)).astype(np.float32).reshape((-1,) + (1,) * (y.ndim - 1))
-        xs = [torch.from_numpy(np.ascontiguousarray(data.feeds[name][rows])) for name in self._rt_module.input_names_]
+        xs = [torch.from_numpy(np.ascontiguousarray(data.feeds[name][rows])) for name in self.module.input_names_]
         return xs, torch.from_numpy(y), torch.from_numpy(scaled)
 
-    def _set_learning_rate(self, learning_rate: float) -> None:
-        for group in self._rt_optimizer.param_groups:
+    def set_learning_rate(self, learning_rate: float) -> None:
+        for group in self.optimizer.param_groups:
             group["lr"] = learning_rate
-        self._rt_module.train()
+        self.module.train()
 
-    def _row_arrays(self, data: TrainData) -> list[np.ndarray]:
-        return [*(data.feeds[name] for name in self._rt_module.input_names_), data.y, data.weight]
+    def row_arrays(self, data: TrainData) -> list[np.ndarray]:
+        return [*(data.feeds[name] for name in self.module.input_names_), data.y, data.weight]
 
-    def _new_batch(self, n: int, arrays: list[np.ndarray]) -> _TorchBatch:
+    def new_batch(self, n: int, arrays: list[np.ndarray]) -> _TorchBatch:
         return _TorchBatch([DeviceBuffer((n, *a.shape[1:]), "cpu", dtype=a.dtype) for a in arrays])
 
-    def _step(self, batch: _TorchBatch) -> float:
-        self._rt_optimizer.zero_grad(set_to_none=True)
+    def step(self, batch: _TorchBatch) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
         *xs, y, weight = batch.tensors
         np.multiply(batch.inputs[-1].array, 1.0 / len(batch.scaled), out=batch.scaled)  # the weights divided by n
-        loss = self._rt_loss(self._rt_module(*xs).reshape(y.shape), y, batch.scaled_tensor)
+        loss = self.loss_fn(self.module(*xs).reshape(y.shape), y, batch.scaled_tensor)
         batch.total = loss + self._penalty()
         return float(batch.total.detach())
 
-    def _apply_step(self, batch: _TorchBatch) -> float:
+    def apply(self, batch: _TorchBatch) -> float:
         batch.total.backward()
-        self._rt_optimizer.step()
+        self.optimizer.step()
         return 0.0
 
-    def _validation_loss(self, data: TrainData) -> float:
+    def loss(self, data: TrainData) -> float:
         import torch
 
         with torch.no_grad():
             xs, y, w = self._tensors(data, slice(None))
-            return float(self._rt_loss(self._rt_module(*xs).reshape(y.shape), y, w) + self._penalty())
+            return float(self.loss_fn(self.module(*xs).reshape(y.shape), y, w) + self._penalty())
 
-    # --- hooks: state and graphs ---------------------------------------------------------------------------
-    def get_state(self) -> dict[str, np.ndarray]:
-        """Trained weights by name (copies)."""
-        self._check_fitted()
-        return {n: p.detach().numpy().copy() for n, p in self._rt_module.parameters_by_initializer().items()}
+    def get_weights(self) -> dict[str, np.ndarray]:
+        return {n: p.detach().numpy().copy() for n, p in self.module.parameters_by_initializer().items()}
 
-    def _set_weights(self, state: dict[str, np.ndarray]) -> None:
+    def set_weights(self, values: dict[str, np.ndarray]) -> None:
         import torch
 
-        params = self._rt_module.parameters_by_initializer()
-        for name, value in state.items():
+        params = self.module.parameters_by_initializer()
+        for name, value in values.items():
             if tuple(value.shape) != tuple(params[name].shape):
                 raise ValueError(f"set_state: {name!r} has shape {tuple(params[name].shape)}, the value has "
                                  f"{value.shape}")
         with torch.no_grad():
-            for name, value in state.items():
+            for name, value in values.items():
                 params[name].copy_(torch.from_numpy(np.asarray(value)))
 
-    def _graphs(self) -> dict:
-        return {"model": self._rt_module.get_trained_onnx(), **self._rt_module.training_graphs()}
+    def graphs(self) -> dict:
+        return {"model": self.module.get_trained_onnx(), **self.module.training_graphs()}
 
-    def _optimizer_state(self) -> dict[str, np.ndarray]:
+    def get_optimizer_state(self) -> dict[str, np.ndarray]:
         state, steps = {}, 0
-        for name, param in self._rt_module.parameters_by_initializer().items():
-            slots = self._rt_optimizer.state.get(param, {})
+        for name, param in self.module.parameters_by_initializer().items():
+            slots = self.optimizer.state.get(param, {})
             steps = slots.get("step", steps)
-            state.update({slot_name(slot, name): slots[slot].detach().numpy().copy() for slot in self._rt_rate.slots[1:]
+            state.update({slot_name(slot, name): slots[slot].detach().numpy().copy() for slot in self.rate.slots[1:]
                           if slot in slots})
         state["step"] = np.array(steps, dtype=np.int64)
         return state
 
-    def _set_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+    def set_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
         import torch
 
         steps = int(state.get("step", 0))
-        for name, param in self._rt_module.parameters_by_initializer().items():
+        for name, param in self.module.parameters_by_initializer().items():
             if steps:
-                self._rt_optimizer.state[param] = {"step": steps, **{
+                self.optimizer.state[param] = {"step": steps, **{
                     slot: torch.from_numpy(np.array(state[slot_name(slot, name)], dtype=np.float32))
-                    for slot in self._rt_rate.slots[1:]}}
+                    for slot in self.rate.slots[1:]}}
+
+register("trainer", TorchTrainer)

@@ -116,7 +116,7 @@ def test_device_loop_trains_as_the_host_loop(regression_data, regression_graph, 
         np.testing.assert_array_equal(device.get_state()[name], value, err_msg=name)
     for name, value in host.get_optimizer_state().items():
         np.testing.assert_array_equal(device.get_optimizer_state()[name], value, err_msg=name)
-    assert device._rt_device_rows is None and device._rt_step._on_device is None  # freed when the fit ends
+    assert device._rt_device_rows is None and device._rt_runtime._on_device is None  # freed when the fit ends
     device.partial_fit(X[:100], y[:100])  # a new call's rows, copied for it
     host.partial_fit(X[:100], y[:100])
     np.testing.assert_array_equal(device.get_state()["coef"], host.get_state()["coef"])
@@ -142,7 +142,7 @@ def test_device_loop_names_the_divergence_and_keeps_the_host_loops_weights(regre
                 est.fit(X * 100, y)
             messages.append(str(record[0].message))
         assert est.diverged_ and bool(est._rt_batches) is not on_device
-        states.append((est.get_state(), est._rt_step.steps))
+        states.append((est.get_state(), est._rt_runtime.steps))
     assert messages[1] == messages[0]
     (host, host_steps), (device, device_steps) = states
     assert device_steps == host_steps

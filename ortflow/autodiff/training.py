@@ -9,7 +9,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..graph import ModelLike, all_names, load_model, pick_output
-from ..learning_rates import LEARNING_RATE, STEP, BaseLearningRate, GraphOps
+from ..learning_rates import LEARNING_RATE, STEP, BaseLearningRate, GraphOps, state_tensor
 from ..registry import family, names
 from .builder import build_gradients, refuse_unreached
 from .derivative import assemble, pick_weights, value_info
@@ -31,9 +31,9 @@ def training_step(
 ) -> onnx.ModelProto:
     """The graph of one optimizer step on ``loss_model`` (a scalar loss, e.g. from :func:`ortflow.add_loss_output`).
 
-    ``optimizer`` is an optimizer of :mod:`ortflow.learning_rates` (an instance, or a registry name: ``'sgd'``,
-    ``'nesterov'``, ``'adam'``, ``'adamw'``, ``'rmsprop'``; a name takes ``betas``, ``epsilon`` and
-    ``weight_decay`` where its class has them). Its update rule, the same one forward-backward training runs, is
+    ``optimizer`` is an optimizer of :mod:`ortflow.learning_rates` (an instance, or a registered name,
+    ``ortflow.registry.names('optimizer')``; a name takes ``betas``, ``epsilon`` and ``weight_decay`` where its
+    class has them). Its update rule, the same one forward-backward training runs, is
     written into the graph.
 
     Inputs: the model's inputs, the trained ``weights`` (default: every float initializer), the optimizer's state
@@ -65,7 +65,7 @@ def training_step(
     declared = {v.name: v for v in model.graph.output}[loss].type.tensor_type
     if declared.HasField("shape") and declared.shape.dim:
         raise ValueError(f"loss output {loss!r} has rank {len(declared.shape.dim)}; training_step needs a scalar loss")
-    slots = {w: {slot: f"{w}_{slot}" for slot in rate.slots[1:]} for w in weights}
+    slots = {w: {slot: state_tensor(w, slot) for slot in rate.slots[1:]} for w in weights}
     moments = [name for w in weights for name in slots[w].values()]
     state = weights + moments
     scalars = [LEARNING_RATE] + ([STEP] if rate.per_step_scalars else [])

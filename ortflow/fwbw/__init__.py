@@ -2,13 +2,16 @@
 small ONNX graphs of ortflow compute the loss gradient and the weight update.
 
 The loss, penalty and learning-rate families live in :mod:`ortflow.losses`, :mod:`ortflow.penalties` and
-:mod:`ortflow.learning_rates` (both trainers use them); they are re-exported here, where onnxcustom's users look.
+:mod:`ortflow.learning_rates` (every trainer uses them); they are re-exported here, where onnxcustom's users look (every optimizer class:
+``ortflow.registry.names('optimizer')`` lists their names).
 """
 
 from ..learning_rates import (
     BaseLearningRate,
+    LearningRateAdagrad,
     LearningRateAdam,
     LearningRateAdamW,
+    LearningRateRMSProp,
     LearningRateSGD,
     LearningRateSGDNesterov,
 )
@@ -31,8 +34,10 @@ __all__ = [
     "BaseLearningRate",
     "ElasticLearningLoss",
     "ElasticLearningPenalty",
+    "LearningRateAdagrad",
     "LearningRateAdam",
     "LearningRateAdamW",
+    "LearningRateRMSProp",
     "LearningRateSGD",
     "LearningRateSGDNesterov",
     "NegLogLearningLoss",

@@ -38,7 +38,8 @@ from ..exceptions import (
     with_training_build_hint,
 )
 from ..runtime import DeviceBuffer, _c_value, c_session, make_session, make_session_options, ort_device, to_ortvalue
-from ..validation import check_choice, check_device, check_weights_to_train, resolve_device
+from ..placement import Placement
+from ..validation import check_choice, check_weights_to_train
 from .own_graphs import ForwardState, build_own_graphs, free_inputs
 
 
@@ -75,8 +76,8 @@ class OrtGradientForwardBackward:
         self.gradients_ = "onnxruntime" if gradients == "onnxruntime" else "ortflow"
         model = g.load_model(model_onnx)
         g.check_loadable(model)
-        check_device(device)
-        self.device = device = resolve_device(device)
+        self.placement = Placement.of(device)
+        self.device = device = self.placement.device
         self.weights_to_train_ = check_weights_to_train(model, weights_to_train)
         self.input_names_ = g.input_names(model)
         self.input_names_to_train_ = list(input_names_to_train or [])
@@ -94,7 +95,7 @@ class OrtGradientForwardBackward:
         self._state = None
 
     def _weights_as_inputs(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        if check_device(self.device)[0] == "cpu" and self.gradients_ == "onnxruntime":
+        if self.placement.kind == "cpu" and self.gradients_ == "onnxruntime":
             model = g.relu_as_mask(model)
         return _named_nodes(g.initializers_as_inputs(model, self.weights_to_train_))
 
@@ -106,7 +107,7 @@ class OrtGradientForwardBackward:
             try:
                 own = build_own_graphs(_named_nodes(g.keep_outputs(self.model_, self.output_names_)),
                                        self.weights_to_train_,
-                                       self.input_names_to_train_, self.device, self._session_options)
+                                       self.input_names_to_train_, self.placement, self._session_options)
             except NotDifferentiableError as exc:
                 if self._gradients != "auto" or not TRAINING:
                     raise (exc if TRAINING else with_training_build_hint(exc)) from exc
@@ -155,10 +156,9 @@ class OrtGradientForwardBackward:
         except RuntimeError as exc:
             raise explain_gradient_failure(exc) from exc
         model = g.fused_matmul_for_double(onnx.load_from_string(builder.get_gradient_model()))
-        kind, _ = check_device(self.device)
-        if kind == "cpu" and input_shapes is not None:  # the bias gradients' row sums, see g.row_sums_as_matmul
+        if self.placement.kind == "cpu" and input_shapes is not None:  # the bias gradients' row sums, see g.row_sums_as_matmul
             model = g.row_sums_as_matmul(model)
-        sess = make_session(model, self.device, options)
+        sess = make_session(model, self.placement, options)
         self._sessions.append(sess)
         info = builder.get_graph_info()
         dev = ort_device(self.device)
@@ -268,7 +268,7 @@ class OrtGradientForwardBackward:
             path = os.path.join(folder, "optimized.onnx")
             options = make_session_options()
             options.optimized_model_filepath = path
-            make_session(self.gradient_model_, self.device, options)
+            make_session(self.gradient_model_, self.placement, options)
             return onnx.load(path)
 
     def graphs(self) -> dict[str, onnx.ModelProto]:

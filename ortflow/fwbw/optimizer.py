@@ -20,11 +20,13 @@ from .._ort import OrtValueVector, backend
 from ..base import BaseTrainer
 from ..estimator_loss import own_loss, own_penalty
 from ..graph_spec import GraphSpec, TrainData, prediction_spec
-from ..learning_rates import BaseLearningRate
+from ..learning_rates import BaseLearningRate, UpdateRuntime
 from ..onnx_builder import DEFAULT_OPSET
 from ..parameters import TRAINERS, init_from
+from ..registry import register
 from ..runtime import DeviceBuffer, OnnxFunction, make_session_options
-from ..validation import resolve_device
+from ..training_runtime import TrainingRuntime
+from ..placement import Placement
 from .forward_backward import OrtGradientForwardBackward
 
 
@@ -94,36 +96,58 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         return own_loss(self._model, self.learning_loss)
 
     def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec, rate: BaseLearningRate) -> None:
-        loss = self._loss_object()
-        penalty = own_penalty(self._model, self.learning_loss, self.learning_penalty)
-        device = resolve_device(self.device)
         output = spec.trained_output
         train_graph = g.keep_outputs(model, [output])
         self.weights_to_train_ = self._check_weights(model, train_graph, output)
-        fb = OrtGradientForwardBackward(train_graph, self.weights_to_train_, device=device,
-                                        session_options=self._session_options(), gradients=self.gradients)
-        self.backend_, self.gradients_ = backend(), fb.gradients_
-        inits = g.get_initializers(model)
+        penalty = own_penalty(self._model, self.learning_loss, self.learning_penalty)
+        runtime = ForwardBackwardRuntime(
+            train_graph, self.weights_to_train_, g.get_initializers(model), spec, rate, self._loss_object(), penalty,
+            self._placement(), self._session_options(), self.gradients, self.batch_size)
+        self.backend_, self.gradients_ = backend(), runtime.fb.gradients_
+        self._rt_runtime, self._rt_rate = runtime, rate
+
+
+class ForwardBackwardRuntime(TrainingRuntime):
+    """Forward-backward training's :class:`~ortflow.training_runtime.TrainingRuntime`: onnxruntime's forward and
+    backward passes of ``train_graph`` (an :class:`OrtGradientForwardBackward`), the loss graph of ``loss`` (its
+    value and its gradient with respect to the prediction), and the update graph of ``rate`` with ``penalty`` (an
+    :class:`~ortflow.learning_rates.UpdateRuntime` holding the weights, ``inits`` at the start)."""
+
+    def __init__(self, train_graph: onnx.ModelProto, weights: list[str], inits: dict[str, np.ndarray],
+                 spec: GraphSpec, rate: BaseLearningRate, loss, penalty, placement: Placement, options,
+                 gradients: str, batch_size: int):
+        self.weights, self.placement, self.batch_size = list(weights), placement, batch_size
+        self.device = device = placement.device
+        self.fb = fb = OrtGradientForwardBackward(train_graph, self.weights, device=placement,
+                                                  session_options=options, gradients=gradients)
         small = make_session_options(1 if device == "cpu" else None)  # elementwise graphs on small tensors: one thread
-        rate.start({w: inits[w] for w in self.weights_to_train_}, device, penalty, small)
-        self._rt_grad_fetches = OrtValueVector()
+        self.update = UpdateRuntime(rate, {w: inits[w] for w in self.weights}, placement, penalty, small)
+        self.grad_fetches = OrtValueVector()
         for name in fb.grad_names_:
-            self._rt_grad_fetches.push_back(rate.grads_[name[: -len("_grad")]].c)
-        self._rt_fb, self._rt_rate, self._rt_loss, self._rt_penalty = fb, rate, loss, penalty
+            self.grad_fetches.push_back(self.update.grads_[name[: -len("_grad")]].c)
+        self.loss_object, self.penalty = loss, penalty
         rank = len(spec.label_shape)
         width = spec.label_shape[1] if rank == 2 and isinstance(spec.label_shape[1], int) else None
-        self._rt_loss_fn = OnnxFunction(loss.build_onnx_function(
-            DEFAULT_OPSET, device, spec.weight_name, rank=rank, scaled_weight=True, width=width), device, small)
-        self._rt_val_loss_fn = OnnxFunction(loss.build_onnx_function(
-            DEFAULT_OPSET, device, spec.weight_name, rank=rank, width=width), device, small)
-        self._rt_run_loss, self._rt_new_state = self._rt_loss_fn.run_with_iobinding, fb.new_state
-        self._rt_penalty_value = rate.penalty_buffer_  # the penalty of the weights a step read (None: no penalty)
-        self._rt_device = device
+        self.loss_fn = OnnxFunction(loss.build_onnx_function(
+            DEFAULT_OPSET, device, spec.weight_name, rank=rank, scaled_weight=True, width=width), placement, small)
+        self.val_loss_fn = OnnxFunction(loss.build_onnx_function(
+            DEFAULT_OPSET, device, spec.weight_name, rank=rank, width=width), placement, small)
+        self._run_loss, self._new_state = self.loss_fn.run_with_iobinding, fb.new_state
+        self._penalty_value = self.update.penalty_buffer_  # the penalty of the weights a step read (None: none)
+        self._stepper = None
 
-    def _new_batch(self, n: int, arrays: list[np.ndarray]) -> _Batch:
-        fb, rate, device = self._rt_fb, self._rt_rate, self._rt_device
+    def row_arrays(self, data: TrainData) -> list[np.ndarray]:
+        self._weight, self._uniform = data.weight, bool((data.weight == 1).all())
+        self._feed_names = list(data.feeds)  # the trainable part's inputs (a frozen prefix's outputs)
+        return [*data.feeds.values(), data.y]
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        self._stepper = self.update.stepper(learning_rate)
+
+    def new_batch(self, n: int, arrays: list[np.ndarray]) -> _Batch:
+        fb, update, device = self.fb, self.update, self.device
         *features, label = arrays
-        xs = {name: DeviceBuffer((n,) + a.shape[1:], device, dtype=a.dtype) for name, a in zip(self._rt_feed_names,
+        xs = {name: DeviceBuffer((n,) + a.shape[1:], device, dtype=a.dtype) for name, a in zip(self._feed_names,
                                                                                                  features)}
         y = DeviceBuffer((n,) + label.shape[1:], device)
         w = DeviceBuffer((n,) + (1,) * (label.ndim - 1), device)
@@ -131,13 +155,13 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         loss, grad = DeviceBuffer((), device), DeviceBuffer(prediction.shape, device)
         feeds = []
         for parity in (0, 1):
-            values = {name: rate.buffers_["weight", name][parity] for name in self.weights_to_train_}
+            values = {name: update.buffers_["weight", name][parity] for name in self.weights}
             values.update(xs)
             feeds.append(fb.feed_vector(values))
         fetches, bw_feeds = OrtValueVector(), OrtValueVector()
         fetches.push_back(prediction.c)
         bw_feeds.push_back(grad.c)
-        binding = self._rt_loss_fn.bind([prediction, y, w], [loss, grad])
+        binding = self.loss_fn.bind([prediction, y, w], [loss, grad])
         # Another batch size (the last, shorter batch) runs on one thread: a second thread pool, woken once per
         # epoch, spins against the main one on the next batches (measured: +15% per epoch on D-wide, 2 threads).
         single = make_session_options(1) if device == "cpu" and n != self.batch_size else None
@@ -145,62 +169,52 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
         return _Batch([*xs.values(), y], xs, y, w, prediction, loss, grad, feeds, fetches, binding, bw_feeds, agent,
                       cache)
 
-    # --- hooks: training -----------------------------------------------------------------------------------
-    def _set_learning_rate(self, learning_rate: float) -> None:
-        self._rt_stepper = self._rt_rate.stepper(learning_rate)
-
-    def _row_arrays(self, data: TrainData) -> list[np.ndarray]:
-        self._rt_weight, self._rt_uniform = data.weight, bool((data.weight == 1).all())
-        self._rt_feed_names = list(data.feeds)  # the trainable part's inputs (a frozen prefix's outputs)
-        return [*data.feeds.values(), data.y]
-
-    def _step(self, batch: _Batch) -> float:
-        uniform = self._rt_uniform
+    def step(self, batch: _Batch) -> float:
+        uniform = self._uniform
         if not (uniform and batch.uniform):
-            batch.load_weight(self._rt_weight, batch.rows, uniform)
-        state = batch.state = self._rt_new_state()
-        batch.agent.run_forward(batch.fw_feeds[self._rt_rate.parity_], batch.fw_fetches, state, batch.cache)
-        self._rt_run_loss(batch.loss_binding, None)
+            batch.load_weight(self._weight, batch.rows, uniform)
+        state = batch.state = self._new_state()
+        batch.agent.run_forward(batch.fw_feeds[self.update.parity_], batch.fw_fetches, state, batch.cache)
+        self._run_loss(batch.loss_binding, None)
         return batch.loss.scalar()
 
-    def _apply_step(self, batch: _Batch) -> float:
-        batch.agent.run_backward(batch.bw_feeds, self._rt_grad_fetches, batch.state)
-        self._rt_stepper()
-        return 0.0 if self._rt_penalty_value is None else self._rt_penalty_value.scalar()
+    def apply(self, batch: _Batch) -> float:
+        batch.agent.run_backward(batch.bw_feeds, self.grad_fetches, batch.state)
+        self._stepper()
+        return 0.0 if self._penalty_value is None else self._penalty_value.scalar()
 
-    def _validation_loss(self, data: TrainData) -> float:
-        fb, current = self._rt_fb, self._rt_rate.current()
+    def loss(self, data: TrainData) -> float:
+        fb, current = self.fb, self.update.current()
         fb.set_weights(current)
         prediction = fb.forward([data.feeds[name] for name in fb.input_names_])[0]
         weight = data.weight if data.weight is not None else np.ones(data.n_samples, dtype=np.float32)
-        loss = float(self._rt_val_loss_fn.run(prediction, data.y, weight)[0].numpy())
-        penalized = [buf for name, buf in current.items() if self._rt_penalty.penalizes(name)]
-        if not self._rt_penalty.is_null() and penalized:
-            loss += self._rt_penalty.penalty_loss(self._rt_device, *penalized)
+        loss = float(self.val_loss_fn.run(prediction, data.y, weight)[0].numpy())
+        penalized = [buf for name, buf in current.items() if self.penalty.penalizes(name)]
+        if not self.penalty.is_null() and penalized:
+            loss += self.penalty.penalty_loss(self.device, *penalized)
         return loss
 
-    # --- hooks: state and graphs ---------------------------------------------------------------------------
-    def get_state(self) -> dict[str, np.ndarray]:
-        """Trained weights by name (copies)."""
-        self._check_fitted()
-        weights = self._rt_rate.get_weights()
-        return {name: weights[name] for name in self.weights_to_train_}
+    def get_weights(self) -> dict[str, np.ndarray]:
+        weights = self.update.get_weights()
+        return {name: weights[name] for name in self.weights}
 
-    def _set_weights(self, state: dict[str, np.ndarray]) -> None:
-        current = self._rt_rate.current()
-        for name, value in state.items():
+    def set_weights(self, values: dict[str, np.ndarray]) -> None:
+        current = self.update.current()
+        for name, value in values.items():
             if value.shape != current[name].shape:
                 raise ValueError(f"set_state: {name!r} has shape {current[name].shape}, the value has {value.shape}")
-        self._rt_rate.set_weights(state)
+        self.update.set_weights(values)
 
-    def _optimizer_state(self) -> dict[str, np.ndarray]:
-        return self._rt_rate.get_state()
+    def get_optimizer_state(self) -> dict[str, np.ndarray]:
+        return self.update.get_state()
 
-    def _set_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
-        self._rt_rate.set_state(state)
+    def set_optimizer_state(self, state: dict[str, np.ndarray]) -> None:
+        self.update.set_state(state)
 
-    def _graphs(self) -> dict:
-        graphs = dict(self._rt_fb.graphs())
-        graphs["loss"] = self._rt_loss_fn.model
-        graphs["update"] = self._rt_rate.function_.model
+    def graphs(self) -> dict:
+        graphs = dict(self.fb.graphs())
+        graphs["loss"] = self.loss_fn.model
+        graphs["update"] = self.update.function_.model
         return graphs
+
+register("trainer", OrtGradientForwardBackwardOptimizer)

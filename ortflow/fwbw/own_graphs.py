@@ -24,7 +24,7 @@ from ..exceptions import UnsupportedModelError
 from ..graph import FLOAT_TYPES
 from .._ort import _C, InferenceSession, SessionOptions
 from ..runtime import c_session, ort_device
-from ..validation import check_device
+from ..placement import Placement
 
 
 class ForwardState:
@@ -51,9 +51,12 @@ class OwnGraphs:
     non_differentiable: list[int]  # positions of the outputs that take no upstream gradient
 
 
-def build_own_graphs(model: onnx.ModelProto, weights: Sequence[str], inputs: Sequence[str], device: str,
-                     options: SessionOptions) -> OwnGraphs:
-    """Forward and backward graphs of ``model``'s float outputs with respect to ``inputs`` then ``weights``."""
+def build_own_graphs(model: onnx.ModelProto, weights: Sequence[str], inputs: Sequence[str],
+                     placement: Placement | str, options: SessionOptions) -> OwnGraphs:
+    """Forward and backward graphs of ``model``'s float outputs with respect to ``inputs`` then ``weights``, their
+    sessions at ``placement``."""
+    placement = Placement.of(placement)
+    device = placement.device
     outputs = [o.name for o in model.graph.output]
     floats = [o.name for o in model.graph.output if o.type.tensor_type.elem_type in FLOAT_TYPES]
     if not floats:
@@ -81,7 +84,7 @@ def build_own_graphs(model: onnx.ModelProto, weights: Sequence[str], inputs: Seq
                                                           for n in saved]
     fw_inputs = [i for i in derivative.graph.input if i.name not in seeds]
     forward_model = _model(derivative, forward, "forward", fw_inputs, fw_outputs, inits)
-    providers = check_device(device)[1]
+    providers = placement.providers()
     forward_session = InferenceSession(forward_model.SerializeToString(), options, providers=providers)
     if untyped:  # onnxruntime's own inference types them: declare those types for the backward graph's inputs
         resolved = {o.name: o.type for o in forward_session.get_outputs()}

@@ -38,8 +38,9 @@ def export_training_package(estimator, folder: str | os.PathLike, overwrite: boo
                             max_unrolled: int | None = None, feature_scaling: tuple | None = None,
                             target_scaling: tuple | None = None, columns: Mapping[str, str] | None = None,
                             text_missing: str | None = None) -> Path:
-    """Write the training package of ``estimator`` (an :class:`ortflow.OrtGradientOptimizer` or
-    :class:`ortflow.OrtGradientForwardBackwardOptimizer`, fitted or not) into ``folder``: its graph, loss, current
+    """Write the training package of ``estimator`` (an :class:`ortflow.OrtGradientOptimizer`,
+    :class:`ortflow.OrtGradientForwardBackwardOptimizer` or :class:`ortflow.TorchTrainer`, fitted or not: what its
+    ``training_problem()`` says) into ``folder``: its graph, loss, current
     weights and optimizer state, optimizer, schedule and batch size (see the module's docstring).
 
     ``feature_names`` names the columns of the data input (default: those the estimator was fitted on, when it
