@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 import ortflow
-from ortflow.artifact_cache import STEP_GRAPHS, TRAINING_ARTIFACTS
+from ortflow.runtime.artifact_cache import STEP_GRAPHS, TRAINING_ARTIFACTS
 
 from .cases import default_cases, make_data
 from .engines import _fwbw_learning_rate, loss_graph, prediction_graph, quiet_ort_info

@@ -240,12 +240,12 @@ export class ExecutionProviderError extends Error {
   readonly executionProviders: string[];
 }
 
-// --- shuffling and schedules (the same numbers as Python's ortflow.shuffle and ortflow.schedules) -----------------
+// --- shuffling and schedules (the same numbers as Python's ortflow.data.shuffle and ortflow.optimizers.schedules) -----------------
 /** The shuffle generator's 32-bit state for (seed, epoch). */
 export function seedState(seed: number, epoch: number): number;
 /** mulberry32: successive unsigned 32-bit draws from a 32-bit state. */
 export function mulberry32(state: number): () => number;
-/** The row order of `epoch` (epochs completed before, from 0) for `seed`: Python's `ortflow.shuffle.epoch_order`. */
+/** The row order of `epoch` (epochs completed before, from 0) for `seed`: Python's `ortflow.data.shuffle.epoch_order`. */
 export function epochOrder(n: number, seed: number, epoch: number): Int32Array;
 
 export interface Schedule {
@@ -256,7 +256,7 @@ export interface Schedule {
   per?: 'epoch';
   of?: 'rows_seen';
 }
-/** The learning rate of an epoch starting after `rowsSeen` rows (`ortflow.schedules.learning_rate_at`). */
+/** The learning rate of an epoch starting after `rowsSeen` rows (`ortflow.optimizers.schedules.learning_rate_at`). */
 export function learningRateAt(schedule: Schedule, rowsSeen: number): number;
 
 // --- training ---------------------------------------------------------------------------------------------------

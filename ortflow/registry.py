@@ -76,9 +76,9 @@ class Registered:
 
 #: the modules defining ortflow's own members of each family, imported on the first look-up (``import ortflow``
 #: loads nothing until a name is used)
-FAMILY_MODULES = {"loss": ("ortflow.losses",), "penalty": ("ortflow.penalties",),
-                  "optimizer": ("ortflow.learning_rates",),
-                  "trainer": ("ortflow.full", "ortflow.fwbw.optimizer", "ortflow.torch_trainer")}
+FAMILY_MODULES = {"loss": ("ortflow.objectives.losses",), "penalty": ("ortflow.objectives.penalties",),
+                  "optimizer": ("ortflow.optimizers.learning_rates",),
+                  "trainer": ("ortflow.trainers.full", "ortflow.trainers.fwbw", "ortflow.trainers.torch_trainer")}
 #: earlier names of a family (the optimizers' family was called after onnxcustom's classes, learning rates)
 KIND_ALIASES = {"learning_rate": "optimizer"}
 

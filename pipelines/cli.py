@@ -140,7 +140,7 @@ def run_stage(name: str, cfg: DictConfig) -> float | None:
     def stage() -> float | None:
         check_inputs(cfg, [name])
         from .execution.runner import run_standalone
-        from .stages import stage_function
+        from .base.stages import stage_function
 
         return run_standalone(name, stage_function(name), cfg)
 

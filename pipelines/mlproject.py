@@ -3,7 +3,7 @@
 ``python -m pipelines.mlproject run [URI] [options]`` is ``mlflow run`` guarded (:func:`run_project`): MLflow makes
 its run, then builds python_env.yaml's environment, and leaves the run RUNNING with a traceback when that fails.
 
-``MLproject``'s entry points are ``main`` and one per stage of the table (pipelines/stages/__init__.py), each
+``MLproject``'s entry points are ``main`` and one per stage of the table (pipelines/base/stages.py), each
 running this module: ``python -m pipelines.mlproject --write`` writes them from the table (:func:`mlproject_text`;
 a test checks the committed file is what the table gives).
 
@@ -39,7 +39,7 @@ from pathlib import Path
 from .base.handoff import OUTER_RUN_ENV
 from .cli import CHAIN, app
 from .base.errors import USER_ERROR_STATUS, UserError, exit_if_interrupted, report
-from .stages import names
+from .base.stages import names
 
 #: the MLproject file, at the repository root
 MLPROJECT = Path(__file__).resolve().parent.parent / "MLproject"
@@ -50,7 +50,7 @@ _HEADER = """\
 # the chain and each stage log into mlflow run's run. Without --env-manager local, MLflow builds python_env.yaml's
 # environment (pyenv, network) after making its run: `python -m pipelines.mlproject run . [options]` refuses first
 # when it cannot, and ends the run FAILED when building fails.
-# Written by `python -m pipelines.mlproject --write` from the stage table (pipelines/stages/__init__.py).
+# Written by `python -m pipelines.mlproject --write` from the stage table (pipelines/base/stages.py).
 name: ortflow
 
 python_env: python_env.yaml

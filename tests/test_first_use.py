@@ -78,7 +78,7 @@ def test_a_script_next_to_the_clone_imports_the_package_not_the_clones_folder(tm
     code = f"import runpy, sys; sys.path.append({str(clone)!r}); runpy.run_path({str(script)!r})"
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ortflow.full", proc.stderr[-2000:]
+    assert proc.returncode == 0 and proc.stdout.strip() == "ortflow.trainers.full", proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("trainer", ["full", "fwbw"])

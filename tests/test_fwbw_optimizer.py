@@ -14,16 +14,8 @@ from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 from ortflow._ort import TRAINING
 from ortflow import Checkpoint, ConvergenceError, NotDifferentiableError, OrtGradientOptimizer, add_loss_output, to_onnx
-from ortflow.fwbw import (
-    AbsoluteLearningLoss,
-    ElasticLearningLoss,
-    ElasticLearningPenalty,
-    LearningRateAdam,
-    LearningRateSGD,
-    LearningRateSGDNesterov,
-    NegLogLearningLoss,
-    OrtGradientForwardBackwardOptimizer,
-)
+from ortflow import (AbsoluteLearningLoss, ElasticLearningLoss, ElasticLearningPenalty, LearningRateAdam,
+                     LearningRateSGD, LearningRateSGDNesterov, NegLogLearningLoss, OrtGradientForwardBackwardOptimizer)
 
 
 def _constant(eta0):

@@ -15,8 +15,8 @@ from sklearn.linear_model import LinearRegression
 
 import ortflow
 from ortflow import DeviceError, OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer, add_loss_output, to_onnx
-from ortflow.placement import Placement
-from ortflow.runtime import cuda_provider_options
+from ortflow.runtime.placement import Placement
+from ortflow.runtime.sessions import cuda_provider_options
 from tolerances import U32, assert_close, float32_sum_atol, matmul_atol
 
 LR = 0.05
@@ -156,7 +156,7 @@ def test_cuda_fp32_step_matches_cpu(cls, linear):
 def test_cuda_precision_reaches_the_products():
     """An MLP's forward on CUDA: within float32's bound of float64 in fp32; in tf32 (10-bit mantissas) beyond it,
     which shows that the setting reaches onnxruntime (the fault seen: TF32 where fp32 was meant)."""
-    from ortflow.runtime import OnnxFunction
+    from ortflow.runtime.sessions import OnnxFunction
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -176,13 +176,13 @@ def test_cuda_precision_reaches_the_products():
 
 @pytest.mark.gpu
 def test_device_rows_on_cuda_are_the_copied_rows():
-    """ortflow.device_data on the GPU: rows shuffled and bound by address on the device, the loss written into a
+    """ortflow.runtime.device_data on the GPU: rows shuffled and bound by address on the device, the loss written into a
     device vector, equal to the same rows fed from the host (the same session: the same kernels)."""
     from onnx import TensorProto, helper
 
     from ortflow._ort import _C
-    from ortflow.device_data import DeviceLosses, DeviceRows
-    from ortflow.runtime import OnnxFunction
+    from ortflow.runtime.device_data import DeviceLosses, DeviceRows
+    from ortflow.runtime.sessions import OnnxFunction
 
     nodes = [helper.make_node("ReduceSumSquare", ["X"], ["loss"], keepdims=0)]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 4])],

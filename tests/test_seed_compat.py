@@ -18,7 +18,7 @@ from ortflow import (
     to_onnx,
 )
 from ortflow.exceptions import ConvergenceError
-from ortflow.schedules import learning_rate_at
+from ortflow.optimizers.schedules import learning_rate_at
 
 
 @pytest.fixture(scope="module")

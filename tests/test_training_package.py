@@ -44,7 +44,7 @@ from ortflow.package import (
     train_package,
 )
 from ortflow.package import unrolled_bound
-from ortflow.shuffle import draws, epoch_order, seed_state
+from ortflow.data.shuffle import draws, epoch_order, seed_state
 from sklearn_fit import quiet_fit
 from tolerances import TERM_ROUNDINGS, U32
 
@@ -285,7 +285,7 @@ def test_a_fitted_trainer_exports_its_weights_moments_and_progress(tmp_path, kin
         est = OrtGradientOptimizer(onx, **settings).fit(X, y)
     else:
         outputs = [o.name for o in onx.graph.output if o.name != "loss"]
-        est = OrtGradientForwardBackwardOptimizer(ortflow.graph.keep_outputs(onx, outputs), **settings).fit(X, y)
+        est = OrtGradientForwardBackwardOptimizer(ortflow.graph.editing.keep_outputs(onx, outputs), **settings).fit(X, y)
     folder = ortflow.export_training_package(est, tmp_path / "pkg")
     start = TrainingPackage(folder).initial_state()
     assert (start.epochs, start.steps, start.rows_seen) == (2, 8, 120)
@@ -318,7 +318,7 @@ def test_a_prediction_graphs_package_trains_as_the_full_trainers(tmp_path, kind)
 
     cls = OrtGradientForwardBackwardOptimizer if kind == "fwbw" else ortflow.TorchTrainer
     onx, X, y = _case("mlp")
-    prediction = ortflow.graph.keep_outputs(onx, [o.name for o in onx.graph.output if o.name != "loss"])
+    prediction = ortflow.graph.editing.keep_outputs(onx, [o.name for o in onx.graph.output if o.name != "loss"])
     settings = dict(batch_size=16, learning_rate=LearningRateAdam(eta0=0.01))
     full = ortflow.export_training_package(OrtGradientOptimizer(onx, **settings), tmp_path / "full")
     other = ortflow.export_training_package(cls(prediction, learning_loss="squared_error", **settings),
@@ -345,10 +345,10 @@ def test_every_trainer_says_what_it_trains_as_one_problem(kind):
     the progress is the fit's."""
     if kind == "torch":
         pytest.importorskip("torch")
-    from ortflow.problem import state_tensor
+    from ortflow.trainers.problem import state_tensor
 
     onx, X, y = _case("mlp")
-    prediction = ortflow.graph.keep_outputs(onx, [o.name for o in onx.graph.output if o.name != "loss"])
+    prediction = ortflow.graph.editing.keep_outputs(onx, [o.name for o in onx.graph.output if o.name != "loss"])
     settings = dict(batch_size=16, max_iter=2, shuffle=False, learning_rate=LearningRateAdam(eta0=0.01))
     est = (OrtGradientOptimizer(onx, **settings) if kind == "full" else
            (OrtGradientForwardBackwardOptimizer if kind == "fwbw" else ortflow.TorchTrainer)(

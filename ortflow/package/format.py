@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from ..exceptions import TrainingPackageError
-from ..shuffle import GENERATOR  # the shuffle generator every runtime implements
+from ..data.shuffle import GENERATOR  # the shuffle generator every runtime implements
 
 FORMAT = "ortflow-training-package"
 FORMAT_VERSION = 1
@@ -244,7 +244,7 @@ class Shuffle(Record):
     generator: Literal[GENERATOR]  # type: ignore[valid-type]
     seed: str = "uint32"
     epoch: str = "epochs completed before, from 0"
-    module: str = "ortflow.shuffle"
+    module: str = "ortflow.data.shuffle"
 
 
 @dataclass

@@ -14,11 +14,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .. import graph as g
+from ..graph import editing as g
 from .._ort import MAX_IR_VERSION
 from ..autodiff.training import UPDATED
 from ..exceptions import TrainingPackageError
-from ..learning_rates import LEARNING_RATE, STEP
+from ..optimizers.learning_rates import LEARNING_RATE, STEP
 from .format import FLAT_STATE, FLAT_UPDATED, UNROLLED_LOSSES, TensorSpec
 
 #: the key of a graph's ``metadata_props`` holding the preprocessing its nodes do (the manifest's ``preprocess``)

@@ -20,9 +20,9 @@ import numpy as np
 
 from .._ort import InferenceSession
 from ..exceptions import ConvergenceError, TrainingPackageError
-from ..runtime import make_session_options
-from ..shuffle import epoch_order
-from ..validation import encode_labels
+from ..runtime.sessions import make_session_options
+from ..data.shuffle import epoch_order
+from ..runtime.validation import encode_labels
 from .format import Manifest, Target, inputs_by_role, outputs_by_role
 from .reader import TrainingPackage, TrainingState
 from .state import decode_tensors
@@ -34,7 +34,7 @@ def train_package(folder: str | os.PathLike | TrainingPackage, X, y, epochs: int
                   unrolled: bool = False) -> TrainingState:
     """Train the package's step graph with onnxruntime over (X, y), as every other runtime does: ``epochs``
     epochs from ``state`` (default the package's own); each epoch's learning rate from the schedule at the rows
-    seen before it, its row order :func:`ortflow.shuffle.epoch_order` ``(n, seed mod 2**32, epochs completed)``
+    seen before it, its row order :func:`ortflow.data.shuffle.epoch_order` ``(n, seed mod 2**32, epochs completed)``
     (or the rows as given without ``shuffle``), batches of ``batch_size`` rows (the last one shorter), ``step``
     counting the updates from the state's. ``X``: an array (one data input) or a dict input name -> array; ``y``:
     targets, or class labels of a classifier. ``on_epoch(record)`` is called after each epoch (see the module's

@@ -14,10 +14,10 @@ from typing import Sequence
 import numpy as np
 import onnx
 
-from .. import graph as g
+from ..graph import editing as g
 from ..exceptions import TrainingPackageError
 from ..registry import family
-from ..schedules import learning_rate_at
+from ..optimizers.schedules import learning_rate_at
 from .format import (FORMAT_VERSION, MANIFEST, MAX_COUNT, PREDICT_FILE, STATE_FILE, STATE_FORMAT, Manifest,
                      StateEntry, StateHeader, StateTensor)
 from .folder import sha256_bytes

@@ -19,10 +19,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx
 
-from .. import graph as g
+from ..graph import editing as g
 from ..autodiff.training import UPDATED, training_step
 from ..exceptions import TrainingPackageError
-from ..learning_rates import LEARNING_RATE, STEP
+from ..optimizers.learning_rates import LEARNING_RATE, STEP
 from .folder import sha256_bytes, write_folder
 from .format import (FLAT_STATE, FLAT_STEP_FILE, FLAT_UPDATED, FORMAT, FORMAT_VERSION, GENERATOR, LOSS_FILE, MANIFEST,
                      PREDICT_FILE, STATE_FILE, STEP_FILE, UNROLLED_FILE, UNROLLED_LOSSES, Affine, Manifest, Preprocess,

@@ -21,13 +21,13 @@ from pathlib import Path
 import onnx
 from omegaconf import DictConfig
 
-from ortflow.graph import load_model, safe_join
+from ortflow.graph.editing import load_model, safe_join
 
-from .. import stages
+from ..base import stages
 
 MANIFEST = "manifest.json"
 #: entry name -> the file name stages write it under (also what source.path folders are searched for), and which
-#: stage writes each entry (for error messages): both from the stage table (pipelines/stages/__init__.py)
+#: stage writes each entry (for error messages): both from the stage table (pipelines/base/stages.py)
 FILES, PRODUCER = stages.FILES, stages.PRODUCER
 
 

@@ -15,11 +15,11 @@ import onnx
 from omegaconf import DictConfig
 from onnx import helper
 
-from .models import BY_NAME, LOG_LINK, LOG_LINK_MODELS, estimator_arguments
+from ..base.models import BY_NAME, LOG_LINK, LOG_LINK_MODELS, estimator_arguments
 
 
 def build_estimator(model: DictConfig, seed: int):
-    """The scikit-learn estimator of ``model.name`` (:data:`pipelines.modeling.models.MODELS`) with its settings."""
+    """The scikit-learn estimator of ``model.name`` (:data:`pipelines.base.models.MODELS`) with its settings."""
     import importlib
 
     entry = BY_NAME[str(model.name)]
@@ -28,8 +28,8 @@ def build_estimator(model: DictConfig, seed: int):
 
 
 def build_preprocessing(kinds: dict[str, str], treatments: dict[str, str] | None = None):
-    """The ColumnTransformer ``preprocess=auto`` fits in front of the model: :func:`ortflow.preprocessing.make_preprocessing`."""
-    from ortflow.preprocessing import make_preprocessing
+    """The ColumnTransformer ``preprocess=auto`` fits in front of the model: :func:`ortflow.data.preprocessing.make_preprocessing`."""
+    from ortflow.data.preprocessing import make_preprocessing
 
     return make_preprocessing(kinds, treatments)
 
@@ -117,9 +117,9 @@ def with_scaling(onx: onnx.ModelProto, x_mean: np.ndarray, x_scale: np.ndarray, 
 
 def with_mean(onx: onnx.ModelProto, model_name: str | None = None, output_name: str = "variable") -> onnx.ModelProto:
     """``onx`` answering the mean scikit-learn predicts: ``exp`` of ``output_name`` for a log-link GLM
-    (:data:`pipelines.modeling.models.LOG_LINK`, read from the graph's estimator record; a trained graph has none,
+    (:data:`pipelines.base.models.LOG_LINK`, read from the graph's estimator record; a trained graph has none,
     so ``model_name``, the config's ``model.name``, says it too), else ``onx`` unchanged."""
-    from ortflow.convert import estimator_record
+    from ortflow.convert.sklearn import estimator_record
 
     if estimator_record(onx).get("class") not in LOG_LINK and model_name not in LOG_LINK_MODELS:
         return onx

@@ -5,14 +5,14 @@ scikit-learn does); a ``trainer.weights_to_train`` naming no initializer would f
 ``convert`` and ``add_loss`` had run and logged; ``model=onnx``'s graph (its input
 against the data, its output, a gradient rule for every node) would fail in ``convert``. :func:`check_training_settings`
 builds what those stages would (the split, and the graph from a scikit-learn fit of one iteration when
-``weights_to_train`` is set) and applies ortflow's own checks (``ortflow.validation``) to them.
+``weights_to_train`` is set) and applies ortflow's own checks (``ortflow.runtime.validation``) to them.
 """
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from ortflow.validation import check_weights_to_train
+from ortflow.runtime.validation import check_weights_to_train
 
 from ..base.schema import ConfigError
 

@@ -22,10 +22,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..base import metric_names as mn
 from ..base.schema import TASK_MODEL, ConfigError, close_keys, plain_value
-from ..modeling.models import BY_NAME
+from ..base.models import BY_NAME
 from .study import Dimension, SearchSpaceError, parse_space
 
-#: the keys of ``cfg.model`` every model reads (the others: :attr:`pipelines.modeling.models.Model.settings`)
+#: the keys of ``cfg.model`` every model reads (the others: :attr:`pipelines.base.models.Model.settings`)
 MODEL_COMMON = ("name", "task", "target_opset")
 #: ``model=onnx``'s own keys
 ONNX_KEYS = ("path", "output")

@@ -20,7 +20,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig
 
-from ortflow.graph import safe_join
+from ortflow.graph.editing import safe_join
 
 from ..base.errors import TrackingUnavailableError
 from ..base.interrupts import PAUSE_ENV, pause_point
