@@ -16,7 +16,7 @@ _EXPORTS = {
     **dict.fromkeys(["add_loss_output"], "objectives.add_loss"),
     **dict.fromkeys(["onnx_derivative"], "autodiff"),
     **dict.fromkeys(["BaseTrainer"], "trainers.base"),
-    **dict.fromkeys(["Callback", "Checkpoint", "EarlyStopping", "ProgressBar"], "trainers.callbacks"),
+    **dict.fromkeys(["Callback", "Checkpoint", "EarlyStopping", "ProgressBar", "TimeLimit"], "trainers.callbacks"),
     **dict.fromkeys(["to_onnx"], "convert.sklearn"),
     **dict.fromkeys(["CheckpointError", "ConvergenceError", "DeviceError", "NotDifferentiableError",
                      "OrtflowError", "TrainingPackageError", "UnsafePathError", "UnsupportedModelError"], "exceptions"),
@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads ea
     from .objectives.add_loss import add_loss_output
     from .autodiff import onnx_derivative
     from .trainers.base import BaseTrainer
-    from .trainers.callbacks import Callback, Checkpoint, EarlyStopping, ProgressBar
+    from .trainers.callbacks import Callback, Checkpoint, EarlyStopping, ProgressBar, TimeLimit
     from .convert.sklearn import to_onnx
     from .exceptions import (CheckpointError, ConvergenceError, DeviceError, NotDifferentiableError, OrtflowError,
                              TrainingPackageError, UnsafePathError, UnsupportedModelError)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LinearRegression
 
-from ortflow import Callback, EarlyStopping, OrtGradientOptimizer, ProgressBar, add_loss_output, to_onnx
+from ortflow import (Callback, EarlyStopping, OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer, ProgressBar,
+                     TimeLimit, add_loss_output, to_onnx)
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,31 @@ def test_callback_can_stop_training(regression_data, graph):
     X, y = regression_data
     est = OrtGradientOptimizer(graph, max_iter=10, callbacks=[StopAtTwo()]).fit(X, y)
     assert est.n_iter_ == 2
+
+
+@pytest.mark.parametrize("trainer", ["full", "fwbw"])
+def test_max_time_stops_at_the_end_of_the_epoch_that_spends_it(regression_data, graph, trainer):
+    """``max_time`` adds a :class:`TimeLimit`: a budget already spent after one epoch stops there, no budget trains
+    every epoch, and the time limit says it stopped the fit."""
+    X, y = regression_data
+    if trainer == "full":
+        make = lambda **kw: OrtGradientOptimizer(graph, max_iter=6, **kw)  # noqa: E731
+    else:
+        model = to_onnx(LinearRegression().fit(X[:20], np.zeros(20)))
+        make = lambda **kw: OrtGradientForwardBackwardOptimizer(model, max_iter=6, **kw)  # noqa: E731
+    assert make(max_time=1e-9).fit(X, y).n_iter_ == 1
+    assert make().fit(X, y).n_iter_ == 6
+    limit = TimeLimit(3600.0)
+    assert make(callbacks=[limit]).fit(X, y).n_iter_ == 6 and not limit.stopped_
+    limit = TimeLimit(1e-9)
+    assert make(callbacks=[limit]).fit(X, y).n_iter_ == 1 and limit.stopped_
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("inf"), "10", True])
+def test_max_time_takes_a_positive_number_of_seconds(regression_data, graph, value):
+    X, y = regression_data
+    with pytest.raises((TypeError, ValueError), match="max_time"):
+        OrtGradientOptimizer(graph, max_iter=2, max_time=value).fit(X, y)
 
 
 def test_early_stopping_restores_best_weights(regression_data, graph):

@@ -243,8 +243,8 @@ def _tiny_linear():
     (["trainer=full", "trainer.optimizer=adagrad", "trainer.epsilon=1e-6"], "OrtGradientOptimizer",
      {"learning_rate": ("LearningRateAdagrad", {"epsilon": 1e-6})}),
     (["trainer=full", "trainer.validation_every=2", "trainer.prefetch_depth=3", "trainer.spinning=false",
-      "trainer.enable_logging=true"], "OrtGradientOptimizer",
-     {"validation_every": 2, "prefetch_depth": 3, "spinning": False, "enable_logging": True}),
+      "trainer.enable_logging=true", "trainer.max_time=30"], "OrtGradientOptimizer",
+     {"validation_every": 2, "prefetch_depth": 3, "spinning": False, "enable_logging": True, "max_time": 30.0}),
 ])
 def test_a_valid_setting_reaches_the_trainer(compose_pipeline, overrides, trainer, expected):
     import ortflow

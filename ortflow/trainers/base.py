@@ -37,7 +37,7 @@ from sklearn.base import BaseEstimator, clone
 from sklearn.utils import check_random_state
 
 from ..graph import editing as g
-from .callbacks import Callback, EarlyStopping, ProgressBar
+from .callbacks import Callback, EarlyStopping, ProgressBar, TimeLimit
 from .checkpoint import CheckpointMixin, Progress, load_state, save_state
 from ..convert.sklearn import ESTIMATOR_METADATA
 from ..objectives.estimator_loss import own_loss, own_penalty
@@ -412,6 +412,8 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
         callbacks = list(self.callbacks or [])
         if self.early_stopping:
             callbacks.append(EarlyStopping(patience=self.n_iter_no_change, tol=self.tol))
+        if self.max_time is not None:
+            callbacks.append(TimeLimit(self.max_time))
         if self.verbose:
             callbacks.append(ProgressBar())
         return callbacks

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,22 @@ class EarlyStopping(Callback):
     def on_train_end(self, trainer: Any) -> None:
         if self.restore_best and self.best_state_ is not None and trainer.stop_training_:
             trainer.set_state(self.best_state_)
+
+
+class TimeLimit(Callback):
+    """Stop at the end of the epoch during which ``seconds`` of training have passed (a budget for sweeps and
+    notebooks; the trainers' ``max_time`` adds it). ``stopped_`` says whether it stopped the training."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_train_begin(self, trainer: Any) -> None:
+        self.start_ = time.perf_counter()
+        self.stopped_ = False
+
+    def on_epoch_end(self, trainer: Any, record: dict) -> None:
+        if time.perf_counter() - self.start_ >= self.seconds:
+            trainer.stop_training_ = self.stopped_ = True
 
 
 class Checkpoint(Callback):

@@ -101,6 +101,11 @@ def _callbacks(name: str, value: Any) -> None:
             raise TypeError(f"{name} holds {cb!r}, which is not an ortflow.trainers.callbacks.Callback")
 
 
+def _seconds(name: str, value: Any) -> None:
+    if check_non_negative(name, value) == 0:
+        raise ValueError(f"{name}={value!r} must be a number of seconds > 0")
+
+
 def _string(name: str, value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise TypeError(f"{name}={value!r} must be a non-empty string")
@@ -162,6 +167,9 @@ SHARED = (
     Param("early_stopping", False, check_bool, "stop when the validation loss stops improving"),
     Param("n_iter_no_change", 10, check_positive_int, "early stopping's patience, in epochs"),
     Param("tol", 1e-4, check_non_negative, "early stopping's minimum improvement"),
+    Param("max_time", None, _optional(_seconds),
+          "seconds of training after which a fit stops, at the end of the epoch then running (None: no limit)",
+          Optional[float]),
     Param("shuffle", True, _shuffle,
           "shuffle the samples before every epoch: True (numpy's generator), False, or 'portable' (the generator "
           "training packages use, ortflow.data.shuffle: with an int random_state, the batches another runtime draws "
