@@ -174,6 +174,25 @@ export interface Shuffle {
   module?: string;
 }
 
+/** An affine map a package's graphs apply to an input: `(x - mean) / scale`, per column. */
+export interface Affine {
+  input: string;
+  mean: number[];
+  scale: number[];
+}
+
+/** The preprocessing the package's graphs hold (they take raw features and targets and predict in the target's
+ * units), and what no graph expresses: the kind of each table column and the text of a missing cell, which the
+ * caller's rows must already follow. */
+export interface Preprocess {
+  features?: Affine | null;
+  target?: Affine | null;
+  /** the prediction outputs brought back to the target's units */
+  prediction?: string[];
+  columns?: {[name: string]: string} | null;
+  text_missing?: string | null;
+}
+
 export interface FileEntry {
   sha256: string;
   bytes: number;
@@ -206,6 +225,7 @@ export interface Manifest {
   shuffle: Shuffle;
   feature_names?: string[] | null;
   unrolled?: UnrolledGraph[];
+  preprocess?: Preprocess;
   metadata?: Metadata;
   /** every file's SHA-256 and size */
   files?: {[name: string]: FileEntry};

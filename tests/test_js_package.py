@@ -138,7 +138,8 @@ MANIFEST_TYPES = {"Manifest": "Manifest", "TensorSpec": "TensorSpec", "StepGraph
                   "FlatStepGraph": "FlatStepGraph", "UnrolledGraph": "UnrolledGraph", "Target": "Target", "Loss": "Loss",
                   "Optimizer": "Optimizer", "Schedule": "Schedule", "StateTable": "StateTable",
                   "StateTensor": "StateTensor", "Progress": "Progress", "WeightPatch": "Patch",
-                  "PredictGraph": "PredictGraph", "LossModel": "LossModel", "Shuffle": "Shuffle", "FileEntry": "FileEntry"}
+                  "PredictGraph": "PredictGraph", "LossModel": "LossModel", "Shuffle": "Shuffle", "FileEntry": "FileEntry",
+                  "Preprocess": "Preprocess", "Affine": "Affine"}
 
 
 def interface_fields(text: str, name: str) -> dict[str, bool]:
