@@ -193,6 +193,13 @@ export interface Preprocess {
   text_missing?: string | null;
 }
 
+/** What wrote the package (what a bug report about it names). */
+export interface CreatedWith {
+  ortflow: string;
+  onnxruntime: string;
+  onnx: string;
+}
+
 export interface FileEntry {
   sha256: string;
   bytes: number;
@@ -227,6 +234,8 @@ export interface Manifest {
   unrolled?: UnrolledGraph[];
   preprocess?: Preprocess;
   metadata?: Metadata;
+  /** ortflow's version and the onnxruntime and onnx that wrote the package (absent from older packages) */
+  created_with?: CreatedWith | null;
   /** every file's SHA-256 and size */
   files?: {[name: string]: FileEntry};
 }

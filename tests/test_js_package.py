@@ -139,7 +139,7 @@ MANIFEST_TYPES = {"Manifest": "Manifest", "TensorSpec": "TensorSpec", "StepGraph
                   "Optimizer": "Optimizer", "Schedule": "Schedule", "StateTable": "StateTable",
                   "StateTensor": "StateTensor", "Progress": "Progress", "WeightPatch": "Patch",
                   "PredictGraph": "PredictGraph", "LossModel": "LossModel", "Shuffle": "Shuffle", "FileEntry": "FileEntry",
-                  "Preprocess": "Preprocess", "Affine": "Affine"}
+                  "Preprocess": "Preprocess", "Affine": "Affine", "CreatedWith": "CreatedWith"}
 
 
 def interface_fields(text: str, name: str) -> dict[str, bool]:

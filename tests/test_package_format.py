@@ -13,6 +13,7 @@ import shutil
 import tracemalloc
 
 import numpy as np
+import onnx
 import pytest
 
 import ortflow
@@ -48,6 +49,20 @@ def test_a_real_manifest_round_trips_through_the_records(package):
     # every graph input has its role: the readers find inputs by it
     assert all(s.role for e in (record.step, record.step_flat, *record.unrolled, record.predict) for s in e.inputs)
     assert [s.name for s in fmt.inputs_by_role(record.step_flat, "state")] == [record.step_flat.state_input]
+
+
+def test_a_manifest_says_what_wrote_it(package):
+    """``created_with``: this ortflow's version, the onnxruntime build that wrote the package and onnx's version;
+    a package from before the field reads (it is optional)."""
+    import importlib.metadata
+
+    from ortflow._ort import runtime_name
+
+    _, manifest = package
+    assert manifest["created_with"] == {"ortflow": importlib.metadata.version("ortflow"),
+                                        "onnxruntime": runtime_name(), "onnx": onnx.__version__}
+    older = {k: v for k, v in manifest.items() if k != "created_with"}
+    assert Manifest.from_json(older).created_with is None
 
 
 def test_a_manifest_without_the_newer_roles_still_reads(package):

@@ -41,6 +41,26 @@ export const SCHEMA = {
    ],
    "additionalProperties": false
   },
+  "CreatedWith": {
+   "type": "object",
+   "properties": {
+    "ortflow": {
+     "type": "string"
+    },
+    "onnxruntime": {
+     "type": "string"
+    },
+    "onnx": {
+     "type": "string"
+    }
+   },
+   "required": [
+    "ortflow",
+    "onnxruntime",
+    "onnx"
+   ],
+   "additionalProperties": false
+  },
   "FileEntry": {
    "type": "object",
    "properties": {
@@ -251,6 +271,16 @@ export const SCHEMA = {
     "metadata": {
      "type": "object",
      "additionalProperties": {}
+    },
+    "created_with": {
+     "anyOf": [
+      {
+       "$ref": "#/$defs/CreatedWith"
+      },
+      {
+       "type": "null"
+      }
+     ]
     },
     "files": {
      "type": "object",

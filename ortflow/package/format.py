@@ -254,6 +254,16 @@ class FileEntry(Record):
 
 
 @dataclass
+class CreatedWith(Record):
+    """What wrote the package: ortflow's version, the onnxruntime build and version, onnx's version (what a bug
+    report about a package names)."""
+
+    ortflow: str
+    onnxruntime: str
+    onnx: str
+
+
+@dataclass
 class Manifest(Record):
     """``manifest.json`` (docs/TRAINING_OUTSIDE_PYTHON.md describes each field)."""
 
@@ -280,6 +290,7 @@ class Manifest(Record):
     unrolled: list[UnrolledGraph] = field(default_factory=list)
     preprocess: Preprocess = field(default_factory=Preprocess)
     metadata: dict[str, Json] = field(default_factory=dict)
+    created_with: CreatedWith | None = None
     files: dict[str, FileEntry] = field(default_factory=dict)
 
     @classmethod

@@ -11,6 +11,7 @@ with every file's SHA-256; the folder is written beside its place and moved ther
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 from pathlib import Path
@@ -19,14 +20,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import onnx
 
+from .._ort import runtime_name
 from ..graph import editing as g
 from ..autodiff.training import UPDATED, training_step
 from ..exceptions import TrainingPackageError
 from ..optimizers.learning_rates import LEARNING_RATE, STEP
 from .folder import sha256_bytes, write_folder
 from .format import (FLAT_STATE, FLAT_STEP_FILE, FLAT_UPDATED, FORMAT, FORMAT_VERSION, GENERATOR, LOSS_FILE, MANIFEST,
-                     PREDICT_FILE, STATE_FILE, STEP_FILE, UNROLLED_FILE, UNROLLED_LOSSES, Affine, Manifest, Preprocess,
-                     Shuffle)
+                     PREDICT_FILE, STATE_FILE, STEP_FILE, UNROLLED_FILE, UNROLLED_LOSSES, Affine, CreatedWith, Manifest,
+                     Preprocess, Shuffle)
 from .graphs import (IR_VERSION, MAX_UNROLLED, PREPROCESS_KEY, UNROLLED_TARGET_US, describe, device_counts, flat_step,
                      patchable, standardize_input, unrollable, unrolled_bound, unrolled_step, unscale_output, with_ir,
                      within_buffers)
@@ -152,6 +154,7 @@ def _package_files(parts: _Trainer, max_unrolled: int | None = None) -> tuple[di
                     "outputs": [describe(v) for v in prediction.graph.output], "weights": patches},
         "loss_model": {"file": LOSS_FILE, "label": parts.label, "weight": parts.weight_input},
         "shuffle": Shuffle(GENERATOR).to_json(),
+        "created_with": CreatedWith(importlib.metadata.version("ortflow"), runtime_name(), onnx.__version__).to_json(),
     }
     files = {STEP_FILE: step_bytes, FLAT_STEP_FILE: flat.SerializeToString(), PREDICT_FILE: predict_bytes,
              LOSS_FILE: loss_model.SerializeToString(), STATE_FILE: state_bytes}
