@@ -407,6 +407,21 @@ def _copy(folder, tmp_path):
     return shutil.copytree(folder, tmp_path / "copy")
 
 
+def test_negative_or_all_zero_sample_weights_are_refused(tmp_path):
+    """Seen (issue 45 item 11): ``train_package`` took negative sample weights (a negative loss: the model pushed
+    away from its rows), which the trainers and the JavaScript library refuse; it now refuses them naming the row."""
+    X, y = _regression()
+    est = OrtGradientForwardBackwardOptimizer(to_onnx(LinearRegression().fit(X, y)), batch_size=16)
+    folder = ortflow.export_training_package(est, tmp_path / "weighted")  # forward-backward: a sample weight input
+    w = np.ones(len(y), np.float32)
+    w[7] = -0.5
+    with pytest.raises(TrainingPackageError, match=r"sample_weight has negative values \(row 7: -0.5\)"):
+        train_package(folder, X, y, sample_weight=w)
+    with pytest.raises(TrainingPackageError, match="sample_weight is zero everywhere"):
+        train_package(folder, X, y, sample_weight=np.zeros(len(y)))
+    assert train_package(folder, X, y, sample_weight=np.abs(w)).steps > 0
+
+
 def test_a_package_of_another_format_version_is_refused(linear_package, tmp_path):
     folder = _copy(linear_package[0], tmp_path)
     manifest = json.loads((folder / "manifest.json").read_text())

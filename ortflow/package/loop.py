@@ -56,6 +56,7 @@ def train_package(folder: str | os.PathLike | TrainingPackage, X, y, epochs: int
     if weight:
         w = np.ones(n, np.float32) if sample_weight is None else np.asarray(sample_weight, np.float32).reshape(-1)
         _check_finite("sample_weight", w, n)
+        _check_weights(w)
         feeds[weight[0].name] = w
     elif sample_weight is not None:
         raise TrainingPackageError("sample_weight was given but the package's graph has no weight input")
@@ -163,6 +164,17 @@ class _Step:
         after = ({FLAT: state[0]} if self.flat else
                  dict(zip([t.name for t in self.package.tensors], state)))
         return np.atleast_1d(out[self.loss]), after
+
+
+def _check_weights(w: np.ndarray) -> None:
+    """Sample weights as the trainers take them (and the JavaScript library): none negative, not all zero."""
+    negative = np.flatnonzero(w < 0)
+    if negative.size:
+        row = int(negative[0])
+        raise TrainingPackageError(f"sample_weight has negative values (row {row}: {w[row]:g}): a negative weight "
+                                   "pushes the model away from its rows")
+    if not w.any():
+        raise TrainingPackageError("sample_weight is zero everywhere: the loss and every gradient would be 0")
 
 
 def _check_finite(what: str, array: np.ndarray, n: int, columns: list[str] | None = None) -> None:
