@@ -27,7 +27,9 @@ weights with the same Adam (rate, betas, epsilon) and batches. Engines: ``node``
 (onnxruntime-web's WebAssembly in Node), ``tfjs-node`` (TF.js's WebAssembly backend in Node, one thread: tfjs-node's
 native library can't be downloaded on these machines), ``chromium`` / ``tfjs-chromium`` (headless Chromium, one
 thread, a new browser context per page, the HTTP cache off: js/bench/first-use.html, js/bench/tfjs.html), and
-``chromium-2`` / ``tfjs-chromium-2`` (two threads, the pages served cross-origin isolated: COOP/COEP headers).
+``chromium-2`` / ``tfjs-chromium-2`` (two threads, the pages served cross-origin isolated: COOP/COEP headers);
+``chromium-unrolled`` loads the package with ``unrolled: true`` (every unrolled graph that fits, created on first
+use) instead of the default ``'auto'``.
 In a browser: **first use**, from the page's start (navigation) to ``--tfjs-epochs`` epochs done (the runtime, the
 library, the package and the rows downloaded, the runtime started, the epochs trained), then the **steady epoch**:
 the median epoch of a second fit of ``--tfjs-more`` epochs. In Node: the steady epoch (the median epoch of one fit
@@ -269,12 +271,15 @@ def table(results: list[dict]) -> str:
 # --- against TensorFlow.js 4.22 ------------------------------------------------------------------------------------
 #: case -> (rows, features, hidden units)
 TFJS_CASES = {"mlp-small": (400, 6, 12), "mlp-wide": (10_000, 20, 256)}
-TFJS_ENGINES = ("node", "wasm", "tfjs-node", "chromium", "tfjs-chromium", "chromium-2", "tfjs-chromium-2")
+TFJS_ENGINES = ("node", "wasm", "tfjs-node", "chromium", "tfjs-chromium", "chromium-unrolled", "chromium-2",
+                "tfjs-chromium-2")
 TFJS_TITLES = {"node": "onnxruntime-node", "wasm": "onnxruntime-web (Node)", "tfjs-node": "TF.js wasm (Node)",
                "chromium": "ortflow, Chromium", "tfjs-chromium": "TF.js wasm, Chromium",
+               "chromium-unrolled": "ortflow, Chromium, unrolled: true",
                "chromium-2": "ortflow, Chromium, 2 threads", "tfjs-chromium-2": "TF.js wasm, Chromium, 2 threads"}
 #: ortflow's engine -> TF.js's engine it is compared with
-TFJS_PAIRS = {"node": "tfjs-node", "wasm": "tfjs-node", "chromium": "tfjs-chromium", "chromium-2": "tfjs-chromium-2"}
+TFJS_PAIRS = {"node": "tfjs-node", "wasm": "tfjs-node", "chromium": "tfjs-chromium",
+              "chromium-unrolled": "tfjs-chromium", "chromium-2": "tfjs-chromium-2"}
 TFJS_BATCH = 32
 ADAM = {"rate": 1e-3, "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8}
 
@@ -303,7 +308,8 @@ def tfjs_inputs(folder: Path, rows: int, features: int, hidden: int) -> None:
     X.tofile(folder / "X.f32")
     y.tofile(folder / "y.f32")
     start = TrainingPackage(package).initial_state().tensors
-    weights = {f"{kind}{i}": {"shape": list(start[f"{name}_{i}"].shape), "values": start[f"{name}_{i}"].ravel().tolist()}
+    weights = {f"{kind}{i}": {"shape": list(start[f"{name}_{i}"].shape),
+                              "values": start[f"{name}_{i}"].ravel().tolist()}
                for i in range(2) for kind, name in (("kernel", "coef"), ("bias", "intercept"))}
     (folder / "weights.json").write_text(json.dumps(weights))
 
@@ -337,7 +343,8 @@ def _page_url(engine: str, servers: dict, rows: int, epochs: int, more: int) -> 
     if engine.startswith("tfjs"):
         adam = "&".join(f"{k}={v}" for k, v in ADAM.items())
         return f"{server.url}/js/bench/tfjs.html?weights=/work/weights.json&{common}&batch={TFJS_BATCH}&{adam}"
-    return f"{server.url}/js/bench/first-use.html?package=/work/package/&{common}"
+    unrolled = "&unrolled=true" if engine == "chromium-unrolled" else ""
+    return f"{server.url}/js/bench/first-use.html?package=/work/package/&{common}{unrolled}"
 
 
 def run_tfjs_case(key: str, engines: list[str], repeats: int, epochs: int, more: int, rows: int | None = None) -> dict:
@@ -473,6 +480,7 @@ def main(argv=None) -> int:
                "wasm": "ort.env.wasm.numThreads=1", "chromium": "ort.env.wasm.numThreads=1",
                "tfjs-node": "setThreadsCount(1), wasm backend", "tfjs-chromium": "setThreadsCount(1), wasm backend",
                "chromium-2": "ort.env.wasm.numThreads=2, cross-origin isolated",
+               "chromium-unrolled": "ort.env.wasm.numThreads=1, Trainer.load(..., {unrolled: true})",
                "tfjs-chromium-2": "setThreadsCount(2), wasm backend, cross-origin isolated"}
     report = {"machine": info, "threads": threads, "results": results, "tfjs": tfjs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
