@@ -9,6 +9,7 @@
 import {readFile} from 'node:fs/promises';
 import {createRequire} from 'node:module';
 import {Trainer} from '../node.js';
+import {epochClock} from './clock.js';
 
 const [kind, folder, xFile, yFile, rowsText, epochsText, layout = 'auto'] = process.argv.slice(2);
 const require = createRequire(import.meta.url);
@@ -25,17 +26,7 @@ const unrolled = {auto: 'auto', unrolled: true}[layout] || false;
 const trainer = await Trainer.load(folder, {ort, flat: layout !== 'tensors', unrolled});
 const X = new ort.Tensor('float32', x, [rows, x.length / rows]);
 const Y = new ort.Tensor('float32', y, [rows, y.length / rows]);
-const times = [];
-const cpu = [];
-let last = performance.now();
-let lastCpu = process.cpuUsage();
-await trainer.fit(X, Y, {epochs: Number(epochsText), shuffle: false, onEpoch: () => {
-  const now = performance.now();
-  const used = process.cpuUsage(lastCpu);
-  times.push((now - last) / 1000);
-  cpu.push((used.user + used.system) / 1e6);
-  last = now;
-  lastCpu = process.cpuUsage();
-}});
-console.log(JSON.stringify({times, cpu, losses: trainer.history.map((r) => r.loss), threads: 1,
+const clock = epochClock();
+await trainer.fit(X, Y, {epochs: Number(epochsText), shuffle: false, callbacks: {onEpochEnd: clock.tick}});
+console.log(JSON.stringify({times: clock.wallMs.map((t) => t / 1e3), cpu: clock.cpuMs.map((t) => t / 1e3), losses: trainer.history.map((r) => r.loss), threads: 1,
   versions: ort.env.versions, runs: trainer.runs, steps: trainer.steps}));

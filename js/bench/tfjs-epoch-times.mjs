@@ -10,6 +10,7 @@ import {createRequire} from 'node:module';
 import path from 'node:path';
 import * as tf from '@tensorflow/tfjs';
 import {setThreadsCount, setWasmPaths} from '@tensorflow/tfjs-backend-wasm';
+import {epochClock} from './clock.js';
 
 const [backend, weightsFile, xFile, yFile, rowsText, epochsText, batch, rate, beta1, beta2, epsilon] =
   process.argv.slice(2);
@@ -34,17 +35,7 @@ const model = tf.sequential({layers: [
 model.setWeights([w('kernel0'), w('bias0'), w('kernel1'), w('bias1')]);
 model.compile({optimizer: tf.train.adam(Number(rate), Number(beta1), Number(beta2), Number(epsilon)),
   loss: 'meanSquaredError'});
-const times = [];
-const cpu = [];
-let last = performance.now();
-let lastCpu = process.cpuUsage();
+const clock = epochClock();
 const history = await model.fit(tf.tensor2d(x, [rows, x.length / rows]), tf.tensor2d(y, [rows, y.length / rows]), {
-  epochs: Number(epochsText), batchSize: Number(batch), shuffle: false, verbose: 0, callbacks: {onEpochEnd: () => {
-    const now = performance.now();
-    const used = process.cpuUsage(lastCpu);
-    times.push((now - last) / 1000);
-    cpu.push((used.user + used.system) / 1e6);
-    last = now;
-    lastCpu = process.cpuUsage();
-  }}});
-console.log(JSON.stringify({times, cpu, losses: history.history.loss, backend: tf.getBackend()}));
+  epochs: Number(epochsText), batchSize: Number(batch), shuffle: false, verbose: 0, callbacks: {onEpochEnd: clock.tick}});
+console.log(JSON.stringify({times: clock.wallMs.map((t) => t / 1e3), cpu: clock.cpuMs.map((t) => t / 1e3), losses: history.history.loss, backend: tf.getBackend()}));
