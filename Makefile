@@ -1,5 +1,11 @@
 # Two commands do all the set-up on a fresh machine: `make run` and `make test`.
 PYTHON ?= python3
+# pyenv's interpreter of a `pythonX.Y` (its install under `pyenv root`), for a name the PATH does not run: pyenv's
+# shim answers "pyenv: python3.13: command not found" for a version not selected in this folder
+PYENV_PYTHON = $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/$(patsubst python%,%,$(1)).*/bin/$(1)))
+ifeq ($(shell $(PYTHON) -c 'print(1)' 2>/dev/null),)
+override PYTHON := $(or $(call PYENV_PYTHON,$(PYTHON)),$(PYTHON))
+endif
 # The onnxruntime build the interpreter supports: onnxruntime-training (extra cpu, in .venv) up to Python 3.12, the
 # plain onnxruntime (extra ort, in .venv3<minor>) from 3.13 on, where the training build has no wheel.
 PY_MINOR := $(shell $(PYTHON) -c 'import sys; print(sys.version_info[1])' 2>/dev/null)
@@ -11,6 +17,11 @@ PY := $(VENV)/bin/python
 RUN_STAMP := $(VENV)/.run-stamp
 STAMP := $(VENV)/.install-stamp
 JS_STAMP := js/node_modules/.stamp
+# the editable install puts the clone's folder on the path (setuptools' compat mode) rather than a finder consulted
+# after the path: a script run next to the clone (whose folder is named ortflow, without __init__.py) would import
+# that folder as an empty namespace package ("cannot import name 'OrtGradientOptimizer' from 'ortflow' (unknown
+# location)"); found on the path, the package in the clone wins over the namespace folder
+EDITABLE := --config-settings editable_mode=compat
 TRAINING_RUN_EXTRAS := cpu,pipelines
 PLAIN_RUN_EXTRAS := ort,pipelines
 RUN_EXTRAS ?= $(if $(TRAINING_BUILD),$(TRAINING_RUN_EXTRAS),$(PLAIN_RUN_EXTRAS))
@@ -18,18 +29,24 @@ TRAINING_EXTRAS := $(TRAINING_RUN_EXTRAS),test,postgres,torch,ray
 PLAIN_EXTRAS := $(PLAIN_RUN_EXTRAS),test,postgres
 EXTRAS ?= $(if $(TRAINING_BUILD),$(TRAINING_EXTRAS),$(PLAIN_EXTRAS))
 
-.PHONY: install run test test-ort bench ui clean server postgres chromium
+.PHONY: install run test test-ort bench ui clean server postgres chromium check-python
 
-$(RUN_STAMP): pyproject.toml
+## PYTHON runs here (a name pyenv's shim refuses and pyenv has not installed: how to get it, status 2)
+check-python:
+	@test -n "$(PY_MINOR)" || { echo "make: PYTHON=$(PYTHON) does not run here: install it (pyenv install" \
+		"$(patsubst python%,%,$(notdir $(PYTHON))), or your system's package) or name its path" \
+		"(PYTHON=/path/to/python3.x)"; exit 2; }
+
+$(RUN_STAMP): pyproject.toml | check-python
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[$(RUN_EXTRAS)]"
+	$(PY) -m pip install --quiet -e ".[$(RUN_EXTRAS)]" $(EDITABLE)
 	touch $(RUN_STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml | check-python
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]" $(EDITABLE)
 	touch $(RUN_STAMP) $(STAMP)
 
 install: $(STAMP)
@@ -46,7 +63,7 @@ test: $(STAMP) postgres $(JS_STAMP) chromium
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 ## The core tests and one pipeline chain on the plain onnxruntime (newest release) under Python 3.13, in .venv313.
-PYTHON313 ?= $(firstword $(wildcard $(shell pyenv root 2>/dev/null)/versions/3.13*/bin/python3.13) python3.13)
+PYTHON313 ?= $(or $(call PYENV_PYTHON,python3.13),python3.13)
 VENV_ORT := .venv313
 PY_ORT := $(VENV_ORT)/bin/python
 STAMP_ORT := $(VENV_ORT)/.install-stamp
@@ -59,7 +76,7 @@ ifneq ($(STAMP),$(STAMP_ORT))  # else the rule above makes it (PYTHON is a 3.13 
 $(STAMP_ORT): pyproject.toml
 	test -x $(PY_ORT) || $(PYTHON313) -m venv $(VENV_ORT)
 	$(PY_ORT) -m pip install --quiet --upgrade pip
-	$(PY_ORT) -m pip install --quiet -e ".[$(PLAIN_EXTRAS)]"
+	$(PY_ORT) -m pip install --quiet -e ".[$(PLAIN_EXTRAS)]" $(EDITABLE)
 	touch $(STAMP_ORT)
 endif
 
@@ -69,7 +86,7 @@ test-ort: $(STAMP_ORT)
 	$(PY_ORT) -m pytest $(ORT_CHAIN) $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS),bench]"
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS),bench]" $(EDITABLE)
 	$(PY) -m bench.run $(ARGS)
 
 ## A team tracking server: PostgreSQL 15 + `mlflow server` with proxied artifacts on 127.0.0.1:$(PORT).

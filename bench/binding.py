@@ -57,7 +57,7 @@ def main(argv=None) -> None:
     batch_us = float(np.median(epochs)) / n_batches * 1e6
 
     batch = trainer._rt_batches[case.batch_size][0]  # (the batch, its host arrays)
-    loss_fn, fb, rate = trainer._rt_loss_fn, trainer._rt_fb, trainer._rt_rate
+    loss_fn, fb, rate = trainer._rt_runtime.loss_fn, trainer._rt_runtime.fb, trainer._rt_runtime.update
     run = loss_fn._sess.run_with_iobinding
     inputs, outputs = [batch.prediction, batch.y, batch.w], [batch.loss, batch.grad]
     bound = _per_call_us(lambda: run(batch.loss_binding, None), args.calls, args.repeats)

@@ -128,7 +128,7 @@ def train_raw(case: Case, data: CaseData, epochs: int, threads: int, settings: d
     ``module.lazy_reset_grad()``. With ``capi=True`` the pybind objects behind Module/Optimizer are called
     directly (what a trainer can do to skip the Python wrappers)."""
     from ortflow._ort import OrtValueVector, api, artifacts
-    from ortflow.graph import keep_outputs, relu_as_mask, trainable_initializers
+    from ortflow.graph.editing import keep_outputs, relu_as_mask, trainable_initializers
 
     begin = time.perf_counter()
     settings = dict(settings or {})
@@ -188,7 +188,7 @@ def epoch_clock():
     """A callback stamping the end of every epoch: the trainer's own ``history_[i]['time']`` stops before its
     per-epoch bookkeeping and callbacks, the bench times the whole loop like it does for the other engines.
     Put it last in the list."""
-    from ortflow.callbacks import Callback
+    from ortflow.trainers.callbacks import Callback
 
     class EpochClock(Callback):
         def on_train_begin(self, trainer):

@@ -29,7 +29,7 @@ def summarize(values: list[float]) -> dict:
 
 # --- MLflow ----------------------------------------------------------------------------------------------------------
 def _callback_base():
-    from ortflow.callbacks import Callback
+    from ortflow.trainers.callbacks import Callback
 
     return Callback
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 import ortflow
-from ortflow.artifact_cache import STEP_GRAPHS, TRAINING_ARTIFACTS
+from ortflow.runtime.artifact_cache import STEP_GRAPHS, TRAINING_ARTIFACTS
 
 from .cases import default_cases, make_data
 from .engines import _fwbw_learning_rate, loss_graph, prediction_graph, quiet_ort_info
@@ -70,7 +70,7 @@ def fitted(kind: str, case, data, threads: int, gradients: str = "auto"):
 
 def full_floor_epoch(trainer, data, batch: int) -> None:
     b = trainer._rt_batches[batch][0]
-    read_loss = trainer._rt_step._loss.scalar
+    read_loss = trainer._rt_runtime._loss.scalar
     for i in range(len(data.X) // batch):
         b.run(b.bindings[i % 2], None)
         read_loss()
@@ -78,11 +78,12 @@ def full_floor_epoch(trainer, data, batch: int) -> None:
 
 def fwbw_floor_epoch(trainer, n_batches: int, batch: int, with_graphs: bool) -> None:
     b = trainer._rt_batches[batch][0]
-    rate, grads = trainer._rt_rate, trainer._rt_grad_fetches
-    run_loss = trainer._rt_loss_fn._sess.run_with_iobinding
+    runtime = trainer._rt_runtime
+    rate, grads = runtime.update, runtime.grad_fetches
+    run_loss = runtime.loss_fn._sess.run_with_iobinding
     step = rate.stepper(0.0)  # a zero rate: the weights stay, the update graph still runs
     for _ in range(n_batches):
-        state = trainer._rt_fb.new_state()
+        state = runtime.fb.new_state()
         b.agent.run_forward(b.fw_feeds[rate.parity_], b.fw_fetches, state, b.cache)
         if with_graphs:
             run_loss(b.loss_binding, None)

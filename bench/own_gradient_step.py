@@ -18,7 +18,7 @@ import numpy as np
 
 import ortflow
 from ortflow._ort import runtime_name
-from ortflow.callbacks import Callback
+from ortflow.trainers.callbacks import Callback
 
 from .cases import default_cases, make_data
 from .engines import loss_graph, quiet_ort_info

@@ -51,6 +51,7 @@ from dataclasses import replace
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
@@ -145,10 +146,12 @@ def chromium_path() -> str | None:
     return next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "") if p and os.path.exists(p)), None)
 
 
-def open_page(url: str, timeout: float = 600) -> dict:
-    """Open ``url`` in headless Chromium (js/test/browser.mjs) and return what the page reports."""
+def open_page(url: str, timeout: float = 600, flags: Sequence[str] = ()) -> dict:
+    """Open ``url`` in headless Chromium (js/test/browser.mjs, with the Chromium ``flags`` added) and return what the
+    page reports."""
     done = subprocess.run(["node", "test/browser.mjs", url, str(int(timeout)), chromium_path() or "/usr/bin/chromium"],
-                          cwd=JS, capture_output=True, text=True, timeout=timeout + 60)
+                          cwd=JS, capture_output=True, text=True, timeout=timeout + 60,
+                          env={**os.environ, "ORTFLOW_CHROMIUM_FLAGS": " ".join(flags)})
     if done.returncode != 0:
         raise RuntimeError(f"the page {url} failed:\n{done.stderr[-4000:]}")
     return json.loads(done.stdout)

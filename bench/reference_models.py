@@ -153,7 +153,7 @@ def profile_step_graph(name: str, threads: int, steps: int, warmup: int = 5, top
     from ortflow._ort import InferenceSession, SessionOptions
     from ortflow.autodiff import training_step
     from ortflow.autodiff.training import LEARNING_RATE, UPDATED
-    from ortflow.validation import check_weights_to_train
+    from ortflow.runtime.validation import check_weights_to_train
 
     ref = reference_data.load(name)
     loss_model = ortflow.add_loss_output(ref.model, "log")

@@ -100,7 +100,7 @@ def _trainer(model: str, **settings):
 
 def child(engine: str, model: str, path: str, sample: int) -> dict:
     from bench.memory import peak_rss_bytes, rss_bytes
-    from ortflow.sources import ParquetSource
+    from ortflow.data.sources import ParquetSource
 
     base = rss_bytes()
     if engine == "stream":

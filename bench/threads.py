@@ -4,7 +4,7 @@
     python -m bench.threads --repeats 3 --cases A,D-wide
 
 For every case and trainer (full, fwbw) the three settings ``n_threads=1``, ``n_threads=<all cores>`` and the
-default (``n_threads=None``: :func:`ortflow.runtime.threads_for_work`) train in turn, the order rotating from one
+default (``n_threads=None``: :func:`ortflow.runtime.sessions.threads_for_work`) train in turn, the order rotating from one
 repeat to the next; a run's number is its median epoch (the first left out), a setting's number the median over
 repeats. The work of a batch is ``batch_size x float weights`` (multiply-adds of the forward pass). The cases
 where one thread wins and those where all cores win give the threshold the rule uses: the geometric mean of the
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ortflow.runtime import STEP_GRAPH_THREADS_THRESHOLD, THREADS_WORK_THRESHOLD, all_cores
+from ortflow.runtime.sessions import STEP_GRAPH_THREADS_THRESHOLD, THREADS_WORK_THRESHOLD, all_cores
 
 from .cases import Case, default_cases, make_data
 from .engines import train

@@ -15,7 +15,7 @@ from sklearn.neural_network import MLPClassifier
 from sklearn.preprocessing import StandardScaler
 
 from ortflow import to_onnx
-from ortflow.fwbw import LearningRateSGDNesterov, NegLogLearningLoss, OrtGradientForwardBackwardOptimizer
+from ortflow import LearningRateSGDNesterov, NegLogLearningLoss, OrtGradientForwardBackwardOptimizer
 
 
 def main(epochs: int = 20) -> dict:

@@ -13,7 +13,7 @@ from sklearn.neural_network import MLPRegressor
 from sklearn.preprocessing import StandardScaler
 
 from ortflow import to_onnx
-from ortflow.fwbw import ElasticLearningPenalty, LearningRateSGDNesterov, OrtGradientForwardBackwardOptimizer
+from ortflow import ElasticLearningPenalty, LearningRateSGDNesterov, OrtGradientForwardBackwardOptimizer
 
 
 def main(epochs: int = 15) -> dict:

@@ -232,12 +232,20 @@ export class ConvergenceError extends Error {
   readonly batch: number;
 }
 
-// --- shuffling and schedules (the same numbers as Python's ortflow.shuffle and ortflow.schedules) -----------------
+/** A GPU execution provider failed (a run threw there, the WebGPU device reported an error, or a run gave an all-zero
+ * state from a non-zero one); the trainer keeps the state before that run. */
+export class ExecutionProviderError extends Error {
+  name: 'ExecutionProviderError';
+  /** the execution providers the trainer's sessions were created with */
+  readonly executionProviders: string[];
+}
+
+// --- shuffling and schedules (the same numbers as Python's ortflow.data.shuffle and ortflow.optimizers.schedules) -----------------
 /** The shuffle generator's 32-bit state for (seed, epoch). */
 export function seedState(seed: number, epoch: number): number;
 /** mulberry32: successive unsigned 32-bit draws from a 32-bit state. */
 export function mulberry32(state: number): () => number;
-/** The row order of `epoch` (epochs completed before, from 0) for `seed`: Python's `ortflow.shuffle.epoch_order`. */
+/** The row order of `epoch` (epochs completed before, from 0) for `seed`: Python's `ortflow.data.shuffle.epoch_order`. */
 export function epochOrder(n: number, seed: number, epoch: number): Int32Array;
 
 export interface Schedule {
@@ -248,7 +256,7 @@ export interface Schedule {
   per?: 'epoch';
   of?: 'rows_seen';
 }
-/** The learning rate of an epoch starting after `rowsSeen` rows (`ortflow.schedules.learning_rate_at`). */
+/** The learning rate of an epoch starting after `rowsSeen` rows (`ortflow.optimizers.schedules.learning_rate_at`). */
 export function learningRateAt(schedule: Schedule, rowsSeen: number): number;
 
 // --- training ---------------------------------------------------------------------------------------------------

@@ -9,3 +9,4 @@ export {FORMAT, FORMAT_VERSION, STATE_FORMAT, GENERATOR, TrainingPackageError} f
 export {seedState, mulberry32, epochOrder} from './src/shuffle.js';
 export {learningRateAt} from './src/schedules.js';
 export {Trainer, ConcurrentFitError, ConvergenceError} from './src/trainer.js';
+export {ExecutionProviderError} from './src/device.js';

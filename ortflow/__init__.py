@@ -13,49 +13,51 @@ from typing import TYPE_CHECKING
 #: ``TYPE_CHECKING`` imports repeat it for static analysis, and tests/test_startup.py checks that they match it)
 _EXPORTS = {
     **dict.fromkeys(["backend", "device_info"], "_ort"),
-    **dict.fromkeys(["add_loss_output"], "add_loss"),
+    **dict.fromkeys(["add_loss_output"], "objectives.add_loss"),
     **dict.fromkeys(["onnx_derivative"], "autodiff"),
-    **dict.fromkeys(["BaseTrainer"], "base"),
-    **dict.fromkeys(["Callback", "Checkpoint", "EarlyStopping", "ProgressBar"], "callbacks"),
-    **dict.fromkeys(["to_onnx"], "convert"),
+    **dict.fromkeys(["BaseTrainer"], "trainers.base"),
+    **dict.fromkeys(["Callback", "Checkpoint", "EarlyStopping", "ProgressBar"], "trainers.callbacks"),
+    **dict.fromkeys(["to_onnx"], "convert.sklearn"),
     **dict.fromkeys(["CheckpointError", "ConvergenceError", "DeviceError", "NotDifferentiableError",
                      "OrtflowError", "TrainingPackageError", "UnsafePathError", "UnsupportedModelError"], "exceptions"),
-    **dict.fromkeys(["OrtGradientOptimizer"], "full"),
-    **dict.fromkeys(["OrtGradientForwardBackward", "OrtGradientForwardBackwardOptimizer"], "fwbw"),
-    **dict.fromkeys(["get_initializers", "load_model", "replace_initializers", "trainable_initializers"], "graph"),
-    **dict.fromkeys(["BaseLearningRate", "LearningRateAdam", "LearningRateAdamW", "LearningRateRMSProp",
-                     "LearningRateSGD", "LearningRateSGDNesterov"], "learning_rates"),
+    **dict.fromkeys(["OrtGradientOptimizer"], "trainers.full"),
+    **dict.fromkeys(["OrtGradientForwardBackward"], "engines.forward_backward"),
+    **dict.fromkeys(["OrtGradientForwardBackwardOptimizer"], "trainers.fwbw"),
+    **dict.fromkeys(["get_initializers", "load_model", "replace_initializers", "trainable_initializers"], "graph.editing"),
+    **dict.fromkeys(["BaseLearningRate", "LearningRateAdagrad", "LearningRateAdam", "LearningRateAdamW",
+                     "LearningRateRMSProp", "LearningRateSGD", "LearningRateSGDNesterov"], "optimizers.learning_rates"),
     **dict.fromkeys(["AbsoluteLearningLoss", "BaseLearningLoss", "ElasticLearningLoss", "NegLogLearningLoss",
-                     "SquareLearningLoss"], "losses"),
-    **dict.fromkeys(["make_trainable"], "ml_op_rewrites"),
+                     "SquareLearningLoss"], "objectives.losses"),
+    **dict.fromkeys(["make_trainable"], "convert.ml_op_rewrites"),
     **dict.fromkeys(["export_training_package"], "package"),
     **dict.fromkeys(["load_training_state"], "package"),
-    **dict.fromkeys(["BaseLearningPenalty", "ElasticLearningPenalty", "NoLearningPenalty"], "penalties"),
-    **dict.fromkeys(["TorchTrainer"], "torch_trainer"),
+    **dict.fromkeys(["BaseLearningPenalty", "ElasticLearningPenalty", "NoLearningPenalty"], "objectives.penalties"),
+    **dict.fromkeys(["TorchTrainer"], "trainers.torch_trainer"),
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # what static analysis sees; at run time __getattr__ loads each name
     from ._ort import backend, device_info
-    from .add_loss import add_loss_output
+    from .objectives.add_loss import add_loss_output
     from .autodiff import onnx_derivative
-    from .base import BaseTrainer
-    from .callbacks import Callback, Checkpoint, EarlyStopping, ProgressBar
-    from .convert import to_onnx
+    from .trainers.base import BaseTrainer
+    from .trainers.callbacks import Callback, Checkpoint, EarlyStopping, ProgressBar
+    from .convert.sklearn import to_onnx
     from .exceptions import (CheckpointError, ConvergenceError, DeviceError, NotDifferentiableError, OrtflowError,
                              TrainingPackageError, UnsafePathError, UnsupportedModelError)
-    from .full import OrtGradientOptimizer
-    from .fwbw import OrtGradientForwardBackward, OrtGradientForwardBackwardOptimizer
-    from .graph import get_initializers, load_model, replace_initializers, trainable_initializers
-    from .learning_rates import (BaseLearningRate, LearningRateAdam, LearningRateAdamW, LearningRateRMSProp,
-                                 LearningRateSGD, LearningRateSGDNesterov)
-    from .losses import (AbsoluteLearningLoss, BaseLearningLoss, ElasticLearningLoss, NegLogLearningLoss,
-                         SquareLearningLoss)
-    from .ml_op_rewrites import make_trainable
+    from .trainers.full import OrtGradientOptimizer
+    from .engines.forward_backward import OrtGradientForwardBackward
+    from .trainers.fwbw import OrtGradientForwardBackwardOptimizer
+    from .graph.editing import get_initializers, load_model, replace_initializers, trainable_initializers
+    from .optimizers.learning_rates import (BaseLearningRate, LearningRateAdagrad, LearningRateAdam, LearningRateAdamW,
+                                            LearningRateRMSProp, LearningRateSGD, LearningRateSGDNesterov)
+    from .objectives.losses import (AbsoluteLearningLoss, BaseLearningLoss, ElasticLearningLoss, NegLogLearningLoss,
+                                    SquareLearningLoss)
+    from .convert.ml_op_rewrites import make_trainable
     from .package import export_training_package, load_training_state
-    from .penalties import BaseLearningPenalty, ElasticLearningPenalty, NoLearningPenalty
-    from .torch_trainer import TorchTrainer
+    from .objectives.penalties import BaseLearningPenalty, ElasticLearningPenalty, NoLearningPenalty
+    from .trainers.torch_trainer import TorchTrainer
 
 
 def __getattr__(name: str):

@@ -76,19 +76,49 @@ class Registered:
 
 #: the modules defining ortflow's own members of each family, imported on the first look-up (``import ortflow``
 #: loads nothing until a name is used)
-FAMILY_MODULES = {"loss": "ortflow.losses", "penalty": "ortflow.penalties", "optimizer": "ortflow.learning_rates"}
+FAMILY_MODULES = {"loss": ("ortflow.objectives.losses",), "penalty": ("ortflow.objectives.penalties",),
+                  "optimizer": ("ortflow.optimizers.learning_rates",),
+                  "trainer": ("ortflow.trainers.full", "ortflow.trainers.fwbw", "ortflow.trainers.torch_trainer")}
 #: earlier names of a family (the optimizers' family was called after onnxcustom's classes, learning rates)
 KIND_ALIASES = {"learning_rate": "optimizer"}
 
 
+def register(kind: str, cls: type, *names: str) -> type:
+    """Register ``cls`` in the family ``kind`` under ``names`` (default: its class name), for a class that does not
+    derive from :class:`Registered` (the trainers, family ``'trainer'``, under the name a training package's
+    manifest records)."""
+    members = Registered._registry.setdefault(kind, {})
+    for name in names or (cls.__name__,):
+        members[name] = cls
+    return cls
+
+
 def family(kind: str) -> dict[Any, type]:
-    """Name -> class of the family ``kind`` (``'loss'``, ``'penalty'``, ``'optimizer'``)."""
+    """Name -> class of the family ``kind`` (``'loss'``, ``'penalty'``, ``'optimizer'``, ``'trainer'``)."""
     kind = KIND_ALIASES.get(kind, kind)
-    if kind in FAMILY_MODULES:
-        importlib.import_module(FAMILY_MODULES[kind])
+    for module in FAMILY_MODULES.get(kind, ()):
+        importlib.import_module(module)
     if kind not in Registered._registry:
         raise ValueError(f"kind={kind!r} is not a family; families: {sorted(Registered._registry)}")
     return dict(Registered._registry[kind])
+
+
+#: onnxcustom's other spellings of registered names (its ``select`` methods), accepted and not listed
+ONNXCUSTOM_NAMES = {"optimizer": {"Nesterov": "SGDNesterov"},
+                    "loss": {"elastic_error": "elastic", "neglog": "neg_log", "logloss": "log"}}
+
+
+def lookup(kind: str, name: Any) -> type | None:
+    """The class of family ``kind`` registered as ``name``, or named so (its class name, as onnxcustom's code
+    passes them: ``'LearningRateSGDNesterov'``, ``'SquareLearningLoss'``), or an onnxcustom spelling of a
+    registered name (:data:`ONNXCUSTOM_NAMES`); None for any other name."""
+    classes = family(kind)
+    if name in classes:
+        return classes[name]
+    if not isinstance(name, str):
+        return None
+    name = ONNXCUSTOM_NAMES.get(KIND_ALIASES.get(kind, kind), {}).get(name, name)
+    return classes.get(name) or {cls.__name__: cls for cls in classes.values()}.get(name)
 
 
 def names(kind: str) -> list[str]:
@@ -109,9 +139,9 @@ def select(kind: str, value: Any, argument: str | None = None, **kwargs) -> Any:
             raise ValueError(f"{argument}={value!r} is an instance: settings {sorted(kwargs)} cannot apply to it")
         return value
     if isinstance(value, str) or value is None:
-        if value not in classes:
+        cls = lookup(kind, value)
+        if cls is None:
             raise ValueError(f"{argument}={value!r} is unknown; choose an instance or one of {names(kind)}")
-        cls = classes[value]
         taken = settings_of(cls)
         refused = [k for k in kwargs if k not in taken]
         if refused:

@@ -1,7 +1,7 @@
 """An ONNX graph as a PyTorch layer: :class:`OnnxModule`.
 
 The forward and backward passes run in onnxruntime (``TrainingAgent``, or ortflow's own graphs on the plain build,
-through :class:`ortflow.fwbw.OrtGradientForwardBackward`, whose training graph takes the trained weights as inputs);
+through :class:`ortflow.trainers.fwbw.OrtGradientForwardBackward`, whose training graph takes the trained weights as inputs);
 torch owns the weights as ``nn.Parameter`` objects, so its optimizers, LR schedulers, ``state_dict`` and pickling apply.
 
 Tensors cross between torch and onnxruntime through DLPack. Per batch, when the inputs and the output gradients
@@ -36,12 +36,13 @@ from torch.utils.dlpack import to_dlpack
 # passes the same function to OrtValueVector.to_dlpacks).
 _from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
 
-from . import graph as g
+from .graph import editing as g
 from ._ort import _C, TRAINING, OrtValueVector, SessionOptions
 from .exceptions import UnsupportedModelError
-from .fwbw.forward_backward import OrtGradientForwardBackward
-from .runtime import OnnxFunction, make_session_options, threads_for_work
-from .validation import check_weights_to_train
+from .engines.forward_backward import OrtGradientForwardBackward
+from .runtime.sessions import OnnxFunction, make_session_options, threads_for_work
+from .runtime.placement import Placement
+from .runtime.validation import check_weights_to_train
 
 #: who builds the layer's gradient graphs: onnxruntime's TrainingAgent on the training build (its per-shape agents
 #: and buffer reuse are what the layer's DLPack path is built around), ortflow's graphs on the plain build
@@ -163,6 +164,8 @@ class _Runtime:
         self.module = module
         self.torch_device = device
         self.device = _device_string(device)
+        # torch's own float32 precision, read when the layer first runs on the device, for its sessions there
+        self.placement = Placement.of(self.device, torch_precision())
         self.threads = module.n_threads or torch.get_num_threads()
         self.options = self._options(self.threads)
         self._small_batch_options: SessionOptions | None = None
@@ -174,7 +177,7 @@ class _Runtime:
         self._inference: OnnxFunction | None = None
 
     def _options(self, threads: int) -> SessionOptions:
-        options = make_session_options(threads, torch_precision())
+        options = make_session_options(threads)
         # torch's and onnxruntime's thread pools take turns on the same cores: a pool spinning while it waits
         # for work steals them from the other (4x slower batches on case A of the bench with 2 threads each).
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.module.spinning else "0")
@@ -182,7 +185,7 @@ class _Runtime:
 
     def static_options(self, shapes: tuple) -> SessionOptions | None:
         """The options of the static-shape agent for these input shapes: one thread for a batch whose work
-        (rows x float weights) is under :data:`ortflow.runtime.THREADS_WORK_THRESHOLD` unless ``n_threads`` was
+        (rows x float weights) is under :data:`ortflow.runtime.sessions.THREADS_WORK_THRESHOLD` unless ``n_threads`` was
         given (waking a second thread for each small node costs more than it saves, and torch does not split such
         ops either), else the runtime's options."""
         rows = shapes[0][0] if shapes and len(shapes[0]) else 1
@@ -200,7 +203,7 @@ class _Runtime:
         if plan is None:
             fb = OrtGradientForwardBackward(
                 self.module.onnx_model_, weights_to_train=self.module.weights_to_train_,
-                input_names_to_train=list(inputs_with_grad), device=self.device, session_options=self.options,
+                input_names_to_train=list(inputs_with_grad), device=self.placement, session_options=self.options,
                 gradients=LAYER_GRADIENTS)
             plan = self._plans[inputs_with_grad] = _Plan(self.module, fb, inputs_with_grad, self.torch_device)
         return plan
@@ -241,7 +244,7 @@ class _Runtime:
         if self._inference is None:
             plan = next(iter(self._plans.values()), None) or self.plan(())
             model = plan.fb.training_input_model_
-            self._inference = OnnxFunction(model, self.device, self.options)
+            self._inference = OnnxFunction(model, self.placement, self.options)
         fn = self._inference
         binding = fn.bind([feeds[name] for name in fn.input_names])
         _synchronize(device)
@@ -361,7 +364,7 @@ class OnnxModule(nn.Module):
 
     ``n_threads``: onnxruntime intra-op threads (default: ``torch.get_num_threads()`` when the sessions are built,
     and one for the shape-specialized graph of a batch too small to split, rows x float weights under
-    :data:`ortflow.runtime.THREADS_WORK_THRESHOLD`).
+    :data:`ortflow.runtime.sessions.THREADS_WORK_THRESHOLD`).
     ``static_shapes``: how many distinct input shapes get their own shape-specialized training graph (faster
     backward bookkeeping, built on first use of a shape); other shapes share one graph for any shape.
     ``spinning``: let onnxruntime's idle threads spin (off by default: they would take the cores from torch's).
@@ -507,7 +510,7 @@ class OnnxModule(nn.Module):
 
 
 class RuleOptimizer(torch.optim.Optimizer):
-    """A torch optimizer running an ortflow optimizer's update rule (:mod:`ortflow.learning_rates`: the rule written
+    """A torch optimizer running an ortflow optimizer's update rule (:mod:`ortflow.optimizers.learning_rates`: the rule written
     once, here on torch tensors), so a torch loop trains exactly as ortflow's trainers do:
     ``RuleOptimizer(model.parameters(), ortflow.LearningRateAdamW(eta0=0.01))``. ``lr`` (per parameter group, default
     the schedule's first value) is the rule's ``learning_rate``: torch's LR schedulers change it; ``state[p]`` holds
@@ -520,7 +523,7 @@ class RuleOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        from .learning_rates import ArrayOps
+        from .optimizers.learning_rates import ArrayOps
 
         loss = None
         if closure is not None:

@@ -1,5 +1,5 @@
 """``python -m pipelines <stage|main> key=value ...``: one stage alone in its own MLflow run, or ``main``, the chain
-(one parent run, a nested run per stage). The stages are those of the table (pipelines/stages/__init__.py);
+(one parent run, a nested run per stage). The stages are those of the table (pipelines/base/stages.py);
 ``python -m pipelines.main`` and ``python -m pipelines.<stage>`` are the same commands.
 """
 
@@ -11,7 +11,7 @@ import sys
 def main(argv: list[str] | None = None) -> None:
     """Run the app named by the first argument with the rest as Hydra's command line."""
     from .cli import CHAIN, app
-    from .stages import names
+    from .base.stages import names
 
     argv = list(sys.argv[1:] if argv is None else argv)
     choices = (CHAIN, *names())

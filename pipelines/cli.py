@@ -7,17 +7,14 @@ a run would load (a missing file, a wrong target column, unusable labels fail he
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 from typing import Any, Callable
 
 from omegaconf import DictConfig
 
 from .base.errors import UserError, exit_if_expected
+from .base.interrupts import terminate_as_interrupt
 
 #: what ``python -m pipelines`` runs besides the stages: the chain
 CHAIN = "main"
@@ -137,35 +134,13 @@ def _closing_sweep(main: Callable[[], Any]) -> Callable[[], Any]:
 
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill``, a scheduler's time limit, ``docker stop``) received: handled like Ctrl-C, so the runs
-    end KILLED with the reason instead of staying RUNNING."""
-
-
-@contextlib.contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """While the body runs, SIGTERM raises :class:`Terminated` (a KeyboardInterrupt) in the main thread."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise Terminated(f"signal {signal.Signals(signum).name} received")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_stage(name: str, cfg: DictConfig) -> float | None:
     """``python -m pipelines.<name>``: one stage in its own run, inputs from ``source.run_id``/``source.path``."""
 
     def stage() -> float | None:
         check_inputs(cfg, [name])
         from .execution.runner import run_standalone
-        from .stages import stage_function
+        from .base.stages import stage_function
 
         return run_standalone(name, stage_function(name), cfg)
 

@@ -10,11 +10,21 @@ names and shapes, finite values checked); several are averaged weighted by the r
 averaging). The result is evaluated on the version's test part, logged and registered through the usual gate
 (``promotion``) under the same registered model, with a new ``training_package/``; the run and the version carry
 the lineage (``ortflow.lineage.source_version``, ``.source_run_id``, ``.states``: each state's file name, SHA-256,
-rows, epochs and steps). A state that cannot be used ends the run FAILED with the reason; nothing is registered.
+rows, epochs and steps). A state that cannot be used is refused with the reason; nothing is registered.
 
 ``key=value`` arguments are the config overrides the chain ran with (``experiment=``, ``mlflow.tracking_uri=``,
-``promotion.*``...): the store, the experiment and the gate come from them. ``--model`` defaults to
-``mlflow.registered_model_name``.
+``promotion.*``...): the store, the experiment and the gate come from them; they pass the override guard of
+every entry point (:mod:`pipelines.overrides`), and a word naming an existing file is a state even when it holds
+``=``. ``--model`` defaults to ``mlflow.registered_model_name``. The config must describe the version's problem:
+its ``data.*``, ``model.*``, ``preprocess.*`` and ``loss.*`` params (the run logs the config as its own) are
+compared with the source run's, and a difference is refused naming each key.
+
+Everything is checked before the run is made: the version, its problem, its package, each state (a missing
+file, a malformed manifest or state, the same state given twice is refused: one line, status 2, no run). The
+lineage tag ``ortflow.lineage.states`` holds the records that fit a tag (with ``.states_count``, and
+``.states_omitted`` when some do not fit); the full list is the artifact ``lineage/states.json``, the states
+themselves are logged under ``states/<index>-<file name>``. ``--verbose`` (or ``ORTFLOW_TRACEBACK=1``) shows the
+traceback of an error; Ctrl-C or SIGTERM ends the run KILLED and deletes a version registered from it.
 
     python -m pipelines.import_states --version 3 client_a.state client_b.state experiment=smoke
 """
@@ -22,15 +32,18 @@ rows, epochs and steps). A state that cannot be used ends the run FAILED with th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from .base.errors import UserError
+from .base.schema import task_of
 
 
 class StateImportError(UserError, ValueError):
@@ -54,63 +67,73 @@ def compose(overrides: list[str]) -> DictConfig:
     return cfg
 
 
+#: the config keys that must be the source version's: the import logs its config as its own, and reads the
+#: source's data, features and model (another problem's names would be logged over them)
+SAME_AS_SOURCE = ("data.", "model.", "preprocess.", "loss.")
+#: where the full list of imported states is logged (the ``ortflow.lineage.states`` tag holds what fits)
+STATES_ARTIFACT = "lineage/states.json"
+#: the longest tag value MLflow stores
+TAG_LIMIT = 4900
+
+
 def import_states(cfg: DictConfig, model: str, version: str, states: list[str | Path],
                   work_dir: Path | None = None) -> dict[str, Any]:
     """Import ``states`` (paths) for version ``version`` of the registered model ``model`` in one run (see the
-    module's docstring); returns the run's metrics with ``run_id`` (and ``registered_version`` when registered)."""
+    module's docstring); returns the run's metrics with ``run_id`` (and ``registered_version`` when registered).
+
+    Everything is checked before the run is made (the version, its problem against ``cfg``, its package, each
+    state): a refused import leaves no run. Without ``work_dir`` the files go to a temporary folder, removed."""
+    with contextlib.ExitStack() as stack:
+        if work_dir is None:
+            work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ortflow-import-")))
+        return _import_states(cfg, model, str(version), [Path(s) for s in states], Path(work_dir))
+
+
+def _import_states(cfg: DictConfig, model: str, version: str, paths: list[Path], work_dir: Path) -> dict[str, Any]:
     from . import tracking as tr
+    from .base.interrupts import pause_point
     from .data.datasets import Split
     from .execution.bundle import Bundle
-    from .execution.runner import execute_stage, job_dir, prepare
+    from .execution.runner import execute_stage, prepare
     from .stages.evaluate import deploy_graph, onnx_test_metrics
-    from .stages.export import PACKAGE_ARTIFACT, log_training_package, register_model
+    from .stages.export import log_training_package, register_model
     from .tracking.lineage import LINEAGE_TAG, tag_version, version_run
 
+    for path in paths:  # before anything else: a typo in a file name costs nothing
+        if not path.is_file():
+            raise StateImportError(f"the state {str(path)!r} does not exist (or is not a file)")
     tracking = prepare(cfg)
     try:
-        source_run, params = version_run(tracking, model, str(version))
+        source_run, params = version_run(tracking, model, version)
     except LookupError as exc:
         raise StateImportError(str(exc)) from exc
-    paths = [Path(s) for s in states]
+    bundle = Bundle.from_run(source_run)
+    split = Split.load(bundle.path("split", "import_states"))
+    if split.task != task_of(cfg):
+        raise StateImportError(f"version {version} of {model!r} is a {split.task} model but the config says "
+                               f"data.task={task_of(cfg)}: pass the overrides its chain ran with (experiment=, data=)")
+    differ = tr.param_differences(params, cfg, prefixes=SAME_AS_SOURCE)
+    if differ:
+        raise StateImportError(f"version {version} of {model!r} (run {source_run}) was trained on another problem "
+                               f"than this config's: {'; '.join(differ)}; pass the overrides its chain ran with "
+                               "(its run's ortflow.overrides tag and params)")
+    package = _source_package(tracking, model, version, source_run, work_dir / "source")
+    loaded, record = _read_states(package, paths, f"the training package of version {version} of {model!r}",
+                                  work_dir)
+    lineage = {f"{LINEAGE_TAG}source_model": model, f"{LINEAGE_TAG}source_version": version,
+               f"{LINEAGE_TAG}source_run_id": source_run, **states_tags(record)}
 
     def run(ctx) -> dict:
         import onnx
-        from ortflow import TrainingPackageError
-        from ortflow.package import TrainingPackage, average_states, load_training_state
+        from ortflow.package import average_states
 
-        split = Split.load(ctx.bundle.path("split", ctx.name))
-        if split.task != ctx.task:
-            raise StateImportError(f"version {version} of {model!r} is a {split.task} model but the config says "
-                                   f"data.task={ctx.task}: pass the overrides its chain ran with (experiment=, data=)")
-        try:
-            folder = tr.download_artifacts(run_id=source_run, artifact_path=PACKAGE_ARTIFACT,
-                                           dst_path=ctx.work_dir / "source")
-        except Exception as exc:  # noqa: BLE001 - MLflow's error when the artifact is absent
-            raise StateImportError(f"version {version} of {model!r} (run {source_run}) has no {PACKAGE_ARTIFACT}/ "
-                                   f"artifact: {str(exc).splitlines()[0][:300]}") from exc
-        try:
-            package = TrainingPackage(folder)
-        except TrainingPackageError as exc:
-            raise StateImportError(f"the training package of version {version} of {model!r}: {exc}") from exc
-        loaded, record = [], []
-        for path in paths:
-            if not path.is_file():
-                raise StateImportError(f"the state {str(path)!r} does not exist")
-            data = path.read_bytes()
-            try:
-                state = load_training_state(package, data)
-            except TrainingPackageError as exc:
-                raise StateImportError(f"the state {str(path)!r}: {exc}") from exc
-            if state.rows <= 0:
-                raise StateImportError(f"the state {str(path)!r} says it was trained on {state.rows} rows")
-            loaded.append(state)
-            record.append({"file": path.name, "sha256": hashlib.sha256(data).hexdigest(), "rows": state.rows,
-                           "epochs": state.epochs, "steps": state.steps})
-        lineage = {f"{LINEAGE_TAG}source_model": model, f"{LINEAGE_TAG}source_version": str(version),
-                   f"{LINEAGE_TAG}source_run_id": source_run, f"{LINEAGE_TAG}states": json.dumps(record)}
         ctx.set_tags(lineage)
-        for path in paths:
-            ctx.log_file(path, "states")
+        listing = ctx.work_dir / Path(STATES_ARTIFACT).name
+        listing.write_text(json.dumps(record, indent=1))
+        ctx.log_file(listing, str(Path(STATES_ARTIFACT).parent))
+        for entry in record:  # the bytes checked, under unique names: two clients' "model.state" both kept
+            ctx.log_file(work_dir / entry["artifact"], "states")
+        pause_point("import_states")
         merged = average_states(loaded)
         deploy = deploy_graph(split, merged.get_trained_onnx(), params.get("model.name"))
         metrics = onnx_test_metrics(split, deploy)
@@ -119,36 +142,128 @@ def import_states(cfg: DictConfig, model: str, version: str, states: list[str | 
         ctx.log_file(graph, "graphs", entry="deploy_model")
         ctx.log_metrics({"imported_states": len(loaded), "imported_rows": merged.rows})
         log_training_package(ctx, split, merged.estimator(),
-                             {"run_id": ctx.run_id, "source_version": str(version), "source_run_id": source_run})
+                             {"run_id": ctx.run_id, "source_version": version, "source_run_id": source_run})
         result = register_model(ctx, split, deploy, metrics, model)
         if result.get("registered_version"):
             tag_version(tracking, model, result["registered_version"], lineage)
         return result
 
-    return execute_stage("import_states", run, cfg, tracking, Bundle.from_run(source_run),
-                         work_dir or job_dir() / "import_states")
+    return execute_stage("import_states", run, cfg, tracking, bundle, work_dir / "import_states")
+
+
+def _source_package(tracking, model: str, version: str, source_run: str, folder: Path):
+    """The version's training package (downloaded to ``folder``), checked."""
+    from . import tracking as tr
+    from .stages.export import PACKAGE_ARTIFACT
+    from ortflow.package import TrainingPackage
+
+    try:
+        local = tr.download_artifacts(run_id=source_run, artifact_path=PACKAGE_ARTIFACT, dst_path=folder)
+    except Exception as exc:  # noqa: BLE001 - MLflow's error when the artifact is absent
+        raise StateImportError(f"version {version} of {model!r} (run {source_run}) has no {PACKAGE_ARTIFACT}/ "
+                               f"artifact: {str(exc).splitlines()[0][:300]}") from exc
+    try:
+        return TrainingPackage(local)
+    except _UNREADABLE as exc:
+        raise StateImportError(f"the training package of version {version} of {model!r}: "
+                               f"{type(exc).__name__}: {exc}") from exc
+
+
+#: what reading an untrusted package or state may raise before its format is checked field by field
+_UNREADABLE = (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError, OSError)
+
+
+def _read_states(package, paths: list[Path], where: str, folder: Path) -> tuple[list, list[dict]]:
+    """Each state read and checked against ``package``; ``(states, records)``, a record being a state's file name,
+    the artifact it is logged as (its bytes are written there, under ``folder``), its SHA-256, rows, epochs and
+    steps. The same state given twice is refused; ``where`` names the package in messages."""
+    from ortflow import TrainingPackageError
+    from ortflow.package import load_training_state
+
+    loaded, record, seen = [], [], {}
+    width = len(str(len(paths) - 1))
+    for index, path in enumerate(paths):
+        data = path.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        if digest in seen:
+            raise StateImportError(f"the state {str(path)!r} is the same state as {seen[digest]!r} (SHA-256 "
+                                   f"{digest[:16]}...): each state would be averaged twice as heavily; give it once")
+        seen[digest] = str(path)
+        try:
+            state = load_training_state(package, data)
+        except TrainingPackageError as exc:
+            raise StateImportError(f"the state {str(path)!r}: {exc}") from exc
+        except _UNREADABLE as exc:  # a manifest or header whose structure was not checked
+            raise StateImportError(f"the state {str(path)!r} could not be read against {where}: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+        if state.rows <= 0:
+            raise StateImportError(f"the state {str(path)!r} says it was trained on {state.rows} rows")
+        loaded.append(state)
+        record.append({"file": path.name, "artifact": f"states/{index:0{width}d}-{path.name}", "sha256": digest,
+                       "rows": state.rows, "epochs": state.epochs, "steps": state.steps})
+        copy = folder / record[-1]["artifact"]
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_bytes(data)
+    return loaded, record
+
+
+def states_tags(record: list[dict]) -> dict[str, str]:
+    """The lineage tags of the imported states: ``states`` (a JSON list of the records that fit a tag, in
+    order), ``states_count`` and ``states_artifact`` (the full list); ``states_omitted`` when some did not fit."""
+    from .tracking.lineage import LINEAGE_TAG
+
+    texts = [json.dumps(r) for r in record]
+    shown, size = 0, 2
+    for text in texts:
+        if size + len(text) + 2 > TAG_LIMIT:
+            break
+        size += len(text) + 2
+        shown += 1
+    tags = {f"{LINEAGE_TAG}states": "[" + ", ".join(texts[:shown]) + "]",
+            f"{LINEAGE_TAG}states_count": str(len(record)), f"{LINEAGE_TAG}states_artifact": STATES_ARTIFACT}
+    if shown < len(record):
+        tags[f"{LINEAGE_TAG}states_omitted"] = (f"{len(record) - shown} of {len(record)} states do not fit this "
+                                                f"tag: the full list is the artifact {STATES_ARTIFACT}")
+    return tags
+
+
+def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``(overrides, the rest)``: a ``key=value`` word is an override unless it names an existing file (a state
+    whose path holds ``=``)."""
+    overrides = [a for a in argv if "=" in a and not a.startswith("-") and not Path(a).is_file()]
+    return overrides, [a for a in argv if a not in overrides]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The command line: options and state files for argparse, ``key=value`` overrides for the config."""
-    from .base.errors import exit_if_expected
+    """The command line: options and state files for argparse, ``key=value`` overrides for the config (checked by
+    the override guard of every entry point first)."""
+    from .base.errors import exit_if_expected, exit_if_interrupted
+    from .base.interrupts import terminate_as_interrupt
     from .cli import quiet_third_party
+    from .overrides import check_overrides
 
     quiet_third_party()
     argv = list(sys.argv[1:] if argv is None else argv)
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    overrides, rest = split_arguments(argv)
     parser = argparse.ArgumentParser(prog="python -m pipelines.import_states", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("states", nargs="+", help="state files (ortflow-training-state) to import")
     parser.add_argument("--version", required=True, help="the registered version whose package trained them")
     parser.add_argument("--model", help="the registered model (default: mlflow.registered_model_name)")
-    args = parser.parse_args([a for a in argv if a not in overrides])
+    parser.add_argument("--verbose", action="store_true", help="show the traceback of an error")
+    args = parser.parse_args(rest)
     cfg = None
     try:
-        cfg = compose(overrides)
-        metrics = import_states(cfg, args.model or str(cfg.mlflow.registered_model_name), args.version, args.states)
+        with terminate_as_interrupt():
+            check_overrides(overrides)
+            cfg = compose(overrides)
+            metrics = import_states(cfg, args.model or str(cfg.mlflow.registered_model_name), args.version,
+                                    args.states)
     except Exception as exc:
         exit_if_expected(exc, argv, debug=bool(cfg is not None and cfg.get("debug", False)))
+        raise
+    except KeyboardInterrupt as exc:
+        exit_if_interrupted(exc, argv)
         raise
     registered = metrics.get("registered_version")
     print(f"ortflow: states imported: run {metrics['run_id']}; "

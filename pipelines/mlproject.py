@@ -3,7 +3,7 @@
 ``python -m pipelines.mlproject run [URI] [options]`` is ``mlflow run`` guarded (:func:`run_project`): MLflow makes
 its run, then builds python_env.yaml's environment, and leaves the run RUNNING with a traceback when that fails.
 
-``MLproject``'s entry points are ``main`` and one per stage of the table (pipelines/stages/__init__.py), each
+``MLproject``'s entry points are ``main`` and one per stage of the table (pipelines/base/stages.py), each
 running this module: ``python -m pipelines.mlproject --write`` writes them from the table (:func:`mlproject_text`;
 a test checks the committed file is what the table gives).
 
@@ -38,8 +38,8 @@ from pathlib import Path
 
 from .base.handoff import OUTER_RUN_ENV
 from .cli import CHAIN, app
-from .base.errors import USER_ERROR_STATUS, UserError, report
-from .stages import names
+from .base.errors import USER_ERROR_STATUS, UserError, exit_if_interrupted, report
+from .base.stages import names
 
 #: the MLproject file, at the repository root
 MLPROJECT = Path(__file__).resolve().parent.parent / "MLproject"
@@ -50,7 +50,7 @@ _HEADER = """\
 # the chain and each stage log into mlflow run's run. Without --env-manager local, MLflow builds python_env.yaml's
 # environment (pyenv, network) after making its run: `python -m pipelines.mlproject run . [options]` refuses first
 # when it cannot, and ends the run FAILED when building fails.
-# Written by `python -m pipelines.mlproject --write` from the stage table (pipelines/stages/__init__.py).
+# Written by `python -m pipelines.mlproject --write` from the stage table (pipelines/base/stages.py).
 name: ortflow
 
 python_env: python_env.yaml
@@ -179,8 +179,36 @@ def run_project(argv: list[str]) -> None:
         run_mlflow_project(uri, rest)
     except Exception as exc:  # noqa: BLE001 - MLflow's environment build failed: its run was ended FAILED
         ended = getattr(exc, "ended_runs", [])
-        raise EnvironmentBuildError(f"mlflow run {uri}: {failure_reason(exc).splitlines()[0]}"
-                                    + (f"; its run {', '.join(ended)} ended FAILED" if ended else "")) from exc
+        raise EnvironmentBuildError(f"mlflow run {uri}: {build_failure(failure_reason(exc))}"
+                                    + (f"; its run {', '.join(ended)} ended FAILED" if ended else "")
+                                    + f"; what works here: {local_command(uri, rest)}") from exc
+
+
+def build_failure(reason: str) -> str:
+    """What failed, from the reason of MLflow's exception: its first line and, for a command MLflow ran (its
+    ``ShellCommandException`` holds ``Command: [...]`` and the command's output), that command and its last line
+    of output (MLflow's own message is ``Non-zero exit code: 1`` and no more)."""
+    lines = reason.splitlines()
+    command = next((line[len("Command: "):] for line in lines if line.startswith("Command: ")), None)
+    if command is None:
+        return lines[0] if lines else reason
+    said = [line.strip() for line in lines[lines.index(f"Command: {command}") + 1:]
+            if line.strip() and line.strip() not in ("STDOUT:", "STDERR:")]
+    return (f"building the project's environment failed: {lines[0]} from {command}"
+            + (f", which said: {said[-1]}" if said else ""))
+
+
+def local_command(uri: str, rest: list[str]) -> str:
+    """The same ``python -m pipelines.mlproject run`` in the environment of this process (``--env-manager local``)."""
+    kept, skip = [], False
+    for word in rest:
+        if skip:
+            skip = False
+        elif word == "--env-manager":
+            skip = True
+        elif not word.startswith("--env-manager="):
+            kept.append(word)
+    return shlex.join(["python", "-m", "pipelines.mlproject", "run", uri, "--env-manager", "local", *kept])
 
 
 def entry_points() -> tuple[str, ...]:
@@ -212,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
         except UserError as exc:
             report(exc)
             raise SystemExit(USER_ERROR_STATUS) from None
+        except KeyboardInterrupt as exc:
+            exit_if_interrupted(exc, argv)
+            raise
         return
     if not argv or argv[0] not in entry_points():
         print(usage, file=sys.stderr)

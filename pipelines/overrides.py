@@ -112,7 +112,8 @@ def _check_target(text: str, target: Any) -> None:
 
 def guarded(main: Callable[[], Any]) -> Callable[[], Any]:
     """Wrap a ``@hydra.main`` entry point: ``sys.argv`` is checked by :func:`check_overrides` first, and an
-    expected error (:func:`pipelines.base.errors.hint_for`) ends the command with one line, a hint and status 2."""
+    expected error (:func:`pipelines.base.errors.hint_for`) ends the command with one line, a hint and status 2,
+    an interruption with one line and status 130 or 143 (:func:`pipelines.base.errors.exit_if_interrupted`)."""
 
     @functools.wraps(main)
     def entry(*args: Any, **kwargs: Any) -> Any:
@@ -128,6 +129,9 @@ def guarded(main: Callable[[], Any]) -> Callable[[], Any]:
                 return main()
         except Exception as exc:
             errors.exit_if_expected(exc)
+            raise
+        except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM: one line naming the runs it ended
+            errors.exit_if_interrupted(exc)
             raise
 
     return entry

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sys
 
+from .base.errors import exit_if_interrupted
+from .base.interrupts import terminate_as_interrupt
 from .tracking import TrackingUnavailableError, resend
 
 
@@ -20,10 +22,14 @@ def main(argv: list[str]) -> int:
         print(__doc__.splitlines()[0], file=sys.stderr)
         return 2
     try:
-        count = resend(argv[0], argv[1] if len(argv) == 2 else None)
+        with terminate_as_interrupt():
+            count = resend(argv[0], argv[1] if len(argv) == 2 else None)
     except TrackingUnavailableError as exc:
         print(f"ortflow: nothing sent: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM: one line (what was sent stays sent)
+        exit_if_interrupted(exc, argv)
+        raise
     print(f"ortflow: {count} metric points sent from {argv[0]}")
     return 0
 

@@ -18,7 +18,7 @@ def cuda_unavailable() -> str | None:
         return f"needs onnxruntime's CUDA provider ({ort.__version__} has {ort.get_available_providers()})"
     from onnx import TensorProto, helper
 
-    from ortflow.runtime import make_session
+    from ortflow.runtime.sessions import make_session
 
     value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [value],

@@ -9,7 +9,7 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.neural_network import MLPRegressor
 
 from ortflow import LearningRateAdam, OrtGradientOptimizer, add_loss_output, to_onnx
-from ortflow.artifact_cache import STEP_GRAPHS, TRAINING_ARTIFACTS, ArtifactCache
+from ortflow.runtime.artifact_cache import STEP_GRAPHS, TRAINING_ARTIFACTS, ArtifactCache
 
 
 @pytest.fixture(scope="module")

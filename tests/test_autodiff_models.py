@@ -11,7 +11,7 @@ from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 import ortflow
 from ortflow._ort import InferenceSession
-from ortflow.fwbw import OrtGradientForwardBackward
+from ortflow import OrtGradientForwardBackward
 from tolerances import assert_close, float32_sum_atol
 
 REGRESSORS = {

@@ -16,7 +16,7 @@ from sklearn.linear_model import (
 from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 from ortflow import UnsupportedModelError, to_onnx, trainable_initializers
-from ortflow.convert import graph_classes
+from ortflow.convert.sklearn import graph_classes
 from sklearn_fit import quiet_fit
 
 

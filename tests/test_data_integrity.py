@@ -156,7 +156,7 @@ def _rooms(n: int = 1200, seed: int = 1) -> pd.DataFrame:
 
 
 def _last_row(frame: pd.DataFrame, low: float, high: float) -> int:
-    from ortflow.sources import _stable_fraction
+    from ortflow.data.sources import _stable_fraction
 
     fraction = _stable_fraction(frame["id"].to_numpy())
     return int(np.flatnonzero((fraction >= low) & (fraction < high))[-1])
@@ -171,7 +171,7 @@ def _parquet_overrides(folder, uri, root, *more):
 def test_a_null_in_an_integer_column_read_past_the_sample_stays_a_gap(tmp_path):
     """Seen: the row groups of a buffer were written into one matrix of the first one's dtype, so an integer
     column read as floats with a NaN in a later row group became -9223372036854775808 there."""
-    from ortflow.sources import ParquetSource
+    from ortflow.data.sources import ParquetSource
 
     frame = _rooms()
     frame["rooms"] = frame.rooms.astype("Int64")
@@ -227,11 +227,11 @@ def test_integers_in_one_file_and_floats_in_others_are_read_as_floats(tmp_path, 
     """Seen: int64 in the first file and ``k + 0.5`` in the later ones trained on truncated values (test_mse 0.106
     where the noise is 1e-4). Now the column is read as float64 in every file, with a warning, and the lineage
     says ``double``."""
-    from ortflow.sources import ParquetSource
+    from ortflow.data.sources import ParquetSource
     from pipelines.data.streams import Stream, description
 
     _drifting(tmp_path / "t", pa.float64(), lambda k: k + 0.5)
-    with caplog.at_level(logging.WARNING, logger="ortflow.sources"):
+    with caplog.at_level(logging.WARNING, logger="ortflow.data.sources"):
         source = ParquetSource(tmp_path / "t", "y", ["k"], buffer_rows=120)
     assert "column 'k' is int64 in p0.parquet and double in p1.parquet: read as float64 in every file" in caplog.text
     for rng in (None, np.random.RandomState(0)):
@@ -261,7 +261,7 @@ def test_the_key_split_depends_on_the_key_value_only(tmp_path):
     """Seen: a key read with a null comes out as floats, and 5.0 hashed apart from 5: one appended null-key row
     moved 1,655 of 2,045 test rows. Now a whole float hashes as its integer: the same ids written as int64, int32
     and float64 make the same test part."""
-    from ortflow.sources import ParquetSource
+    from ortflow.data.sources import ParquetSource
 
     frame = pd.DataFrame({"id": np.arange(600), "x": np.linspace(0, 1, 600)})
     frame["y"] = 2 * frame.x
@@ -277,7 +277,7 @@ def test_the_key_split_depends_on_the_key_value_only(tmp_path):
 def test_a_null_split_key_is_refused_naming_the_file(tmp_path, compose_pipeline):
     """Seen: null keys all landed in validation, silently. Now refused naming the file and the row group, when the
     stream opens (the files' statistics) or, in a file without statistics, when the row group is read."""
-    from ortflow.sources import ParquetSource
+    from ortflow.data.sources import ParquetSource
     from pipelines.data.streams import open_stream
 
     frame = pd.DataFrame({"id": np.arange(600.0), "x": np.linspace(0, 1, 600)})

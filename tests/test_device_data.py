@@ -1,4 +1,4 @@
-"""Training data on the device (ortflow.device_data, issue 39 item 3), on the CPU: batches bound by address and
+"""Training data on the device (ortflow.runtime.device_data, issue 39 item 3), on the CPU: batches bound by address and
 rows shuffled on the device give exactly what copying the rows gives; losses land in a device vector."""
 
 import numpy as np
@@ -6,8 +6,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from ortflow._ort import _C
-from ortflow.device_data import DEVICE_DATA_LIMIT, DeviceLosses, DeviceRows, fits_on_device
-from ortflow.runtime import OnnxFunction
+from ortflow.runtime.device_data import DEVICE_DATA_LIMIT, DeviceLosses, DeviceRows, fits_on_device
+from ortflow.runtime.sessions import OnnxFunction
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_data_goes_to_the_device_when_it_fits_twice_in_half_the_free_memory():
     assert fits_on_device(10**12, "cpu")  # in memory already
     assert fits_on_device(250, "cuda", free=1000) and not fits_on_device(251, "cuda", free=1000)
     assert fits_on_device(500, "cuda", shuffled=False, free=1000)
-    from ortflow.device_data import free_device_memory
+    from ortflow.runtime.device_data import free_device_memory
 
     if free_device_memory("cuda") is None:  # no nvidia-ml-py or no GPU: unknown free memory, a size limit
         assert fits_on_device(DEVICE_DATA_LIMIT // 2, "cuda") and not fits_on_device(DEVICE_DATA_LIMIT // 2 + 1, "cuda")
@@ -116,7 +116,7 @@ def test_device_loop_trains_as_the_host_loop(regression_data, regression_graph, 
         np.testing.assert_array_equal(device.get_state()[name], value, err_msg=name)
     for name, value in host.get_optimizer_state().items():
         np.testing.assert_array_equal(device.get_optimizer_state()[name], value, err_msg=name)
-    assert device._rt_device_rows is None and device._rt_step._on_device is None  # freed when the fit ends
+    assert device._rt_device_rows is None and device._rt_runtime._on_device is None  # freed when the fit ends
     device.partial_fit(X[:100], y[:100])  # a new call's rows, copied for it
     host.partial_fit(X[:100], y[:100])
     np.testing.assert_array_equal(device.get_state()["coef"], host.get_state()["coef"])
@@ -142,7 +142,7 @@ def test_device_loop_names_the_divergence_and_keeps_the_host_loops_weights(regre
                 est.fit(X * 100, y)
             messages.append(str(record[0].message))
         assert est.diverged_ and bool(est._rt_batches) is not on_device
-        states.append((est.get_state(), est._rt_step.steps))
+        states.append((est.get_state(), est._rt_runtime.steps))
     assert messages[1] == messages[0]
     (host, host_steps), (device, device_steps) = states
     assert device_steps == host_steps

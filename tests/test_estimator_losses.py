@@ -33,11 +33,11 @@ from sklearn.linear_model._sgd_fast import (
 )
 
 from ortflow import OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer, add_loss_output, to_onnx
-from ortflow.add_loss import LOSS_METADATA
-from ortflow.convert import estimator_record
-from ortflow.estimator_loss import estimator_loss, learning_penalty
+from ortflow.objectives.add_loss import LOSS_METADATA
+from ortflow.convert.sklearn import estimator_record
+from ortflow.objectives.estimator_loss import estimator_loss, learning_penalty
 from ortflow.registry import select
-from ortflow.runtime import OnnxFunction
+from ortflow.runtime.sessions import OnnxFunction
 from tolerances import U32, float32_sum_atol, matmul_atol
 
 RNG = np.random.default_rng(0)

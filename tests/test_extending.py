@@ -109,7 +109,7 @@ def _one_step(kind: str, start, X, y, penalty, lr: float):
         return OrtGradientForwardBackwardOptimizer(start, learning_loss="squared_error",
                                                    learning_penalty=penalty or "none", **common).fit(X, y)
     pytest.importorskip("torch")
-    from ortflow.torch_trainer import TorchTrainer
+    from ortflow.trainers.torch_trainer import TorchTrainer
 
     return TorchTrainer(start, learning_loss="squared_error", learning_penalty=penalty or "none", **common).fit(X, y)
 

@@ -8,7 +8,7 @@ import pytest
 from sklearn.neural_network import MLPRegressor
 
 import ortflow
-from ortflow.validation import check_weights_to_train
+from ortflow.runtime.validation import check_weights_to_train
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def _batch_norm_graph():
 def test_batch_norm_statistics_are_not_trained_by_default():
     """A batch norm's running mean and variance (inputs 3 and 4) are statistics: neither the default nor a pattern
     selects them, a name does."""
-    from ortflow.graph import batch_norm_statistics
+    from ortflow.graph.editing import batch_norm_statistics
 
     model = _batch_norm_graph()
     assert batch_norm_statistics(model) == {"mean", "var"}

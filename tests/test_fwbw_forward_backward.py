@@ -10,7 +10,7 @@ from sklearn.neural_network import MLPRegressor
 
 from ortflow import DeviceError, NotDifferentiableError, to_onnx
 from ortflow._ort import TRAINING
-from ortflow.fwbw import OrtGradientForwardBackward
+from ortflow import OrtGradientForwardBackward
 from tolerances import assert_close, float32_sum_atol, matmul_atol, sum_atol
 
 
@@ -146,7 +146,7 @@ def test_unknown_input_or_device_is_refused(small):
 def _agent_step(fb, agent, cache, X, grad_output):
     """Forward then backward through ``agent`` (a TrainingAgent of ``fb``), returning prediction and gradients."""
     from ortflow._ort import OrtValue, OrtValueVector, PartialGraphExecutionState
-    from ortflow.runtime import to_ortvalue
+    from ortflow.runtime.sessions import to_ortvalue
 
     x = to_ortvalue(X)
     feeds = fb.feed_vector({"X": x, **fb.weights})

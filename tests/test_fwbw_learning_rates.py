@@ -5,14 +5,9 @@ import pytest
 from sklearn.linear_model import LinearRegression
 
 from ortflow import to_onnx
-from ortflow.fwbw import (
-    ElasticLearningPenalty,
-    LearningRateAdam,
-    LearningRateSGD,
-    LearningRateSGDNesterov,
-    OrtGradientForwardBackwardOptimizer,
-)
-from ortflow.schedules import learning_rate_at
+from ortflow import (ElasticLearningPenalty, LearningRateAdam, LearningRateSGD, LearningRateSGDNesterov,
+                     OrtGradientForwardBackwardOptimizer)
+from ortflow.optimizers.schedules import learning_rate_at
 
 RNG = np.random.default_rng(3)
 WEIGHTS = {"coef": RNG.normal(size=(4, 1)).astype(np.float32), "bias": RNG.normal(size=1).astype(np.float32)}

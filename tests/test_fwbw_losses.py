@@ -3,18 +3,10 @@
 import numpy as np
 import pytest
 
-from ortflow.fwbw import (
-    AbsoluteLearningLoss,
-    BaseLearningLoss,
-    ElasticLearningLoss,
-    ElasticLearningPenalty,
-    LearningRateSGD,
-    NegLogLearningLoss,
-    NoLearningPenalty,
-    SquareLearningLoss,
-    select,
-)
-from ortflow.runtime import OnnxFunction
+from ortflow import (AbsoluteLearningLoss, BaseLearningLoss, ElasticLearningLoss, ElasticLearningPenalty,
+                     LearningRateSGD, NegLogLearningLoss, NoLearningPenalty, SquareLearningLoss)
+from ortflow.registry import select
+from ortflow.runtime.sessions import OnnxFunction
 from tolerances import assert_close, float32_sum_atol
 
 RNG = np.random.default_rng(0)
@@ -167,7 +159,7 @@ def test_forward_backward_with_no_loss_named_trains_the_estimator_s_own_loss():
     """Seen (issue 46, item 2): ``OrtGradientForwardBackwardOptimizer(to_onnx(classifier))`` with no loss named
     trained squared error on the raw scores (penguins: test log loss 0.60 against 0.089 with the log loss). With no
     loss named it trains the estimator's own loss, the one ``add_loss_output`` gives the full trainer
-    (``ortflow.estimator_loss``: log loss for a LogisticRegression), so both trainers end where the same run of the
+    (``ortflow.objectives.estimator_loss``: log loss for a LogisticRegression), so both trainers end where the same run of the
     same objective ends; squared error on the same graph ends far above."""
     from sklearn.datasets import load_iris
     from sklearn.linear_model import LogisticRegression

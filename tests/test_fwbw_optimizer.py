@@ -14,16 +14,8 @@ from sklearn.neural_network import MLPClassifier, MLPRegressor
 
 from ortflow._ort import TRAINING
 from ortflow import Checkpoint, ConvergenceError, NotDifferentiableError, OrtGradientOptimizer, add_loss_output, to_onnx
-from ortflow.fwbw import (
-    AbsoluteLearningLoss,
-    ElasticLearningLoss,
-    ElasticLearningPenalty,
-    LearningRateAdam,
-    LearningRateSGD,
-    LearningRateSGDNesterov,
-    NegLogLearningLoss,
-    OrtGradientForwardBackwardOptimizer,
-)
+from ortflow import (AbsoluteLearningLoss, ElasticLearningLoss, ElasticLearningPenalty, LearningRateAdam,
+                     LearningRateSGD, LearningRateSGDNesterov, NegLogLearningLoss, OrtGradientForwardBackwardOptimizer)
 
 
 def _constant(eta0):
@@ -89,10 +81,10 @@ def test_same_weights_as_full_training_with_penalty_mlp_and_validation(regressio
     if fwbw.gradients_ == "ortflow":  # one graph for any batch size
         return
     # 300 training rows: batches of 16 and a last one of 12, each trained by a graph built for its shape
-    assert sorted(fwbw._rt_fb._static) == [((12, 8),), ((16, 8),)]
-    assert not hasattr(fwbw._rt_fb, "static_failures_")
+    assert sorted(fwbw._rt_runtime.fb._static) == [((12, 8),), ((16, 8),)]
+    assert not hasattr(fwbw._rt_runtime.fb, "static_failures_")
     # sessions: shape-agnostic, batch of 16 (the trainer's threads), last batch of 12 (one thread)
-    threads = [sess.get_session_options().intra_op_num_threads for sess in fwbw._rt_fb._sessions]
+    threads = [sess.get_session_options().intra_op_num_threads for sess in fwbw._rt_runtime.fb._sessions]
     assert len(threads) == 3 and threads[2] == 1 and threads[1] == threads[0] == 2
 
 

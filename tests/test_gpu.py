@@ -15,7 +15,8 @@ from sklearn.linear_model import LinearRegression
 
 import ortflow
 from ortflow import DeviceError, OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer, add_loss_output, to_onnx
-from ortflow.runtime import cuda_provider_options, make_session_options, precision_of
+from ortflow.runtime.placement import Placement
+from ortflow.runtime.sessions import cuda_provider_options
 from tolerances import U32, assert_close, float32_sum_atol, matmul_atol
 
 LR = 0.05
@@ -61,17 +62,22 @@ def test_cuda_provider_options_carry_the_precision():
     so a CUDA fit differed from the CPU's by 3e-3 relative. fp32 (the default) asks for exact products."""
     assert cuda_provider_options("cuda") == {"device_id": "0", "use_tf32": "0"}
     assert cuda_provider_options("cuda:1", "tf32") == {"device_id": "1", "use_tf32": "1"}
-    assert precision_of(make_session_options()) == "fp32"
-    assert precision_of(make_session_options(2, "tf32")) == "tf32"
-    assert precision_of(None) == "fp32"
+    assert Placement("cuda:1", "tf32").providers() == [
+        ("CUDAExecutionProvider", {"device_id": "1", "use_tf32": "1"}), "CPUExecutionProvider"]
+    assert Placement.of("cpu").providers() == ["CPUExecutionProvider"] and Placement.of("cpu").precision == "fp32"
 
 
 @pytest.mark.parametrize("cls", [OrtGradientOptimizer, OrtGradientForwardBackwardOptimizer])
 def test_trainer_sessions_carry_its_precision(cls, linear):
-    graph = linear[2]
+    """Issue 44 item 6: the precision is part of the trainer's Placement (what every session gets), no longer a
+    SessionOptions entry read back."""
+    X, y, graph = linear[:3]
     assert cls(graph).precision == "fp32"
     for precision in ("fp32", "tf32"):
-        assert precision_of(cls(graph, precision=precision)._session_options()) == precision
+        assert cls(graph, precision=precision)._placement() == Placement("cpu", precision)
+    model = add_loss_output(graph) if cls is OrtGradientOptimizer else graph
+    est = cls(model, max_iter=1, precision="tf32").fit(X, y)
+    assert est._rt_placement == Placement("cpu", "tf32") and est._rt_runtime.placement is est._rt_placement
 
 
 @pytest.mark.parametrize("cls", [OrtGradientOptimizer, OrtGradientForwardBackwardOptimizer])
@@ -81,7 +87,7 @@ def test_invalid_precision_is_refused_naming_the_choices(cls, linear):
     with pytest.raises(ValueError, match=r"precision='fp16' is not one of \['fp32', 'tf32'\]"):
         cls(model, max_iter=1, precision="fp16").fit(X, y)
     with pytest.raises(ValueError, match="precision='bf16'"):
-        make_session_options(1, "bf16")
+        Placement.of("cpu", "bf16")
 
 
 def test_cuda_without_the_provider_names_what_to_install(linear):
@@ -118,7 +124,7 @@ def test_torch_layer_follows_torch_precision():
             layer = OnnxModule(graph)
             layer(torch.tensor(X))  # builds the runtime of the device, reading torch's setting
             runtime = next(iter(layer._runtimes.values()))
-            assert precision_of(runtime.options) == expected, setting
+            assert runtime.placement.precision == expected, setting
         torch.set_float32_matmul_precision("highest")
         torch.backends.cuda.matmul.allow_tf32 = True  # the older switch says the same
         assert torch_precision() == "tf32"
@@ -150,7 +156,7 @@ def test_cuda_fp32_step_matches_cpu(cls, linear):
 def test_cuda_precision_reaches_the_products():
     """An MLP's forward on CUDA: within float32's bound of float64 in fp32; in tf32 (10-bit mantissas) beyond it,
     which shows that the setting reaches onnxruntime (the fault seen: TF32 where fp32 was meant)."""
-    from ortflow.runtime import OnnxFunction
+    from ortflow.runtime.sessions import OnnxFunction
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -162,21 +168,21 @@ def test_cuda_precision_reaches_the_products():
                               [numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     exact, atol = a.astype(np.float64) @ w, matmul_atol(a, w)
-    fp32 = OnnxFunction(model, "cuda", make_session_options(precision="fp32")).run(a)[0].numpy()
+    fp32 = OnnxFunction(model, Placement.of("cuda", "fp32")).run(a)[0].numpy()
     assert_close(fp32, exact, rtol=0, atol=atol, err_msg="fp32 on cuda")
-    tf32 = OnnxFunction(model, "cuda", make_session_options(precision="tf32")).run(a)[0].numpy()
+    tf32 = OnnxFunction(model, Placement.of("cuda", "tf32")).run(a)[0].numpy()
     assert np.any(np.abs(tf32 - exact) > atol), "tf32 asked for, yet the products are exact float32"
 
 
 @pytest.mark.gpu
 def test_device_rows_on_cuda_are_the_copied_rows():
-    """ortflow.device_data on the GPU: rows shuffled and bound by address on the device, the loss written into a
+    """ortflow.runtime.device_data on the GPU: rows shuffled and bound by address on the device, the loss written into a
     device vector, equal to the same rows fed from the host (the same session: the same kernels)."""
     from onnx import TensorProto, helper
 
     from ortflow._ort import _C
-    from ortflow.device_data import DeviceLosses, DeviceRows
-    from ortflow.runtime import OnnxFunction
+    from ortflow.runtime.device_data import DeviceLosses, DeviceRows
+    from ortflow.runtime.sessions import OnnxFunction
 
     nodes = [helper.make_node("ReduceSumSquare", ["X"], ["loss"], keepdims=0)]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [None, 4])],

@@ -9,7 +9,7 @@ from sklearn.linear_model import LinearRegression
 
 from ortflow import OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer, UnsupportedModelError, add_loss_output
 from ortflow import to_onnx
-from ortflow.graph import check_loadable, load_model
+from ortflow.graph.editing import check_loadable, load_model
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from sklearn.neural_network import MLPRegressor
 
 import ortflow
 from ortflow.package import TrainingPackage, load_training_state, train_package
-from ortflow.schedules import learning_rate_at
-from ortflow.shuffle import draws, epoch_order, seed_state
+from ortflow.optimizers.schedules import learning_rate_at
+from ortflow.data.shuffle import draws, epoch_order, seed_state
 
 from js_support import (CASES, JS_GROUP, OPTIMIZERS, RUNTIMES, make_package, node, optimizer, output_atol,
                         require_node, run_graph, state_atol, weights_atol, write_jobs)
@@ -124,8 +124,8 @@ def test_exported_model_predicts_like_python(trained, case, opt, runtime):
 
 
 def test_shuffle_and_schedules_follow_python():
-    """epochOrder and its draws are ortflow.shuffle's, bit for bit (seeds and epochs across the 32-bit range);
-    every schedule's rate, fed as float32, is ortflow.schedules'."""
+    """epochOrder and its draws are ortflow.data.shuffle's, bit for bit (seeds and epochs across the 32-bit range);
+    every schedule's rate, fed as float32, is ortflow.optimizers.schedules'."""
     require_node()
     cases = [(10, 42, 3), (12, 2026, 0), (1000, 0xFFFFFFFF, 7), (257, 123456789, 65537), (1, 5, 0), (0, 1, 1)]
     schedules = [{"name": "invscaling", "eta0": 0.05, "power_t": 0.25, "alpha": 1e-4},

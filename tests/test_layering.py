@@ -6,10 +6,11 @@ the module it reads (``from pkg import sub`` names ``pkg.sub`` when ``sub`` is a
 ``__init__`` of a parent package, run on the way, is not counted. It then fails on
 
 - any import circle, in ``ortflow/`` or ``pipelines/``;
-- any import from a lower layer of :data:`LAYERS` to a higher one (a layer imports its own and lower layers);
+- any import from a lower layer of :data:`LAYERS` to a higher one (a layer imports its own and lower layers): in
+  ``ortflow/`` too, whose sub-packages are its layers (a training package never imports a trainer);
 - a module of ``pipelines/`` that no layer claims (a new sub-package is declared here, in its place).
 
-The stage table (``pipelines/stages/__init__.py``) loads a stage's module by name (``importlib``) when the stage
+The stage table (``pipelines/base/stages.py``) loads a stage's module by name (``importlib``) when the stage
 runs: the one import upward, declared in the table and not written as an import statement.
 """
 
@@ -37,10 +38,27 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
     ("tracking", ("pipelines/tracking/",), "everything said to MLflow (the only package importing mlflow)"),
     ("modeling", ("pipelines/modeling/",), "scikit-learn estimators, predictions, metrics, plots"),
     ("data", ("pipelines/data/",), "data sets and the split, tables, class labels"),
-    ("base", ("pipelines/base/", "pipelines/stages/__init__.py", "pipelines/modeling/models.py"),
-     "config schema, checks and the ortflow parts it builds, user errors, paths, run-id hand-offs, the stage table, "
-     "the table of models"),
-    ("core library", ("ortflow/",), "`ortflow`: imports neither the pipelines, MLflow nor Hydra"),
+    ("base", ("pipelines/base/",),
+     "config schema, checks and the ortflow parts it builds, user errors, paths, run-id hand-offs, the stage table "
+     "(`stages`), the table of models (`models`)"),
+    ("ortflow: public names", ("ortflow/__init__.py",), "`import ortflow`: every public name, loaded on first use"),
+    ("ortflow: trainers", ("ortflow/trainers/",),
+     "the estimators (full, forward-backward, torch), their loop, parameters, callbacks, checkpoints, predictions"),
+    ("ortflow: torch layer", ("ortflow/torch.py",), "a graph as a torch layer, the update rules as a torch optimizer"),
+    ("ortflow: package", ("ortflow/package/",),
+     "training packages: the format, the writer, the reader, the reference loop (never a trainer)"),
+    ("ortflow: training problem", ("ortflow/trainers/problem.py",),
+     "what a trainer trains, as one value (`TrainingProblem`): what packages are written from"),
+    ("ortflow: engines", ("ortflow/engines/",), "what runs a step: step graphs, forward and backward passes"),
+    ("ortflow: data", ("ortflow/data/",), "graph inputs, sources, the portable shuffle, table preprocessing"),
+    ("ortflow: autodiff", ("ortflow/autodiff/",), "gradient graphs and one graph per training step"),
+    ("ortflow: optimizers", ("ortflow/optimizers/",), "update rules and learning-rate schedules"),
+    ("ortflow: objectives", ("ortflow/objectives/",), "losses, penalties, each estimator's loss, add_loss_output"),
+    ("ortflow: runtime", ("ortflow/runtime/",), "sessions and their placement, checks, device buffers, guards"),
+    ("ortflow: convert", ("ortflow/convert/",), "scikit-learn models to trainable graphs"),
+    ("ortflow: graph", ("ortflow/graph/",), "reading, checking and editing graphs; writing nodes"),
+    ("ortflow: basics", ("ortflow/_ort.py", "ortflow/exceptions.py", "ortflow/registry.py"),
+     "onnxruntime's import, the errors, the registry of names"),
 ]
 
 
@@ -87,7 +105,7 @@ def _imports(path: Path, modules: set[str]) -> dict[str, list[int]]:
         else:
             continue
         for target in targets:
-            while target and target not in modules:  # `import ortflow.graph as g` reads ortflow.graph
+            while target and target not in modules:  # `import ortflow.graph.editing as g` reads ortflow.graph.editing
                 target = target.rpartition(".")[0]
             if target and target != module:
                 found.setdefault(target, []).append(node.lineno)
@@ -147,7 +165,7 @@ def test_the_walk_sees_imports(graph):
     assert "pipelines.base.checks" in graph["pipelines.execution.runner"]
     assert "pipelines.execution.runner" in graph["pipelines.cli"]  # an import inside a function
     assert "pipelines.tracking" in graph["pipelines.orchestration.chain"]  # `from .. import tracking as tr`
-    assert "ortflow.graph" in graph["ortflow.ml_op_rewrites"]
+    assert "ortflow.graph.editing" in graph["ortflow.convert.ml_op_rewrites"]
     assert sum(map(len, graph.values())) > 150
 
 
@@ -179,7 +197,7 @@ def test_no_import_from_a_lower_layer_to_a_higher_one(graph):
 
 
 def test_layers_claim_what_they_should():
-    assert LAYERS[layer_of(Path("pipelines/stages/__init__.py"))][0] == "base"
+    assert LAYERS[layer_of(Path("pipelines/base/stages.py"))][0] == "base"
     assert LAYERS[layer_of(Path("pipelines/stages/train.py"))][0] == "stages"
     assert LAYERS[layer_of(Path("pipelines/cli.py"))][0] == "entry points"
     assert LAYERS[layer_of(Path("pipelines/tracking/sweep.py"))][0] == "tracking"
@@ -196,3 +214,10 @@ def layer_table() -> str:
 def test_the_docs_show_the_layers():
     assert layer_table() in (ROOT / "docs" / "PIPELINES.md").read_text(), (
         "docs/PIPELINES.md must show tests/test_layering.py's LAYERS as:\n" + layer_table())
+
+
+def test_the_core_top_level_is_small():
+    """``ortflow/`` shows its concepts: at most 15 modules or sub-packages at its top level."""
+    entries = [p.name for p in (ROOT / "ortflow").iterdir()
+               if p.name != "__pycache__" and (p.suffix == ".py" or (p / "__init__.py").is_file())]
+    assert len(entries) <= 15, f"ortflow/ holds {len(entries)} modules or sub-packages: {sorted(entries)}"

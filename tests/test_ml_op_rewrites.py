@@ -19,7 +19,7 @@ from ortflow import (
     make_trainable,
     trainable_initializers,
 )
-from ortflow.convert import graph_classes
+from ortflow.convert.sklearn import graph_classes
 from tolerances import assert_close, matmul_atol
 
 OPSETS = {"": 17, "ai.onnx.ml": 3}

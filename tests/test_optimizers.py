@@ -20,7 +20,7 @@ from ortflow import (
     add_loss_output,
     to_onnx,
 )
-from ortflow.learning_rates import LearningRateAdagrad
+from ortflow.optimizers.learning_rates import LearningRateAdagrad
 from tolerances import assert_close, float32_sum_atol
 
 OPTIMIZERS = {

@@ -16,7 +16,7 @@ from ortflow import (
     add_loss_output,
     to_onnx,
 )
-from ortflow.parameters import FULL, FWBW, SHARED
+from ortflow.trainers.parameters import FULL, FWBW, SHARED
 
 TRAINERS = [OrtGradientOptimizer, OrtGradientForwardBackwardOptimizer]
 

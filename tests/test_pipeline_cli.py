@@ -219,7 +219,7 @@ def test_every_entry_point_answers_help_with_status_0(tmp_path, pipeline_subproc
     """Seen: ``python -m pipelines --help`` and ``python -m pipelines.mlproject --help`` exited 2 (usage as an
     error), ``python -m pipelines.resend --help`` with a traceback (it read '--help' as a file); the stages all
     showed the same text. Each stage's --help now lists the keys it reads."""
-    from pipelines.stages import TABLE
+    from pipelines.base.stages import TABLE
 
     assert {"pipelines", "pipelines.main", "pipelines.mlproject", "pipelines.resend", "pipelines.server"} <= set(
         _ENTRY_MODULES)

@@ -301,7 +301,7 @@ def test_every_metric_evaluate_writes_is_a_valid_promotion_metric():
 # --- model and loss follow data.task; every problem at once; hints that name what exists (issue 27, item 3) ----
 
 
-@pytest.mark.parametrize("overrides,model,loss", [  # loss None: the model's own (ortflow.estimator_loss)
+@pytest.mark.parametrize("overrides,model,loss", [  # loss None: the model's own (ortflow.objectives.estimator_loss)
     (["data=iris"], "logistic", None),  # seen: data=iris alone failed on the default mlp_regressor
     (["data=breast_cancer", "model=mlp_classifier"], "mlp_classifier", None),  # an explicit model wins
     (["data=diabetes"], "linear", None),
@@ -402,7 +402,7 @@ def test_every_core_trainer_setting_is_a_trainer_key_or_set_by_the_pipelines():
     what sets it); every optimizer setting of the registry is a key."""
     from dataclasses import fields
 
-    from ortflow.parameters import TRAINERS
+    from ortflow.trainers.parameters import TRAINERS
     from ortflow.registry import family, settings_of
     from pipelines.base.builders import optimizer_keys, trainer_keys
     from pipelines.base.schema import PIPELINE_SET, TrainerConfig

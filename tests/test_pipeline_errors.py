@@ -153,7 +153,7 @@ def test_a_stage_alone_from_another_problems_run_is_refused(tmp_path, run_chain_
     its model but logged ``data.name=regression``, ``model.name=linear``; now refused, naming each difference."""
     from pipelines.base.schema import ConfigError
     from pipelines.execution.runner import run_standalone
-    from pipelines.stages import stage_function
+    from pipelines.base.stages import stage_function
 
     uri = new_sqlite_store(tmp_path / "mlflow.db")
     source = run_chain_clean(["experiment=iris_logistic", f"mlflow.tracking_uri={uri}", f"mlflow.root={tmp_path}",

@@ -93,7 +93,7 @@ def test_the_table_of_models_and_the_conf_files_agree():
     from omegaconf import OmegaConf
 
     from pipelines.base.schema import MODEL_TASK, ModelKind
-    from pipelines.modeling.models import MODELS
+    from pipelines.base.models import MODELS
 
     files = {p.stem: OmegaConf.load(p) for p in (Path(__file__).resolve().parent.parent / "conf" / "model").glob("*.yaml")}
     assert set(files) == {m.name for m in MODELS} == {k.value for k in ModelKind}
@@ -102,5 +102,5 @@ def test_the_table_of_models_and_the_conf_files_agree():
             assert ModelKind(model.name) not in MODEL_TASK and model.estimator is None
             continue
         assert files[model.name].task == model.task == MODEL_TASK[ModelKind(model.name)].value
-        unused = set(files[model.name]) - {"name", "task", "target_opset", *model.settings}
+        unused = set(files[model.name]) - {"name", "task", "target_opset", "defaults", *model.settings}
         assert not unused, f"conf/model/{model.name}.yaml sets {unused}, which its class never receives"

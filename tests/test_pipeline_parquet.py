@@ -25,7 +25,7 @@ from mlflow import MlflowClient
 from onnx import numpy_helper
 
 import ortflow
-from ortflow.sources import _position_fractions, _stable_fraction
+from ortflow.data.sources import _position_fractions, _stable_fraction
 from pipelines.base.errors import DataError
 from pipelines.data.datasets import Split
 from pipelines.data.streams import open_stream

@@ -1,6 +1,6 @@
 """The losses, penalties and optimizers of the pipelines are built from their registry classes with the settings
 those classes take, taken from the config by name (issue 37); a model trains with its estimator's own loss
-(``ortflow.estimator_loss``, with the estimator's settings) unless ``loss.name`` says another, whose settings are
+(``ortflow.objectives.estimator_loss``, with the estimator's settings) unless ``loss.name`` says another, whose settings are
 ``loss.*`` only (issue 44)."""
 
 import json
@@ -14,7 +14,7 @@ import onnxruntime
 import pytest
 from mlflow import MlflowClient
 
-from ortflow.penalties import BaseLearningPenalty
+from ortflow.objectives.penalties import BaseLearningPenalty
 from ortflow.registry import family
 from pipelines.base.checks import validate
 from pipelines.base.schema import ConfigError
@@ -51,7 +51,7 @@ def test_loss_quantile_trains_the_loss_s_quantile(compose_pipeline, clean_mlflow
 @pytest.mark.parametrize("epsilon", [1.1, 2.5])
 def test_model_huber_trains_its_own_loss_with_its_epsilon(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri,
                                                           epsilon):
-    """Seen: conf/model/huber.yaml advised loss.name=huber while ortflow.estimator_loss maps HuberRegressor to
+    """Seen: conf/model/huber.yaml advised loss.name=huber while ortflow.objectives.estimator_loss maps HuberRegressor to
     scaled_huber, and either way the loss trained at its class's default epsilon. Left unchosen, the loss is
     the estimator's own (scaled_huber) with the model's epsilon and fitted scale, in the graph trained."""
     result = _chain(compose_pipeline, tmp_path, sqlite_uri, "h", "data=diabetes", "model=huber",
@@ -98,7 +98,7 @@ def test_a_loss_setting_is_never_taken_from_the_model(compose_pipeline):
     """Seen (issue 44): a loss with ``alpha=1.0`` got ``model.alpha=0.0001`` (the model's L2 strength), silently: a
     named loss's settings were looked up in ``loss`` then in ``model``. A loss's settings come from ``loss.*`` only
     (or, with no loss named, from the estimator's record)."""
-    from ortflow.losses import SquareLearningLoss
+    from ortflow.objectives.losses import SquareLearningLoss
     from pipelines.base.builders import loss
 
     class AlphaSquare(SquareLearningLoss):  # a loss with a setting named like a model's
@@ -177,7 +177,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_optimizers_listed_by_the_docs_are_the_registry_s():
-    """Seen: docs/PIPELINES.md, conf/trainer/*.yaml and ortflow/parameters.py listed sgd | nesterov | adam | adamw,
+    """Seen: docs/PIPELINES.md, conf/trainer/*.yaml and ortflow/trainers/parameters.py listed sgd | nesterov | adam | adamw,
     rmsprop missing. The YAML files and the parameter table name no optimizer now; the page's one list is the
     registry's canonical names."""
     canonical = sorted({cls.names[0] for cls in family("optimizer").values()})
@@ -224,7 +224,7 @@ def test_the_trainer_files_repeat_no_default_of_the_schema():
 def test_the_docs_name_every_loss_and_every_model():
     """docs/LOSSES.md's table of the loss family names every loss of the registry, and docs/PIPELINES.md's `model`
     row every model of the table (what docs/DESIGN.md's walk-throughs say a new one adds)."""
-    from pipelines.modeling.models import MODELS
+    from pipelines.base.models import MODELS
 
     losses = (ROOT / "docs" / "LOSSES.md").read_text()
     table = {name for line in losses.splitlines() if line.startswith("| `") for name in re.findall(r"`(\w+)`", line)}
@@ -249,7 +249,7 @@ def test_a_loss_setting_of_its_own_is_a_loss_key(compose_pipeline):
 
 def test_model_linear_svr_trains_its_own_loss(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri):
     """A model added as a line of the table and a file of conf/model: its chain trains the estimator's own loss
-    (ortflow.estimator_loss: epsilon-insensitive) at the model's epsilon."""
+    (ortflow.objectives.estimator_loss: epsilon-insensitive) at the model's epsilon."""
     result = _chain(compose_pipeline, tmp_path, sqlite_uri, "svr", "data=diabetes", "model=linear_svr",
                     "model.epsilon=0.2", "model.start_max_iter=3", "trainer.max_iter=10",
                     "stages=[convert,add_loss,train]")

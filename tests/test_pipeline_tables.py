@@ -84,7 +84,7 @@ def test_the_preprocessing_converts_as_scikit_learn_computes(tmp_path):
     """Each treatment in ONNX gives scikit-learn's numbers (the graph's front, frozen while training)."""
     import ortflow
     from ortflow._ort import InferenceSession
-    from ortflow.inputs import InputMapping
+    from ortflow.data.inputs import InputMapping
     from pipelines.data.tables import column_kind, table_frame
     from pipelines.modeling.estimators import build_preprocessing
 

@@ -15,9 +15,9 @@ from test_pipeline_chain import _chain, _check_chain  # noqa: E402
 @pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["sgd"])
 def test_chain_with_torch_trainer(compose_pipeline, clean_mlflow_env, tmp_path, sqlite_uri, optimizer):
-    """The rate follows the schedule of the other trainers (ortflow.schedules, per samples seen); a schedule
+    """The rate follows the schedule of the other trainers (ortflow.optimizers.schedules, per samples seen); a schedule
     applies to the optimizers that take one (sgd, nesterov): with adam(w) trainer.lr_schedule is refused."""
-    from ortflow.schedules import learning_rate_at
+    from ortflow.optimizers.schedules import learning_rate_at
 
     result = _chain(compose_pipeline, tmp_path, sqlite_uri, "trainer=torch", f"trainer.optimizer={optimizer}",
                     "trainer.lr_schedule=invscaling")

@@ -1,4 +1,4 @@
-"""The library on a DataFrame (issue 41 item 3): ``ortflow.preprocessing`` gives library users the preprocessing the
+"""The library on a DataFrame (issue 41 item 3): ``ortflow.data.preprocessing`` gives library users the preprocessing the
 pipelines build (``preprocess=auto``), text gaps included, and the README's example runs as written."""
 
 import re
@@ -11,7 +11,7 @@ from sklearn.linear_model import LinearRegression
 from sklearn.pipeline import make_pipeline
 
 from ortflow import OrtGradientOptimizer, add_loss_output, to_onnx
-from ortflow.preprocessing import TEXT_MISSING, column_kinds, make_preprocessing, prepare_frame
+from ortflow.data.preprocessing import TEXT_MISSING, column_kinds, make_preprocessing, prepare_frame
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

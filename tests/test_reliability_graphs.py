@@ -121,3 +121,19 @@ def test_a_weight_shared_by_two_nodes_gets_both_gradients(kind):
              helper.make_node("Add", ["m1", "m2"], ["m"]), helper.make_node("Add", ["m", "b"], ["Y"])]
     est = _fit(kind, _graph(nodes), max_iter=60)
     np.testing.assert_allclose(est.get_state()["W"].ravel(), TRUTH / 2, atol=0.05)
+
+
+@pytest.mark.parametrize("kind", ["full", "fwbw"])
+@pytest.mark.parametrize("trained", [None, ["scale"]], ids=["all", "scale"])
+def test_a_trained_scalar_expanded_to_a_shape_computed_from_the_rows_trains(kind, trained):
+    """Issue 45 item 9: ``Expand(scale, Shape(X) * k)`` (a trained scalar broadcast to a shape computed from X's)
+    made fit raise ``IndexError ... size 2`` in the batch loop: the frozen prefix cut at ``Shape(X) * k``, a
+    2-element tensor, and the loop copied its 'rows'. Such a tensor is now computed in the trainable part."""
+    init = [numpy_helper.from_array(np.array(0.5, np.float32), "scale"),
+            numpy_helper.from_array(np.array([1, 1], np.int64), "k")]
+    nodes = [helper.make_node("Shape", ["X"], ["shp"]), helper.make_node("Mul", ["shp", "k"], ["shp1"]),
+             helper.make_node("Expand", ["scale", "shp1"], ["s"]), helper.make_node("Mul", ["X", "s"], ["xs"]),
+             helper.make_node("MatMul", ["xs", "W"], ["m"]), helper.make_node("Add", ["m", "b"], ["Y"])]
+    weights = trained or ["W", "b", "scale"]
+    est = _fit(kind, _graph(nodes, extra_initializers=init), max_iter=40, weights_to_train=weights)
+    assert np.isfinite(est.train_losses_).all() and est.train_losses_[-1] < est.train_losses_[0]

@@ -90,3 +90,37 @@ def test_two_threads_fitting_one_estimator_is_refused(regression_data, cls):
     assert [r["epoch"] for r in est.history_] == [1, 2, 3, 4, 5]
     est.fit(X, y)  # the lock is released when a fit ends
     assert len(clone(est).set_params(callbacks=None).fit(X, y).history_) == 5
+
+
+class _FitAgainInThisThread(Callback):
+    """At the end of the first epoch: ``fit`` again and ``set_params`` from the fitting thread; the errors kept."""
+
+    def __init__(self, X, y):
+        self.X, self.y, self.errors = X, y, []
+
+    def on_epoch_end(self, trainer, record):
+        if record["epoch"] == 1:
+            for call in (lambda: trainer.fit(self.X, self.y), lambda: trainer.partial_fit(self.X, self.y),
+                         lambda: trainer.set_params(batch_size=1)):
+                try:
+                    call()
+                except Exception as exc:  # noqa: BLE001 - the test looks at it
+                    self.errors.append(exc)
+
+
+@pytest.mark.parametrize("cls", TRAINERS)
+def test_a_fit_inside_a_fit_and_set_params_during_a_fit_are_refused(regression_data, cls):
+    """Issue 45, weak results: a re-entrant fit in the same thread was reported as 'in another thread';
+    set_params during a fit was accepted (the running fit went on with the old runtime)."""
+    X, y = regression_data
+    start = to_onnx(LinearRegression().fit(X[:20], np.zeros(20)))
+    callback = _FitAgainInThisThread(X, y)
+    graph = add_loss_output(start) if cls is OrtGradientOptimizer else start
+    est = cls(graph, max_iter=3, batch_size=10, callbacks=[callback]).fit(X, y)
+    assert [type(e) for e in callback.errors] == [ConcurrentFitError] * 3
+    fit, partial, params = (str(e) for e in callback.errors)
+    assert "fit called on this" in fit and "in the same thread" in fit and "another thread" not in fit
+    assert "partial_fit called on this" in partial
+    assert "set_params(batch_size) while this" in params and "is fitting" in params
+    assert est.batch_size == 10 and len(est.history_) == 3
+    assert est.set_params(batch_size=5).batch_size == 5  # after the fit: accepted

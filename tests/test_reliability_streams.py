@@ -11,7 +11,7 @@ import pytest
 from sklearn.linear_model import LinearRegression
 
 import ortflow
-from ortflow.sources import IterableSource, ParquetSource
+from ortflow.data.sources import IterableSource, ParquetSource
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -157,14 +157,14 @@ def test_a_row_group_larger_than_the_buffer_is_read_in_slices(tmp_path):
                    row_group_size=60)
     source = ParquetSource(tmp_path, target="y", buffer_rows=300)
     for rng in (None, np.random.RandomState(0), np.random.RandomState(1)):
-        chunks = [ortflow.sources.ordered(chunk) for chunk in source.chunks(rng)]
+        chunks = [ortflow.data.sources.ordered(chunk) for chunk in source.chunks(rng)]
         assert max(len(y) for _, y, _ in chunks) <= 300
         rows = np.concatenate([X["i"].to_numpy() for X, _, _ in chunks])
         assert sorted(rows.tolist()) == list(range(1120))
     for seed in (0, 1):  # resumed after 450 rows: the same order from there, the first 450 rows skipped
-        whole = np.concatenate([ortflow.sources.ordered(c)[0]["i"].to_numpy()
+        whole = np.concatenate([ortflow.data.sources.ordered(c)[0]["i"].to_numpy()
                                 for c in source.chunks(np.random.RandomState(seed))])
-        rest = np.concatenate([ortflow.sources.ordered(c)[0]["i"].to_numpy()
+        rest = np.concatenate([ortflow.data.sources.ordered(c)[0]["i"].to_numpy()
                                for c in source.chunks(np.random.RandomState(seed), skip_rows=450)])
         np.testing.assert_array_equal(rest, whole[450:])
     X, y, _ = source.head(50)  # the first rows of the first file (big.parquet), from its first slice

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 from sklearn.neural_network import MLPRegressor
 
 from ortflow import OrtGradientOptimizer, add_loss_output, to_onnx
-from ortflow.graph import get_initializers, relu_as_mask, row_sums_as_matmul, trainable_initializers
+from ortflow.graph.editing import get_initializers, relu_as_mask, row_sums_as_matmul, trainable_initializers
 
 
 def _relu_graph(elem_type: int, extra_name: str = "ortflow_relu_zero") -> onnx.ModelProto:

@@ -18,7 +18,7 @@ from ortflow import (
     to_onnx,
 )
 from ortflow.exceptions import ConvergenceError
-from ortflow.schedules import learning_rate_at
+from ortflow.optimizers.schedules import learning_rate_at
 
 
 @pytest.fixture(scope="module")
@@ -188,10 +188,12 @@ def test_seed_binary_path_trains_the_log_loss_of_the_probabilities():
     loss_graph = add_loss_output(onx, "log", output_index=1)
     assert [i.name for i in loss_graph.graph.input] == ["X", "label"]
     assert [o.name for o in loss_graph.graph.output] == ["loss", "probabilities", "raw_score"]
+    # issue 46 item 10: the label input is int64, as onnxcustom declares it (4 of its tests check TensorProto.INT64)
+    assert loss_graph.graph.input[1].type.tensor_type.elem_type == onnx.TensorProto.INT64
     import onnxruntime as ort
 
     sess = ort.InferenceSession(loss_graph.SerializeToString(), providers=["CPUExecutionProvider"])
-    loss, proba, _ = sess.run(None, {"X": X, "label": y.reshape(-1, 1).astype(np.float32)})
+    loss, proba, _ = sess.run(None, {"X": X, "label": y.reshape(-1, 1).astype(np.int64)})
     s = clf.decision_function(X).astype(np.float64)
     expected = np.mean(np.logaddexp(0, s) - y * s)  # the binary log loss of sigmoid(s)
     # float32 terms of size |s| summed over the rows
@@ -209,3 +211,65 @@ def test_a_label_input_of_the_graph_still_collides():
     X, y, clf, onx = _seed_binary_graph()
     with pytest.raises(ValueError, match="label_name='X' collides"):
         add_loss_output(onx, "log", output_index=1, label_name="X")
+
+
+# --- issue 46 item 10: more of onnxcustom's own tests, as onnxcustom's code behaves -----------------------------
+
+
+@pytest.mark.parametrize("name", ["SGDNesterov", "Nesterov", "LearningRateSGDNesterov", "LearningRateSGD",
+                                  "LearningRateAdam"])
+def test_learning_rates_by_onnxcustoms_names_and_class_names(regression_data, linear, name):
+    """Seen: ``learning_rate='LearningRateSGDNesterov'`` (a class name as a string, as onnxcustom's docstrings write
+    them) and onnxcustom's alias ``'Nesterov'`` were refused: ``is not a learning rate``."""
+    from ortflow.registry import family
+
+    X, y = regression_data
+    cls = family("optimizer")[{"Nesterov": "SGDNesterov"}.get(name, name).replace("LearningRate", "")]
+    full = OrtGradientOptimizer(add_loss_output(linear), max_iter=1, learning_rate=name).fit(X, y)
+    fwbw = OrtGradientForwardBackwardOptimizer(linear, max_iter=1, learning_rate=name).fit(X, y)
+    assert type(full._rt_rate) is cls and type(fwbw._rt_rate) is cls
+
+
+def test_losses_by_onnxcustoms_names_and_class_names(regression_data, linear):
+    X, y = regression_data
+    by_class = OrtGradientForwardBackwardOptimizer(linear, max_iter=1, learning_loss="SquareLearningLoss",
+                                                  random_state=0).fit(X, y)
+    by_name = OrtGradientForwardBackwardOptimizer(linear, max_iter=1, learning_loss="square_error",
+                                                 random_state=0).fit(X, y)
+    np.testing.assert_array_equal(by_class.get_state()["coef"], by_name.get_state()["coef"])
+    graph = add_loss_output(linear, "elastic_error", l1_weight=0.3, l2_weight=0.7)  # onnxcustom's spelling
+    full = OrtGradientOptimizer(graph, max_iter=1).fit(X, y)
+    d = full.predict(X) - y
+    np.testing.assert_allclose(full.losses(X, y), 0.3 * np.abs(d) + 0.7 * d**2, rtol=1e-4, atol=1e-6)
+    with pytest.raises(ValueError, match="is unknown"):
+        add_loss_output(linear, "NotALoss")
+
+
+def test_get_trained_onnx_puts_the_weights_into_another_graph(regression_data, linear):
+    """Seen: ``get_trained_onnx(model=onx)`` (onnxcustom's argument: the trained weights into another graph than
+    the training graph) was a TypeError."""
+    import onnxruntime as ort
+
+    X, y = regression_data
+    est = OrtGradientOptimizer(add_loss_output(linear), max_iter=2).fit(X, y)
+    trained = est.get_trained_onnx(model=linear)
+    assert [o.name for o in trained.graph.output] == [o.name for o in linear.graph.output]
+    sess = ort.InferenceSession(trained.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(sess.run(None, {linear.graph.input[0].name: X})[0].ravel(), est.predict(X).ravel())
+    with pytest.raises(ValueError, match="'coef' has shape"):  # a graph of other weights is refused
+        est.get_trained_onnx(model=to_onnx(LinearRegression().fit(X[:, :2], y)))
+
+
+def test_a_diverging_regression_records_the_losses_it_saw(regression_data):
+    """Seen: onnxcustom's diverging regression (``X = arange(60)``, ``learning_rate=1e9``) raised ConvergenceError
+    with ``train_losses_ == []``; onnxcustom records the losses it saw, then raises."""
+    X = np.arange(60).astype(np.float32).reshape((-1, 3))
+    y = np.arange(X.shape[0]).astype(np.float32).reshape((-1, 1))
+    y[0, 0] += 1
+    y[-1, 0] += 1
+    graph = add_loss_output(to_onnx(SGDRegressor(random_state=0).fit(X, y.ravel()), X))
+    est = OrtGradientOptimizer(graph, ["intercept", "coef"], learning_rate=1e9, batch_size=4, shuffle=False)
+    with pytest.raises(ConvergenceError, match="at epoch 1, batch 2"):
+        est.fit(X, y)
+    assert len(est.train_losses_) == 1 and np.isfinite(est.train_losses_).all()  # batch 1's loss, the one seen
+    assert set(est.get_state()) == {"intercept", "coef"}

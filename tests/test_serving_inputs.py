@@ -12,7 +12,7 @@ from sklearn.linear_model import SGDRegressor
 from sklearn.pipeline import make_pipeline
 
 from ortflow import OrtGradientOptimizer, add_loss_output, to_onnx
-from ortflow.preprocessing import column_kinds, make_preprocessing, prepare_frame
+from ortflow.data.preprocessing import column_kinds, make_preprocessing, prepare_frame
 from pipelines.tracking.logger import MlflowLogger
 
 

@@ -55,10 +55,6 @@ EXPECTED_FAILED_CHECKS = {
         "minibatch SGD for a few epochs: a weighted row and the same row repeated fall into different batches, so "
         "the updates differ; only the converged optimum would be the same"
     ),
-    "check_fit2d_1sample": (
-        "a fit on 1 sample is refused by the batch size check, whose message names batch_size and the sample count "
-        "('batch_size=10 is larger than the number of training samples (1)'), not the check's wording"
-    ),
     "check_dict_unchanged": (
         "predict builds its inference session on the first call and keeps it (a fit used only to export a graph "
         "builds none); the session is a cache, not fitted state"

@@ -10,8 +10,8 @@ import pytest
 from sklearn.linear_model import LinearRegression
 
 import ortflow
-from ortflow.prefetch import Prefetcher
-from ortflow.sources import ArrowSource, IterableSource, NumpySource, ParquetSource, ordered
+from ortflow.data.prefetch import Prefetcher
+from ortflow.data.sources import ArrowSource, IterableSource, NumpySource, ParquetSource, ordered
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -1,4 +1,4 @@
-"""The stage table (pipelines/stages/__init__.py) is the one place stages are declared: MLproject, the config's
+"""The stage table (pipelines/base/stages.py) is the one place stages are declared: MLproject, the config's
 stage names, the bundle's files and the entry point follow it, and a new stage is its module plus one line."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import stages
+from pipelines.base import stages
 from pipelines.mlproject import MLPROJECT, entry_points, mlproject_text
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -31,7 +31,7 @@ def test_trainers_import_onnxruntime_without_torch_and_leave_torch_importable():
 def test_every_public_name_and_submodule_resolves():
     for name in ortflow.__all__:
         assert getattr(ortflow, name) is not None
-    assert ortflow.graph.load_model is ortflow.load_model
+    assert ortflow.graph.editing.load_model is ortflow.load_model
     assert set(ortflow.__all__) <= set(dir(ortflow))
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         ortflow.nothing  # noqa: B018

@@ -15,7 +15,7 @@ import pytest
 
 import ortflow
 from ortflow import Checkpoint
-from ortflow.callbacks import Callback
+from ortflow.trainers.callbacks import Callback
 from ortflow.exceptions import CheckpointError
 
 pa = pytest.importorskip("pyarrow")
@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SETUP = textwrap.dedent('''
     import numpy as np, onnx
     import ortflow
-    from ortflow.learning_rates import LearningRateAdam
-    from ortflow.sources import ParquetSource
+    from ortflow.optimizers.learning_rates import LearningRateAdam
+    from ortflow.data.sources import ParquetSource
 
     def make(kind, folder, callbacks=None, max_iter=3):
         start = onnx.load(str(folder / "start.onnx"))
@@ -52,7 +52,7 @@ SETUP = textwrap.dedent('''
 KILLED = SETUP + textwrap.dedent('''
     import os, signal, sys
     from pathlib import Path
-    from ortflow.callbacks import Callback
+    from ortflow.trainers.callbacks import Callback
 
     class Kill(Callback):
         def on_chunk_end(self, trainer, position):
@@ -112,7 +112,7 @@ def test_a_run_killed_inside_an_epoch_resumes_where_it_stopped(folder, kind, tmp
     done = subprocess.run([sys.executable, "-c", KILLED, kind, str(run)], env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == -signal.SIGKILL, done.stderr
-    manifest = ortflow.checkpoint.read_manifest(run / "ckpt")
+    manifest = ortflow.trainers.checkpoint.read_manifest(run / "ckpt")
     # units of 256, 64, 256, 64, 256, 64, 192 and 48 rows (buffers of 300 rows; the rows left at a buffer's end and
     # the next buffer's first ones make a unit of one batch): written after the 1st, 3rd and 5th, each one past 200
     # rows since the last write; the 5th ends at row 896
@@ -174,7 +174,7 @@ def test_an_exception_between_chunk_boundaries_keeps_the_last_checkpoint(folder,
     assert est.in_epoch_
     with pytest.raises(RuntimeError, match="middle of an epoch"):
         est.save_checkpoint(tmp_path / "other")
-    manifest = ortflow.checkpoint.read_manifest(ckpt)
+    manifest = ortflow.trainers.checkpoint.read_manifest(ckpt)
     assert manifest["epoch"] == 0 and manifest["position"]["rows"] == 576
     whole = space["make"]("fwbw", folder).fit(space["source"](folder))
     _same_run(space["make"]("fwbw", folder).fit(space["source"](folder), resume_from=ckpt), whole)
@@ -185,7 +185,7 @@ def test_a_checkpoint_after_an_epochs_last_chunk_resumes_to_its_end(folder, tmp_
     the resume has nothing left to read in that epoch and still records its train_loss as the whole run does."""
     ckpt = tmp_path / "ckpt"
     space, _ = _stopped(folder, ckpt, epoch=1, chunks=8, every_rows=1)  # the 8th unit: the last 48 rows
-    assert ortflow.checkpoint.read_manifest(ckpt)["position"]["rows"] == N
+    assert ortflow.trainers.checkpoint.read_manifest(ckpt)["position"]["rows"] == N
     whole = space["make"]("fwbw", folder).fit(space["source"](folder))
     _same_run(space["make"]("fwbw", folder).fit(space["source"](folder), resume_from=ckpt), whole)
 
@@ -197,7 +197,7 @@ def test_a_source_without_skip_rows_is_read_and_dropped_up_to_the_position(folde
     X, y = frame[FEATURES].to_numpy(np.float32), frame["y"].to_numpy(np.float32)
     np.save(tmp_path / "X.npy", X)
     np.save(tmp_path / "y.npy", y)
-    source = ortflow.sources.NumpySource(tmp_path / "X.npy", tmp_path / "y.npy", block_rows=250)
+    source = ortflow.data.sources.NumpySource(tmp_path / "X.npy", tmp_path / "y.npy", block_rows=250)
     assert not hasattr(source, "skips_rows")
     space = _setup_namespace()
     est = space["make"]("full", folder, [Checkpoint(tmp_path / "ckpt", every_rows=100), _StopAt(2, 3)])
@@ -213,8 +213,8 @@ def test_a_torch_trainer_resumes_inside_an_epoch(folder, tmp_path):
     pytest.importorskip("torch")
     import onnx
 
-    from ortflow.learning_rates import LearningRateAdam
-    from ortflow.torch_trainer import TorchTrainer
+    from ortflow.optimizers.learning_rates import LearningRateAdam
+    from ortflow.trainers.torch_trainer import TorchTrainer
 
     space = _setup_namespace()
 
@@ -233,7 +233,7 @@ def test_a_parquet_source_skips_rows_without_reading_whole_buffers(folder, key, 
     """``chunks(rng, skip_rows=700)`` yields the epoch's rows from row 700 on and leaves the random state as the
     whole epoch does; its first two 300-row buffers (4 of the 8 row groups) are not read, unless a split by key
     makes their rows unknown until read."""
-    from ortflow.sources import ParquetSource, ordered
+    from ortflow.data.sources import ParquetSource, ordered
 
     source = ParquetSource(folder / "data", target="y", columns=FEATURES, buffer_rows=300)
     if key is not None:
@@ -277,7 +277,7 @@ def test_refused_resumes_name_what_differs(folder, tmp_path):
         make("fwbw", folder).fit(source(folder, buffer_rows=400), resume_from=ckpt)
     with pytest.raises(CheckpointError,
                        match=r"of another source \(files: 2 then, 1 now; n_rows: 1200 then, 600 now; row_groups"):
-        make("fwbw", folder).fit(ortflow.sources.ParquetSource(folder / "data" / "part0.parquet", target="y",
+        make("fwbw", folder).fit(ortflow.data.sources.ParquetSource(folder / "data" / "part0.parquet", target="y",
                                                                columns=FEATURES, buffer_rows=300),
                                  resume_from=ckpt)
     other = make("fwbw", folder)
@@ -313,8 +313,8 @@ def test_a_shuffling_dataloader_is_refused_for_checkpoints_inside_an_epoch(folde
     frame = pd.read_parquet(folder / "data")
     data = TensorDataset(torch.from_numpy(frame[FEATURES].to_numpy(np.float32, copy=True)),
                          torch.from_numpy(frame["y"].to_numpy(np.float32, copy=True)))
-    shuffled = ortflow.sources.IterableSource(DataLoader(data, batch_size=200, shuffle=True))
-    in_order = ortflow.sources.IterableSource(DataLoader(data, batch_size=200, shuffle=False))
+    shuffled = ortflow.data.sources.IterableSource(DataLoader(data, batch_size=200, shuffle=True))
+    in_order = ortflow.data.sources.IterableSource(DataLoader(data, batch_size=200, shuffle=False))
     assert not shuffled.replays_order and in_order.replays_order
     space = _setup_namespace()
     with pytest.raises(ValueError, match=r"Checkpoint\(every_rows=...\) on .*shuffle=True"):

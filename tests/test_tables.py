@@ -9,9 +9,9 @@ import onnx
 import pytest
 
 import ortflow
-from ortflow.convert import estimator_record, graph_classes
-from ortflow.frozen_prefix import FrozenPrefix
-from ortflow.inputs import InputMapping
+from ortflow.convert.sklearn import estimator_record, graph_classes
+from ortflow.runtime.frozen_prefix import FrozenPrefix
+from ortflow.data.inputs import InputMapping
 
 pd = pytest.importorskip("pandas")
 pytest.importorskip("skl2onnx")
@@ -217,7 +217,7 @@ def test_a_regressor_pipeline_on_an_array_gets_ortflow_s_weights():
                                rtol=1e-4, atol=1e-4)
 
 
-# -- dates: fed as int64 days since 1970-01-01, split into parts by ortflow.tables.DateParts (sklearn and ONNX alike)
+# -- dates: fed as int64 days since 1970-01-01, split into parts by ortflow.convert.tables.DateParts (sklearn and ONNX alike)
 
 
 def _dates():
@@ -226,7 +226,7 @@ def _dates():
 
 
 def test_date_parts_are_the_calendar_s():
-    from ortflow.tables import DateParts
+    from ortflow.convert.tables import DateParts
 
     d = _dates()
     parts = DateParts().fit_transform(d.to_frame("d"))
@@ -236,7 +236,7 @@ def test_date_parts_are_the_calendar_s():
 
 
 def test_days_since_1970_from_what_users_hold():
-    from ortflow.tables import MISSING_DAY, to_days
+    from ortflow.convert.tables import MISSING_DAY, to_days
 
     assert to_days(np.array(["1970-01-02", "1969-12-31"])).tolist() == [1, -1]
     assert to_days(np.array(["2000-03-01T23:59"], dtype="datetime64[m]")).tolist() == [11017]
@@ -247,8 +247,8 @@ def test_days_since_1970_from_what_users_hold():
 
 def test_date_parts_in_onnx_equal_sklearn_s_transform():
     from ortflow._ort import InferenceSession
-    from ortflow.convert import table_input_types
-    from ortflow.tables import DateParts, register_converters
+    from ortflow.convert.sklearn import table_input_types
+    from ortflow.convert.tables import DateParts, register_converters
     from skl2onnx import to_onnx as skl_to_onnx
 
     register_converters()
@@ -285,7 +285,7 @@ def _mixed_frame(n=800, seed=3):
 def _mixed_pipeline():
     from sklearn.preprocessing import OrdinalEncoder
 
-    from ortflow.tables import DateParts
+    from ortflow.convert.tables import DateParts
 
     return make_pipeline(ColumnTransformer([
         ("numbers", make_pipeline(SimpleImputer(strategy="median"), StandardScaler()), ["area"]),
@@ -313,7 +313,7 @@ def test_a_table_with_text_integers_booleans_and_dates_trains(trainer):
 
 
 def test_a_missing_date_is_refused_where_the_graph_does_not_impute():
-    from ortflow.inputs import DataInput
+    from ortflow.data.inputs import DataInput
 
     mapping = InputMapping([DataInput("sold", onnx.TensorProto.INT64, (1,)), DataInput("x", 1, (1,))])
     frame = pd.DataFrame({"sold": pd.to_datetime(["2020-01-01", None]), "x": [1.0, 2.0]})
@@ -325,7 +325,7 @@ def test_a_missing_date_is_refused_where_the_graph_does_not_impute():
 def test_the_trained_graph_keeps_the_estimator_it_came_from(regression):
     frame, y, _, onx = regression
     est = TRAINERS["fwbw"](onx, max_iter=1, batch_size=32).fit(frame, y)
-    from ortflow.convert import estimator_record
+    from ortflow.convert.sklearn import estimator_record
 
     assert estimator_record(est.get_trained_onnx())["class"] == "SGDRegressor"
 
@@ -366,7 +366,7 @@ def test_a_column_of_gaps_only_is_named_at_conversion():
 def test_a_date_given_as_text_says_to_parse_it():
     from sklearn.linear_model import SGDRegressor
 
-    from ortflow.tables import DateParts
+    from ortflow.convert.tables import DateParts
 
     frame, y = _frame()
     frame = frame[["amount"]].assign(day=pd.date_range("2020-01-01", periods=len(frame)))
@@ -382,7 +382,7 @@ def test_a_date_given_as_text_says_to_parse_it():
 def test_a_preprocessing_too_large_for_memory_is_refused_before_any_work(monkeypatch):
     """A one-hot encoder of very many levels writes that many dense columns per row: the frozen prefix refuses
     rows that would take more than half the memory available, naming the width (here the memory is made small)."""
-    import ortflow.frozen_prefix as fp
+    import ortflow.runtime.frozen_prefix as fp
 
     frame, y = _frame()
     frame = frame[["amount", "city"]]

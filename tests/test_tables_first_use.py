@@ -116,7 +116,7 @@ def test_a_constant_target_of_a_streamed_table_is_refused(compose_pipeline, tmp_
 def test_an_ambiguous_date_is_refused_in_training_as_the_served_model_refuses_it(compose_pipeline, tmp_path):
     """Seen: ``04/03/2021`` trained (pandas read it month first) but the served model refuses it. One rule for
     both: training refuses it too, naming the column and the cell; the rule is the served model's."""
-    from ortflow.tables import AMBIGUOUS_DATE
+    from ortflow.convert.tables import AMBIGUOUS_DATE
     from pipelines.tracking import serving_model
 
     frame = _houses()
@@ -159,7 +159,7 @@ def test_buffer_rows_do_not_change_the_data_fingerprint(compose_pipeline, tmp_pa
 def test_a_class_only_outside_the_training_part_is_named_with_its_part_and_file(compose_pipeline, tmp_path):
     """Seen: ``ValueError: y_true contains values {'rare'} not belonging to the passed labels`` (scikit-learn,
     status 1). Now the split names the class, the part and the file."""
-    from ortflow.sources import _stable_fraction
+    from ortflow.data.sources import _stable_fraction
     from pipelines.data.datasets import make_split
 
     frame = _houses(600).drop(columns="price")

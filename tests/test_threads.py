@@ -6,7 +6,7 @@ from sklearn.neural_network import MLPRegressor
 
 from ortflow import OrtGradientForwardBackwardOptimizer, OrtGradientOptimizer, add_loss_output, to_onnx
 import ortflow
-from ortflow.runtime import STEP_GRAPH_THREADS_THRESHOLD, THREADS_WORK_THRESHOLD, all_cores, threads_for_work
+from ortflow.runtime.sessions import STEP_GRAPH_THREADS_THRESHOLD, THREADS_WORK_THRESHOLD, all_cores, threads_for_work
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from tolerances import float32_sum_atol  # noqa: E402
 torch = pytest.importorskip("torch")
 
 from ortflow.torch import RuleOptimizer  # noqa: E402
-from ortflow.torch_trainer import TorchTrainer  # noqa: E402
+from ortflow.trainers.torch_trainer import TorchTrainer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def mlp(regression_data):
 
 
 def test_import_ortflow_does_not_import_torch():
-    code = "import sys, ortflow, ortflow.torch_trainer; assert 'torch' not in sys.modules"
+    code = "import sys, ortflow, ortflow.trainers.torch_trainer; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -139,12 +139,12 @@ def test_system_metrics_are_sampled_at_the_configured_interval(store, tmp_path, 
 
 def _table_fit_parts(n=60):
     """A library fit on a DataFrame (issue 41 item 2): text with a gap, dates, integers, numbers with gaps,
-    prepared by ``ortflow.preprocessing`` as the README shows."""
+    prepared by ``ortflow.data.preprocessing`` as the README shows."""
     import pandas as pd
     from sklearn.linear_model import SGDRegressor
     from sklearn.pipeline import make_pipeline
 
-    from ortflow.preprocessing import column_kinds, make_preprocessing, prepare_frame
+    from ortflow.data.preprocessing import column_kinds, make_preprocessing, prepare_frame
 
     rng = np.random.default_rng(0)
     raw = pd.DataFrame({"city": rng.choice(["Lyon", "Paris", None], n),

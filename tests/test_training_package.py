@@ -44,7 +44,7 @@ from ortflow.package import (
     train_package,
 )
 from ortflow.package import unrolled_bound
-from ortflow.shuffle import draws, epoch_order, seed_state
+from ortflow.data.shuffle import draws, epoch_order, seed_state
 from sklearn_fit import quiet_fit
 from tolerances import TERM_ROUNDINGS, U32
 
@@ -285,7 +285,7 @@ def test_a_fitted_trainer_exports_its_weights_moments_and_progress(tmp_path, kin
         est = OrtGradientOptimizer(onx, **settings).fit(X, y)
     else:
         outputs = [o.name for o in onx.graph.output if o.name != "loss"]
-        est = OrtGradientForwardBackwardOptimizer(ortflow.graph.keep_outputs(onx, outputs), **settings).fit(X, y)
+        est = OrtGradientForwardBackwardOptimizer(ortflow.graph.editing.keep_outputs(onx, outputs), **settings).fit(X, y)
     folder = ortflow.export_training_package(est, tmp_path / "pkg")
     start = TrainingPackage(folder).initial_state()
     assert (start.epochs, start.steps, start.rows_seen) == (2, 8, 120)
@@ -304,6 +304,67 @@ def test_a_forward_backward_trainer_exports_the_same_training(tmp_path):
     est.fit(X, y)
     state = train_package(folder, X, y, epochs=3, shuffle=False)
     _assert_same_weights(state, est.get_state(), state.steps)
+
+
+@pytest.mark.parametrize("kind", ["fwbw", "torch"])
+def test_a_prediction_graphs_package_trains_as_the_full_trainers(tmp_path, kind):
+    """Every trainer exports its ``training_problem()``: the package of a forward-backward or a torch trainer of a
+    prediction graph (its loss a family's) trains, in the reference loop, as the full trainer's package of the same
+    graph and loss; the registry's family 'trainer' gives back the class, whose ``from_state`` continues the
+    package's state."""
+    if kind == "torch":
+        pytest.importorskip("torch")
+    from ortflow.registry import family
+
+    cls = OrtGradientForwardBackwardOptimizer if kind == "fwbw" else ortflow.TorchTrainer
+    onx, X, y = _case("mlp")
+    prediction = ortflow.graph.editing.keep_outputs(onx, [o.name for o in onx.graph.output if o.name != "loss"])
+    settings = dict(batch_size=16, learning_rate=LearningRateAdam(eta0=0.01))
+    full = ortflow.export_training_package(OrtGradientOptimizer(onx, **settings), tmp_path / "full")
+    other = ortflow.export_training_package(cls(prediction, learning_loss="squared_error", **settings),
+                                            tmp_path / kind)
+    assert TrainingPackage(other).manifest["trainer"] == cls.__name__
+    expected = train_package(full, X, y, epochs=2, shuffle=False)
+    state = train_package(other, X, y, epochs=2, shuffle=False)
+    assert state.steps == expected.steps == 8
+    _assert_same_weights(state, expected.weights, state.steps)
+    going_on = family("trainer")[cls.__name__].from_state(state, max_iter=1, shuffle=False)
+    assert type(going_on) is cls and going_on.batch_size == 16
+    assert going_on.learning_loss.names[0] == "squared_error"
+    start = {i.name: onnx.numpy_helper.to_array(i) for i in going_on.model_onnx.graph.initializer}
+    for name, value in state.weights.items():
+        np.testing.assert_array_equal(start[name], value)
+    fresh = cls(prediction, learning_loss="squared_error", max_iter=1, shuffle=False, **settings).fit(X, y)
+    assert going_on.fit(X, y).train_losses_[0] < fresh.train_losses_[0]  # it starts from the trained weights
+
+
+@pytest.mark.parametrize("kind", ["full", "fwbw", "torch"])
+def test_every_trainer_says_what_it_trains_as_one_problem(kind):
+    """``training_problem()`` of a fitted trainer: its state table holds the weights and the optimizer's slots under
+    one spelling (``state_tensor``), the public optimizer state read back from it is ``get_optimizer_state()``'s,
+    the progress is the fit's."""
+    if kind == "torch":
+        pytest.importorskip("torch")
+    from ortflow.trainers.problem import state_tensor
+
+    onx, X, y = _case("mlp")
+    prediction = ortflow.graph.editing.keep_outputs(onx, [o.name for o in onx.graph.output if o.name != "loss"])
+    settings = dict(batch_size=16, max_iter=2, shuffle=False, learning_rate=LearningRateAdam(eta0=0.01))
+    est = (OrtGradientOptimizer(onx, **settings) if kind == "full" else
+           (OrtGradientForwardBackwardOptimizer if kind == "fwbw" else ortflow.TorchTrainer)(
+               prediction, learning_loss="squared_error", **settings)).fit(X, y)
+    problem = est.training_problem()
+    assert problem.trainer == type(est).__name__ and problem.batch_size == 16 and problem.slots == ("m", "v")
+    assert problem.progress == {"epochs": 2, "steps": 8, "rows_seen": 120}
+    assert set(problem.state) == {*problem.weights, *(state_tensor(w, s) for w in problem.weights for s in "mv")}
+    assert problem.data_inputs == ["X"] and problem.prediction_output == "variable"
+    public = est.get_optimizer_state()
+    read = problem.optimizer_state()
+    assert sorted(read) == sorted(public)
+    for key, value in public.items():
+        np.testing.assert_array_equal(read[key], value, err_msg=key)
+    for name, value in est.get_state().items():
+        np.testing.assert_array_equal(problem.state[name], value, err_msg=name)
 
 
 # --- states back in Python ------------------------------------------------------------------------------------
@@ -411,11 +472,11 @@ def test_non_finite_values_in_a_state_or_the_data_are_named(linear_package):
         load_training_state(folder, _state_with(state, body=bytes(body)))
     X_bad = X.copy()
     X_bad[3, 2] = np.inf
-    with pytest.raises(TrainingPackageError, match=r"X \('X'\) holds non-finite values \(first at index \[3, 2\]\)"):
+    with pytest.raises(TrainingPackageError, match=r"X \('X'\) holds a non-finite value \(Infinity\) at row 3, column 2"):
         train_package(folder, X_bad, y)
     y_bad = y.copy()
     y_bad[5] = np.nan
-    with pytest.raises(TrainingPackageError, match=r"y holds non-finite values \(first at index \[5"):
+    with pytest.raises(TrainingPackageError, match=r"y holds a non-finite value \(NaN\) at row 5\b"):
         train_package(folder, X, y_bad)
 
 

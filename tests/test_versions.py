@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: ``make_model`` calls that build a throw-away model to list a (sub)graph's names (never saved nor run), and the
 #: one below that shows the fault
 NAME_SCANS = {("ortflow/autodiff/builder.py", "att.g"), ("ortflow/autodiff/builder.py", "sub"),
-              ("ortflow/graph.py", "att.g"), ("ortflow/ml_op_rewrites.py", "freed_graph"),
+              ("ortflow/graph/editing.py", "att.g"), ("ortflow/convert/ml_op_rewrites.py", "freed_graph"),
               ("tests/test_versions.py", "graph")}
 
 

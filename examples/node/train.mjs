@@ -1,10 +1,12 @@
 // Train an ortflow training package in Node and write the trained state (and the trained graph).
 //
 //   node examples/node/train.mjs <package folder> <data .json or .csv> [--epochs 5] [--seed 0] [--no-shuffle]
-//        [--runtime node|web] [--state trained.state] [--model trained.onnx]
+//        [--header] [--runtime node|web] [--state trained.state] [--model trained.onnx] [--history epochs.json]
 //
 // The package: `ortflow.export_training_package(estimator, folder)` in Python. The data: a JSON file {"X": [[...]],
-// "y": [...]} or a CSV file (one row per sample, the target in the last column, no header). Back in Python,
+// "y": [...]} or a CSV file (one row per sample, the target in the last column; `--header`: the first line names
+// the columns), as the user has it: a registered model's package standardizes inside its graphs (the manifest's
+// `preprocess`). An empty or non-numeric feature cell is refused with its line and column. Back in Python,
 // `ortflow.load_training_state(folder, "trained.state")` reads the state (docs/TRAINING_OUTSIDE_PYTHON.md).
 // The runtimes come from js/node_modules (`make js/node_modules/.stamp`, or `npm ci --ignore-scripts` in js/).
 import {readFile, writeFile} from 'node:fs/promises';
@@ -15,11 +17,12 @@ import {Trainer} from '../../js/node.js';
 const {values: opts, positionals} = parseArgs({allowPositionals: true, options: {
   epochs: {type: 'string', default: '5'}, seed: {type: 'string', default: '0'},
   'no-shuffle': {type: 'boolean', default: false}, runtime: {type: 'string', default: 'node'},
-  state: {type: 'string', default: 'trained.state'}, model: {type: 'string'},
+  state: {type: 'string', default: 'trained.state'}, model: {type: 'string'}, history: {type: 'string'},
+  header: {type: 'boolean', default: false},
 }});
 if (positionals.length !== 2) {
   console.error('usage: node examples/node/train.mjs <package folder> <data .json or .csv> [--epochs N] [--seed S] ' +
-    '[--no-shuffle] [--runtime node|web] [--state file] [--model file]');
+    '[--no-shuffle] [--header] [--runtime node|web] [--state file] [--model file] [--history file]');
   process.exit(2);
 }
 const [packageFolder, dataFile] = positionals;
@@ -31,9 +34,41 @@ if (opts.runtime === 'web') ort.env.wasm.numThreads = 1;
 async function readData(file) {
   const text = await readFile(file, 'utf8');
   if (file.endsWith('.json')) return JSON.parse(text);
-  const rows = text.trim().split(/\r?\n/).map((line) => line.split(','));
-  const value = (v) => (v.trim() !== '' && !Number.isNaN(Number(v)) ? Number(v) : v.trim());
-  return {X: rows.map((r) => r.slice(0, -1).map(Number)), y: rows.map((r) => value(r[r.length - 1]))};
+  return parseCsv(text, file, opts.header);
+}
+
+// The rows of a CSV text (no quoting: numbers, and labels without commas): features as numbers, the target a number
+// or a label. An empty cell, a feature that is not a finite number, a row of another width: an Error naming the
+// file's line and the column (both from 1), never a 0 in its place.
+function parseCsv(text, file, header) {
+  const lines = text.split(/\r?\n/);
+  while (lines.length && lines[lines.length - 1].trim() === '') lines.pop();
+  const first = header ? 1 : 0;
+  const names = header && lines.length ? lines[0].split(',').map((c) => c.trim()) : null;
+  const X = [];
+  const y = [];
+  let width = names ? names.length : null;
+  for (let i = first; i < lines.length; i++) {
+    const cells = lines[i].split(',').map((c) => c.trim());
+    const where = (j) => `${file}, line ${i + 1}, column ${j + 1}${names ? ` (${names[j]})` : ''}`;
+    width ??= cells.length;
+    if (cells.length !== width || width < 2) {
+      throw new Error(`${file}, line ${i + 1}: ${cells.length} cells, the ${names ? 'header has' : 'first row has'} ` +
+        `${width} (the features, then the target)`);
+    }
+    const row = cells.slice(0, -1).map((cell, j) => {
+      const value = Number(cell);
+      if (cell === '') throw new Error(`${where(j)}: empty cell`);
+      if (!Number.isFinite(value)) throw new Error(`${where(j)}: ${JSON.stringify(cell)} is not a finite number`);
+      return value;
+    });
+    const target = cells[width - 1];
+    if (target === '') throw new Error(`${where(width - 1)}: empty cell (the target)`);
+    X.push(row);
+    y.push(Number.isNaN(Number(target)) ? target : Number(target));
+  }
+  if (!X.length) throw new Error(`${file}: no rows`);
+  return {X, y};
 }
 
 try {
@@ -43,12 +78,17 @@ try {
   console.log(`package ${trainer.packageId.slice(0, 12)}: ${m.optimizer.name}, batch size ${m.batch_size}, ` +
     `${X.length} rows, ${opts.runtime === 'web' ? 'onnxruntime-web (wasm)' : 'onnxruntime-node'}`);
   const started = performance.now();
+  const epochs = [];
   await trainer.fit(X, y, {epochs: Number(opts.epochs), seed: Number(opts.seed), shuffle: !opts['no-shuffle'],
-    onEpoch: ({epoch, loss, learningRate}) => console.log(
-      `epoch ${epoch}: loss ${loss.toPrecision(6)}, learning rate ${learningRate.toPrecision(4)}`)});
+    onEpoch: (logs) => {
+      epochs.push(logs);
+      console.log(`epoch ${logs.epoch}: loss ${logs.loss.toPrecision(6)}, learning rate ` +
+        `${logs.learningRate.toPrecision(4)}`);
+    }});
   console.log(`${trainer.steps} steps in ${((performance.now() - started) / 1000).toFixed(2)} s`);
   await writeFile(opts.state, trainer.exportState());
   console.log(`state written to ${opts.state}`);
+  if (opts.history) await writeFile(opts.history, JSON.stringify(epochs));
   if (opts.model) {
     await writeFile(opts.model, trainer.exportModel());
     console.log(`trained graph written to ${opts.model}`);

@@ -76,6 +76,13 @@ class OrtflowOptunaSweeper(Sweeper):
         if not dimensions:
             raise st.SearchSpaceError("the Optuna sweep has nothing to search: give hydra.sweeper.params or sweep "
                                       "overrides such as trainer.learning_rate='interval(0.001,0.1)'")
+        from pipelines.orchestration.sweep_checks import selection
+
+        chosen = selection(self.config, dimensions)
+        if chosen.why:  # the trials' own losses do not compare: each returns the metric they share
+            fixed = [f for f in fixed if not f.startswith("optimized_metric=")] + [f"optimized_metric={chosen.metric}"]
+            self.direction = chosen.direction
+            _log.info("%s", chosen.why)
         if self.storage and self.sampler is not None and hasattr(self.sampler, "reseed_rng"):
             self.sampler.reseed_rng()  # workers of one study with one seed would all propose the same points
         name = self.study_name or f"ortflow-{Path(str(self.config.hydra.sweep.dir)).name}"

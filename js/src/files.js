@@ -1,6 +1,6 @@
 // A package's files, read from where it was loaded: a URL (fetch, in browsers and Node) or a folder (Node, by the
 // reader js/node.js registers). Every name a manifest gives is a plain relative path inside the package, as Python's
-// `ortflow.graph.safe_join` requires: no `..` segment, no absolute name, no scheme, no backslash; a URL resolves to
+// `ortflow.graph.editing.safe_join` requires: no `..` segment, no absolute name, no scheme, no backslash; a URL resolves to
 // the package's own origin and path; a folder's file (symlinks followed) lies in the folder.
 
 import {TrainingPackageError} from './format.js';

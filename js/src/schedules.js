@@ -1,4 +1,4 @@
-// Learning-rate schedules (ortflow/schedules.py), per epoch, of the rows seen before it.
+// Learning-rate schedules (ortflow/optimizers/schedules.py), per epoch, of the rows seen before it.
 
 import {TrainingPackageError} from './format.js';
 

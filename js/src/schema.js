@@ -15,6 +15,32 @@ export const SCHEMA = {
   "MAX_HEADER": 67108864
  },
  "$defs": {
+  "Affine": {
+   "type": "object",
+   "properties": {
+    "input": {
+     "type": "string"
+    },
+    "mean": {
+     "type": "array",
+     "items": {
+      "type": "number"
+     }
+    },
+    "scale": {
+     "type": "array",
+     "items": {
+      "type": "number"
+     }
+    }
+   },
+   "required": [
+    "input",
+    "mean",
+    "scale"
+   ],
+   "additionalProperties": false
+  },
   "FileEntry": {
    "type": "object",
    "properties": {
@@ -219,6 +245,9 @@ export const SCHEMA = {
       "$ref": "#/$defs/UnrolledGraph"
      }
     },
+    "preprocess": {
+     "$ref": "#/$defs/Preprocess"
+    },
     "metadata": {
      "type": "object",
      "additionalProperties": {}
@@ -346,6 +375,62 @@ export const SCHEMA = {
     "outputs",
     "weights"
    ],
+   "additionalProperties": false
+  },
+  "Preprocess": {
+   "type": "object",
+   "properties": {
+    "features": {
+     "anyOf": [
+      {
+       "$ref": "#/$defs/Affine"
+      },
+      {
+       "type": "null"
+      }
+     ]
+    },
+    "target": {
+     "anyOf": [
+      {
+       "$ref": "#/$defs/Affine"
+      },
+      {
+       "type": "null"
+      }
+     ]
+    },
+    "prediction": {
+     "type": "array",
+     "items": {
+      "type": "string"
+     }
+    },
+    "columns": {
+     "anyOf": [
+      {
+       "type": "object",
+       "additionalProperties": {
+        "type": "string"
+       }
+      },
+      {
+       "type": "null"
+      }
+     ]
+    },
+    "text_missing": {
+     "anyOf": [
+      {
+       "type": "string"
+      },
+      {
+       "type": "null"
+      }
+     ]
+    }
+   },
+   "required": [],
    "additionalProperties": false
   },
   "Progress": {

@@ -1,4 +1,4 @@
-// The shuffle generator (ortflow/shuffle.py): mulberry32 draws driving a Fisher-Yates shuffle, bit for bit Python's.
+// The shuffle generator (ortflow/data/shuffle.py): mulberry32 draws driving a Fisher-Yates shuffle, bit for bit Python's.
 
 /** The generator's 32-bit state for `epoch` (epochs completed before, from 0) of a run seeded with `seed`. */
 export function seedState(seed, epoch) {

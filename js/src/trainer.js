@@ -8,6 +8,7 @@ import {checkFileName, packageReader, sha256Hex} from './files.js';
 import {checkFinite, dataColumns, plainRows, sliceColumn, targetsOf, weightsOf} from './data.js';
 import {epochOrder} from './shuffle.js';
 import {learningRateAt} from './schedules.js';
+import {watchDevice, watchedRun} from './device.js';
 
 /** A second `fit` (or `evaluate`, `loadState`) while a `fit` of the same trainer runs. */
 export class ConcurrentFitError extends Error {
@@ -183,6 +184,8 @@ export class Trainer {
     this._predict = null;
     this._fitting = null;
     this._disposed = false;
+    /** device.js's watch over a GPU provider's failures (null on the CPU's) */
+    this._device = null;
     /** set to true (in a callback, or from elsewhere) to stop the running fit before its next step */
     this.stopTraining = false;
     const m = manifest;
@@ -301,6 +304,7 @@ export class Trainer {
     trainer._reader = reader;
     trainer._costs = costs;
     trainer._unrolledMode = unrolled;
+    trainer._device = await watchDevice(ort, sessionSettings.executionProviders);
     return trainer;
   }
 
@@ -423,7 +427,7 @@ export class Trainer {
     for (let start = 0; start < data.n; start += batchSize) {
       const rows = Math.min(batchSize, data.n - start);
       const feeds = this._feeds(this._single, this._batch(batchers, null, start, rows), state, zero, this.steps + 1);
-      const out = await this._step.run(feeds, [this._single.loss]);
+      const out = await watchedRun(this._device, this._step, feeds, this._single, [this._single.loss]);
       total += Number(out[this._single.loss].data[0]) * rows;
     }
     return total / data.n;
@@ -534,8 +538,8 @@ export class Trainer {
           const rows = count ? count * batchSize : Math.min(batchSize, n - start);
           const session = count ? await this._unrolledSession(count) : this._step;
           const began = now();
-          const out = await session.run(this._feeds(plan, this._batch(batchers, order, start, rows), state,
-            rateTensor, this.steps + 1));
+          const out = await watchedRun(this._device, session, this._feeds(plan, this._batch(batchers, order, start,
+            rows), state, rateTensor, this.steps + 1), plan);
           if (rows === (count || 1) * batchSize) this._timed(count || 1, now() - began);
           this.runs += 1;
           const losses = count ? out[plan.losses].data : [Number(out[plan.loss].data[0])];
@@ -545,7 +549,8 @@ export class Trainer {
               continue;
             }
             throw new ConvergenceError(`the training loss is ${losses[0]} at epoch ${this.epochs + 1}, step ` +
-              `${this.steps + 1} (batch ${batch + 1}): training stopped, the state is the one before this step`,
+              `${this.steps + 1} (batch ${batch + 1})${this._device ? ` on the execution providers ` +
+              `${JSON.stringify(this._device.names)}` : ''}: training stopped, the state is the one before this step`,
             {epoch: this.epochs + 1, step: this.steps + 1, batch: batch + 1});
           }
           state = this._next(plan, out);
@@ -743,6 +748,7 @@ export class Trainer {
       await this._fitting.catch(() => {});
     }
     this._disposed = true;
+    if (this._device) this._device.stop();
     const sessions = [this._step, ...this._unrolledSessions.values()];
     this._unrolledSessions.clear();
     let predict = null;

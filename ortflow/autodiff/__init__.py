@@ -3,7 +3,7 @@
 ``rules.py`` holds one vector-Jacobian product per op (the layers in ``rules_nn.py``, the picks and pads in
 ``rules_indexing.py``), ``builder.py`` the reverse pass over the graph,
 ``derivative.py`` the public :func:`onnx_derivative`, ``training.py`` one optimizer step as one graph; the nodes
-are written by :class:`ortflow.onnx_builder.Emitter`, ortflow's one node writer.
+are written by :class:`ortflow.graph.builder.Emitter`, ortflow's one node writer.
 """
 
 from .builder import Gradients, build_gradients, nodes_without_rule

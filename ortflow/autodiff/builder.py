@@ -18,8 +18,8 @@ import numpy as np
 import onnx
 
 from ..exceptions import NotDifferentiableError
-from ..graph import FLOAT_TYPES, all_names
-from ..onnx_builder import Emitter, ValueInfo, value_infos
+from ..graph.editing import FLOAT_TYPES, all_names
+from ..graph.builder import Emitter, ValueInfo, value_infos
 from . import rules_indexing, rules_nn  # noqa: F401 - the rule families of their own modules register into RULES
 from .rules import NO_GRADIENT, RULES, NodeGrad, node_label
 

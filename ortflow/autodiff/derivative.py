@@ -7,10 +7,11 @@ from collections.abc import Sequence
 import onnx
 from onnx import helper
 
-from .. import graph
-from ..graph import FLOAT_TYPES, ModelLike, all_names, input_names, load_model, output_names, trainable_initializers
+from ..graph import editing as graph
+from ..graph.editing import (FLOAT_TYPES, ModelLike, all_names, input_names, load_model, output_names,
+                             trainable_initializers)
 from .builder import Gradients, build_gradients
-from ..onnx_builder import ValueInfo
+from ..graph.builder import ValueInfo
 
 
 def onnx_derivative(

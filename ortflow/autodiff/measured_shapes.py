@@ -66,7 +66,7 @@ def with_measured_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     one run on zeros, when every input has a fixed shape and no shape depends on values (else ``model`` as it
     is)."""
     from .._ort import InferenceSession
-    from ..onnx_builder import _inferred
+    from ..graph.builder import _inferred
 
     feeds = _fixed_inputs(model)
     if feeds is None or not _shapes_follow_shapes_only(model.graph):

@@ -1,7 +1,7 @@
 """One vector-Jacobian product per ONNX op, written as standard ONNX nodes.
 
 A rule receives a :class:`NodeGrad` (the forward node, the gradients of its outputs, which inputs need a gradient,
-and the :class:`~ortflow.onnx_builder.Emitter` that writes nodes) and returns one gradient name per input of the
+and the :class:`~ortflow.graph.builder.Emitter` that writes nodes) and returns one gradient name per input of the
 node (None where the input needs none). Elementwise rules return gradients shaped like the output and let
 :meth:`NodeGrad.per_input` sum them back to each operand's shape (broadcasting).
 
@@ -19,7 +19,7 @@ import onnx
 from onnx import helper
 
 from ..exceptions import NotDifferentiableError
-from ..onnx_builder import Emitter, ValueInfo
+from ..graph.builder import Emitter, ValueInfo
 
 #: Ops whose outputs carry no gradient: non-float results, or float results that are piecewise constant.
 NO_GRADIENT = frozenset({

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from ..onnx_builder import ValueInfo
+from ..graph.builder import ValueInfo
 from .rules import NodeGrad, _rank, rule
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from ..onnx_builder import Emitter
+from ..graph.builder import Emitter
 from .rules import NodeGrad, rule
 
 

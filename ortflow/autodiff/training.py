@@ -1,5 +1,5 @@
 """One standard-ONNX graph per training step: loss, gradients and the optimizer's update (its rule written once in
-:mod:`ortflow.learning_rates`), run by a plain onnxruntime."""
+:mod:`ortflow.optimizers.learning_rates`), run by a plain onnxruntime."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from collections.abc import Sequence
 import onnx
 from onnx import TensorProto, helper
 
-from ..graph import ModelLike, all_names, load_model, pick_output
-from ..learning_rates import LEARNING_RATE, STEP, BaseLearningRate, GraphOps
+from ..graph.editing import ModelLike, all_names, load_model, pick_output
+from ..optimizers.learning_rates import LEARNING_RATE, STEP, BaseLearningRate, GraphOps, state_tensor
 from ..registry import family, names
 from .builder import build_gradients, refuse_unreached
 from .derivative import assemble, pick_weights, value_info
-from ..onnx_builder import Emitter, ValueInfo
+from ..graph.builder import Emitter, ValueInfo
 from .measured_shapes import with_measured_shapes
 
 UPDATED = "_updated"
@@ -31,9 +31,9 @@ def training_step(
 ) -> onnx.ModelProto:
     """The graph of one optimizer step on ``loss_model`` (a scalar loss, e.g. from :func:`ortflow.add_loss_output`).
 
-    ``optimizer`` is an optimizer of :mod:`ortflow.learning_rates` (an instance, or a registry name: ``'sgd'``,
-    ``'nesterov'``, ``'adam'``, ``'adamw'``, ``'rmsprop'``; a name takes ``betas``, ``epsilon`` and
-    ``weight_decay`` where its class has them). Its update rule, the same one forward-backward training runs, is
+    ``optimizer`` is an optimizer of :mod:`ortflow.optimizers.learning_rates` (an instance, or a registered name,
+    ``ortflow.registry.names('optimizer')``; a name takes ``betas``, ``epsilon`` and ``weight_decay`` where its
+    class has them). Its update rule, the same one forward-backward training runs, is
     written into the graph.
 
     Inputs: the model's inputs, the trained ``weights`` (default: every float initializer), the optimizer's state
@@ -65,7 +65,7 @@ def training_step(
     declared = {v.name: v for v in model.graph.output}[loss].type.tensor_type
     if declared.HasField("shape") and declared.shape.dim:
         raise ValueError(f"loss output {loss!r} has rank {len(declared.shape.dim)}; training_step needs a scalar loss")
-    slots = {w: {slot: f"{w}_{slot}" for slot in rate.slots[1:]} for w in weights}
+    slots = {w: {slot: state_tensor(w, slot) for slot in rate.slots[1:]} for w in weights}
     moments = [name for w in weights for name in slots[w].values()]
     state = weights + moments
     scalars = [LEARNING_RATE] + ([STEP] if rate.per_step_scalars else [])

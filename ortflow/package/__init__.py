@@ -24,7 +24,9 @@ A package is a folder:
   manifest's byte offsets.
 - ``manifest.json`` (:class:`~ortflow.package.format.Manifest`, its JSON Schema ``js/src/manifest.schema.json``):
   format and version, every tensor (shape, dtype), optimizer, schedule, batch size, loss, classes,
-  feature names, the shuffle generator (:mod:`ortflow.shuffle`), the SHA-256 of every file.
+  feature names, the preprocessing inside the graphs (``preprocess``: the features' and the target's
+  standardization, so the package takes raw rows and predicts in the target's units), the shuffle generator
+  (:mod:`ortflow.data.shuffle`), the SHA-256 of every file.
 
 A state trained elsewhere comes back as a *state file* (:meth:`TrainingState.to_bytes`): ``b"OFTS"``, a uint32
 little-endian header length ``H``, ``H`` bytes of UTF-8 JSON (format, version, the package's id, the tensor table,

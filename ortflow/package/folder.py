@@ -1,5 +1,5 @@
 """SHA-256 of files and folders written atomically: what training packages and library checkpoints
-(:mod:`ortflow.checkpoint`) share.
+(:mod:`ortflow.trainers.checkpoint`) share.
 
 :func:`write_folder` writes a folder's files into a temporary folder beside it and moves it into place once
 complete: a reader sees the old folder or the new one, never a mix; a failed write leaves the old one as it was.

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from ..exceptions import TrainingPackageError
-from ..shuffle import GENERATOR  # the shuffle generator every runtime implements
+from ..data.shuffle import GENERATOR  # the shuffle generator every runtime implements
 
 FORMAT = "ortflow-training-package"
 FORMAT_VERSION = 1
@@ -212,11 +212,39 @@ class LossModel(Record):
 
 
 @dataclass
+class Affine(Record):
+    """``(x - mean) / scale`` on the graph input ``input``, per column (one value each, or one for all)."""
+
+    input: str
+    mean: list[Number]
+    scale: list[Number]
+
+
+@dataclass
+class Preprocess(Record):
+    """What the graphs do to the data before the model, and what they cannot do. ``features``: the data input's
+    standardization, inside the step graphs (single, flat, unrolled), ``loss.onnx`` and ``predict.onnx``;
+    ``target``: the target's, inside the step graphs and ``loss.onnx`` (the loss is computed on the standardized
+    target, as the Python trainer computed it); ``prediction``: the outputs of ``predict.onnx`` (and of
+    ``loss.onnx``) given back in the target's units, ``value * scale + mean`` of ``target``. A runtime feeds the
+    rows as the user has them: nothing to apply for these. ``columns`` (a table's raw columns, name -> kind
+    ``number``, ``bool``, ``text``, ``date``) and ``text_missing`` declare what no graph does: the runtime converts
+    each cell by its column's kind (numbers and booleans float32, a gap NaN; text as it is, a gap
+    ``text_missing``; dates int64 days since 1970-01-01) before feeding it."""
+
+    features: Affine | None = None
+    target: Affine | None = None
+    prediction: list[str] = field(default_factory=list)
+    columns: dict[str, str] | None = None
+    text_missing: str | None = None
+
+
+@dataclass
 class Shuffle(Record):
     generator: Literal[GENERATOR]  # type: ignore[valid-type]
     seed: str = "uint32"
     epoch: str = "epochs completed before, from 0"
-    module: str = "ortflow.shuffle"
+    module: str = "ortflow.data.shuffle"
 
 
 @dataclass
@@ -250,6 +278,7 @@ class Manifest(Record):
     shuffle: Shuffle
     feature_names: list[str] | None = None
     unrolled: list[UnrolledGraph] = field(default_factory=list)
+    preprocess: Preprocess = field(default_factory=Preprocess)
     metadata: dict[str, Json] = field(default_factory=dict)
     files: dict[str, FileEntry] = field(default_factory=dict)
 
@@ -322,6 +351,7 @@ class Manifest(Record):
                  f"{self.sample_weight!r} is not an input of the step graph")
         if self.target.encoding != "value":
             _fail_if(not self.target.classes, "target.classes", f"a {self.target.encoding} target needs its classes")
+        self._check_preprocess()
         for name in self.files:
             _fail_if(name in ("", ".") or name.startswith("/") or "\\" in name or ".." in name.split("/"),
                      f"files[{name!r}]", "names a file outside the package")
@@ -341,6 +371,29 @@ class Manifest(Record):
         for i, (o, t) in enumerate(zip(outputs[1:], by_name.values()), start=1):
             _fail_if(o.shape != t.shape, f"step.outputs[{i}].shape",
                      f"{o.shape}, but the state tensor {t.name!r} has shape {t.shape}")
+
+    def _check_preprocess(self) -> None:
+        p = self.preprocess
+        for key, affine, allowed in (("features", p.features, {d.name: d for d in self.data_inputs}),
+                                     ("target", p.target, {self.target.name: self.target})):
+            if affine is None:
+                continue
+            where = f"preprocess.{key}"
+            _fail_if(affine.input not in allowed, f"{where}.input",
+                     f"{affine.input!r} is not {'a data input' if key == 'features' else 'the target input'} of the "
+                     f"step graph ({sorted(allowed)})")
+            _fail_if(len(affine.scale) != len(affine.mean) or not affine.mean, f"{where}.scale",
+                     f"{len(affine.scale)} values for {len(affine.mean)} means (one or more each, as many)")
+            _fail_if(any(s == 0 for s in affine.scale), f"{where}.scale", "a scale of 0 divides by zero")
+            shape = allowed[affine.input].shape or []
+            width = shape[-1] if len(shape) >= 2 else 1
+            _fail_if(isinstance(width, int) and len(affine.mean) not in (1, width), f"{where}.mean",
+                     f"{len(affine.mean)} values, but {affine.input!r} has {width} columns")
+        outputs = {o.name for o in self.predict.outputs}
+        for i, name in enumerate(p.prediction):
+            _fail_if(name not in outputs, f"preprocess.prediction[{i}]", f"{name!r} is not an output of predict")
+        _fail_if(bool(p.prediction) and p.target is None, "preprocess.prediction",
+                 "outputs in the target's units need preprocess.target")
 
     def _check_flat(self, where: str, entry, total: int) -> None:
         i, spec = _find(entry.inputs, entry.state_input, f"{where}.inputs", "state_input")

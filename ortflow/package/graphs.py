@@ -1,6 +1,10 @@
 """The package's graphs: the flat step (the state as one vector), the unrolled steps, the prediction graph whose
 weights another runtime patches in place, the manifest's description of a graph's inputs and outputs, and the check
-of a graph read from a package against that description (:func:`check_graph`)."""
+of a graph read from a package against that description (:func:`check_graph`).
+
+Every graph a package holds runs on a GPU through WebGPU too (onnxruntime-web's WebGPU execution provider): no node
+binds more than :data:`MAX_BUFFERS` tensors (:func:`within_buffers`), and the gradient's batch-size counts are
+computed on the device or are constants (:func:`device_counts`)."""
 
 from __future__ import annotations
 
@@ -8,14 +12,17 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
-from .. import graph as g
+from ..graph import editing as g
 from .._ort import MAX_IR_VERSION
 from ..autodiff.training import UPDATED
 from ..exceptions import TrainingPackageError
-from ..learning_rates import LEARNING_RATE, STEP
+from ..optimizers.learning_rates import LEARNING_RATE, STEP
 from .format import FLAT_STATE, FLAT_UPDATED, UNROLLED_LOSSES, TensorSpec
+
+#: the key of a graph's ``metadata_props`` holding the preprocessing its nodes do (the manifest's ``preprocess``)
+PREPROCESS_KEY = "ortflow.preprocess"
 
 #: the IR version of the package's graphs: onnxruntime 1.19 (the training build) to 1.32 read it
 IR_VERSION = MAX_IR_VERSION
@@ -26,7 +33,13 @@ MAX_UNROLLED, UNROLLED_TARGET_US = 32, 6000.0
 #: the estimate of a step's time: per node, and floating-point operations per microsecond (one core, AVX), set from
 #: steps timed in Python (2026-11-27, Xeon): seed case A's step 30 µs, D-wide's 1.2 ms
 _NODE_US, _FLOPS_PER_US = 0.4, 100_000.0
-
+#: the most tensors (inputs and outputs together) one node of a package's graph binds: WebGPU's default
+#: ``maxStorageBuffersPerShaderStage``, which onnxruntime-web asks for (a node over it fails there: the native
+#: WebGPU build throws "Too many storage buffers in shader", its JSEP build returns zeros)
+MAX_BUFFERS = 8
+#: ops whose many inputs are combined in order: rewritten as a chain of nodes of at most MAX_BUFFERS - 1 inputs, each
+#: one taking the previous one's result first (the same sums in the same order as onnxruntime's CPU kernel)
+_CHAINED = ("Sum", "Max", "Min")
 
 
 def _dtype(elem_type: int) -> str:
@@ -70,13 +83,211 @@ def unrollable(step: onnx.ModelProto) -> bool:
                    for node in step.graph.node for a in node.attribute)
 
 
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+
+
+def within_buffers(model: onnx.ModelProto, limit: int = MAX_BUFFERS) -> onnx.ModelProto:
+    """``model`` whose nodes bind at most ``limit`` tensors each (inputs and outputs): a ``Split`` into more pieces
+    becomes a tree of ``Split`` nodes, a ``Concat`` of more inputs a tree of ``Concat`` nodes (the same values), a
+    ``Sum``, ``Max`` or ``Min`` a chain (:data:`_CHAINED`). Other nodes are kept as they are (:func:`wide_nodes`
+    names them)."""
+    graph = model.graph
+    if not wide_nodes(model, limit):
+        return model
+    taken = g.all_names(model)
+    opset = _opset(model)
+    inits = {i.name: i for i in graph.initializer}
+    nodes, added, freed = [], [], set()
+
+    def split_tree(source: str, outputs: list[str], sizes: list[int], axis: int) -> None:
+        """``Split`` nodes of at most ``limit - 2`` pieces (with the sizes' input), in a tree as shallow as can be
+        (``Slice`` nodes would do, but onnxruntime's CPU optimizer fuses them back into one ``Split``)."""
+        most = limit - 2
+        span = 1
+        while span * most < len(sizes):
+            span *= most
+        groups = [range(at, min(at + span, len(sizes))) for at in range(0, len(sizes), span)]
+        names = [outputs[r[0]] if len(r) == 1 else g._fresh(f"{source}/part", taken) for r in groups]
+        parts = [sum(sizes[i] for i in r) for r in groups]
+        if opset >= 13:
+            cut = g._fresh(f"{source}/sizes", taken)
+            added.append(helper.make_tensor(cut, TensorProto.INT64, [len(parts)], parts))
+            nodes.append(helper.make_node("Split", [source, cut], names, axis=axis))
+        else:
+            nodes.append(helper.make_node("Split", [source], names, axis=axis, split=parts))
+        for r, name in zip(groups, names):
+            if len(r) > 1:
+                split_tree(name, [outputs[i] for i in r], [sizes[i] for i in r], axis)
+
+    for node in graph.node:
+        inputs = [i for i in node.input if i]
+        if len(inputs) + len([o for o in node.output if o]) <= limit:
+            nodes.append(node)
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if node.op_type == "Split":
+            sizes = next((list(a.ints) for a in node.attribute if a.name == "split"), None)
+            if len(node.input) > 1 and node.input[1]:
+                sizes = onnx.numpy_helper.to_array(inits[node.input[1]]).tolist() if node.input[1] in inits else None
+            if sizes is None:  # equal pieces of an axis known only at run time: kept
+                nodes.append(node)
+                continue
+            split_tree(node.input[0], list(node.output), [int(x) for x in sizes], axis)
+            freed.update(node.input[1:])
+        elif node.op_type == "Concat":
+            while len(inputs) > limit - 1:  # a level of the tree: groups of limit - 1, in order
+                level = []
+                for at in range(0, len(inputs), limit - 1):
+                    group = inputs[at: at + limit - 1]
+                    if len(group) == 1:
+                        level.append(group[0])
+                        continue
+                    level.append(g._fresh(f"{node.output[0]}/part", taken))
+                    nodes.append(helper.make_node("Concat", group, [level[-1]], axis=axis))
+                inputs = level
+            nodes.append(helper.make_node("Concat", inputs, list(node.output), name=node.name, axis=axis))
+        elif node.op_type in _CHAINED and opset >= 8:
+            done = inputs[: limit - 1]
+            rest = inputs[limit - 1:]
+            while rest:
+                partial = g._fresh(f"{node.output[0]}/part", taken)
+                nodes.append(helper.make_node(node.op_type, done, [partial]))
+                done, rest = [partial, *rest[: limit - 2]], rest[limit - 2:]
+            nodes.append(helper.make_node(node.op_type, done, list(node.output), name=node.name))
+        else:
+            nodes.append(node)
+    read = {i for n in nodes for i in n.input} | {o.name for o in graph.output}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    kept = [i for i in out.graph.initializer if i.name in read or i.name not in freed]  # a Split's sizes, replaced
+    del out.graph.initializer[:]
+    out.graph.initializer.extend([*kept, *added])
+    return out
+
+
+def wide_nodes(model: onnx.ModelProto, limit: int = MAX_BUFFERS) -> list[str]:
+    """The nodes of ``model`` that bind more than ``limit`` tensors: ``"<op> <first output> (<count>)"``."""
+    return [f"{n.op_type} {n.output[0]!r} ({len([x for x in (*n.input, *n.output) if x])})" for n in model.graph.node
+            if len([x for x in (*n.input, *n.output) if x]) > limit]
+
+
+def _size_factor(shape) -> tuple[int, int] | None:
+    """(how many axes are the ``batch`` axis, the product of the others) of ``shape``; None when one is unknown."""
+    if shape is None or any(not isinstance(d, int) and d != "batch" for d in shape):
+        return None
+    return sum(d == "batch" for d in shape), int(np.prod([d for d in shape if d != "batch"], dtype=np.int64))
+
+
+def device_counts(step: onnx.ModelProto, batch: int | None = None) -> onnx.ModelProto:
+    """``step`` whose float counts of elements (``Cast(Size(a))`` and ``Cast(Div(Size(a), Size(b)))``: a mean's
+    gradient, a weighted loss's row count) are computed with float ops a GPU runs, not with int64 ops that fall
+    back to the CPU there: a constant when the shapes are known (``batch`` rows: the unrolled graphs' fixed
+    batches), else ``ReduceSum`` of ones along the ``batch`` axis times a constant. The values are the same floats
+    (exact integers below 2**24), so the steps are bit for bit the same. Counts of other shapes are kept; any
+    other ``Size`` of a fixed shape becomes an int64 constant."""
+    model = onnx.ModelProto()
+    model.CopyFrom(step)
+    graph = model.graph
+    if batch is not None:
+        for value in graph.input:
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.dim_param == "batch":
+                    dim.Clear()
+                    dim.dim_value = batch
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 (an op onnx does not know: nothing is rewritten)
+        return step
+    shapes = {v.name: _shape(v) for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)}
+    producer = {o: n for n in graph.node for o in n.output}
+    uses = {}
+    for node in graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    for value in graph.output:
+        uses[value.name] = uses.get(value.name, 0) + 1
+    taken = g.all_names(model)
+    opset = _opset(model)
+    replaced, dropped, added = {}, set(), []
+
+    def sizes_of(name: str):
+        node = producer.get(name)
+        if node is None or uses.get(name) != 1:
+            return None
+        if node.op_type == "Size":
+            return [node], [node.input[0]], []
+        if node.op_type == "Div" and all(producer.get(i) is not None and producer[i].op_type == "Size"
+                                         and uses.get(i) == 1 for i in node.input):
+            return [node, producer[node.input[0]], producer[node.input[1]]], \
+                [producer[node.input[0]].input[0]], [producer[node.input[1]].input[0]]
+        return None
+
+    for cast in graph.node:
+        if cast.op_type != "Cast" or next((a.i for a in cast.attribute if a.name == "to"), 0) != TensorProto.FLOAT:
+            continue
+        found = sizes_of(cast.input[0])
+        if found is None:
+            continue
+        chain, over, under = found
+        factors = [_size_factor(shapes.get(name)) for name in (*over, *under)]
+        if None in factors:
+            continue
+        power = sum(f[0] for f in factors[: len(over)]) - sum(f[0] for f in factors[len(over):])
+        number = int(np.prod([f[1] for f in factors[: len(over)]], dtype=np.int64))
+        divisor = int(np.prod([f[1] for f in factors[len(over):]], dtype=np.int64))
+        if power not in (0, 1) or not divisor or number % divisor or not 0 < number // divisor < 2 ** 24 or \
+                (power and opset < 15):  # Shape's start and end: opset 15
+            continue
+        number //= divisor
+        out = cast.output[0]
+        dropped.update(id(n) for n in (cast, *chain))
+        if power == 0:
+            added.append(helper.make_tensor(out, TensorProto.FLOAT, [], [float(number)]))
+            continue
+        name = over[0]
+        axis = shapes[name].index("batch")
+        rows, one, ones = (g._fresh(f"{out}/{what}", taken) for what in ("rows", "one", "ones"))
+        added.append(helper.make_tensor(one, TensorProto.FLOAT, [], [1.0]))
+        count = out if number == 1 else g._fresh(f"{out}/batch", taken)
+        new = [helper.make_node("Shape", [name], [rows], start=axis, end=axis + 1),
+               helper.make_node("Expand", [one, rows], [ones]),
+               helper.make_node("ReduceSum", [ones], [count], keepdims=0)]
+        if number != 1:
+            factor = g._fresh(f"{out}/factor", taken)
+            added.append(helper.make_tensor(factor, TensorProto.FLOAT, [], [float(number)]))
+            new.append(helper.make_node("Mul", [count, factor], [out]))
+        replaced[id(cast)] = new
+    for size in graph.node:  # any other Size of a fixed shape (a max pool's gradient): an int64 constant
+        shape = shapes.get(size.input[0]) if size.op_type == "Size" and id(size) not in dropped else None
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            dropped.add(id(size))
+            added.append(helper.make_tensor(size.output[0], TensorProto.INT64, [],
+                                            [int(np.prod(shape, dtype=np.int64))]))
+    if not dropped:
+        return step
+    nodes = []
+    for node in graph.node:
+        nodes.extend(replaced.get(id(node), []) if id(node) in dropped else [node])
+    out = onnx.ModelProto()
+    out.CopyFrom(step)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    out.graph.initializer.extend(added)
+    return out
+
+
 def unrolled_step(step: onnx.ModelProto, count: int, batch: int, table: list[dict]) -> onnx.ModelProto:
     """``count`` copies of the step ``step`` in one graph, each on its ``batch`` rows of the batched inputs (a
-    ``Split`` of ``count * batch`` rows), copy ``i`` reading the ``<name>_updated`` tensors of copy ``i - 1`` as its
-    state and the input ``step`` plus ``i`` as its step number; outputs the ``count`` losses
+    ``Split`` of ``count * batch`` rows; each copy's counts of rows are constants, :func:`device_counts`), copy
+    ``i`` reading the ``<name>_updated`` tensors of copy ``i - 1`` as its state and the input ``step`` plus ``i`` as
+    its step number; outputs the ``count`` losses
     (:data:`UNROLLED_LOSSES`) and the last copy's state, then made flat (:func:`flat_step`: the state one vector in
     and out, split once and concatenated once). The copies' names are prefixed ``u<i>/``; initializers and
     ``learning_rate`` are shared."""
+    step = device_counts(step, batch)  # every copy's batch is full: its counts are constants
     graph = step.graph
     if UNROLLED_LOSSES in g.all_names(step):
         raise TrainingPackageError(f"the step graph already uses the name {UNROLLED_LOSSES!r}")
@@ -141,7 +352,8 @@ def flat_step(step: onnx.ModelProto, table: list[dict]) -> onnx.ModelProto:
     the other) and giving it back as :data:`FLAT_UPDATED`, the loss first: the same nodes between a ``Split`` and
     ``Reshape`` of the vector and a ``Concat`` of the updated tensors. A runtime that copies every input and output
     at each run (onnxruntime-node, onnxruntime-web) crosses 2 state tensors per step instead of twice their number,
-    and feeds each step's output vector to the next step as it is."""
+    and feeds each step's output vector to the next step as it is. The split and the concatenation, and any other
+    node over :data:`MAX_BUFFERS` tensors, are rewritten by :func:`within_buffers`."""
     names = [t["name"] for t in table]
     taken = g.all_names(step)
     clash = sorted({FLAT_STATE, FLAT_UPDATED} & taken)
@@ -179,7 +391,48 @@ def flat_step(step: onnx.ModelProto, table: list[dict]) -> onnx.ModelProto:
                              [*graph.initializer, *inits], value_info=list(graph.value_info))
     model = helper.make_model(flat, opset_imports=list(step.opset_import), ir_version=step.ir_version,
                               producer_name=step.producer_name)
-    return model
+    return within_buffers(model)
+
+
+def standardize_input(model: onnx.ModelProto, name: str, mean, scale, prefix: str) -> onnx.ModelProto:
+    """A copy of ``model`` whose nodes read ``(name - mean) / scale`` where they read the input ``name`` (``Sub``
+    and ``Div`` in front, the float32 constants ``<prefix>mean`` and ``<prefix>scale``: not weights)."""
+    inner = f"{prefix}standardized"
+    return _affine(model, name, inner, [("Sub", mean, "mean", f"{prefix}centered"), ("Div", scale, "scale", inner)],
+                   prefix, front=True)
+
+
+def unscale_output(model: onnx.ModelProto, name: str, mean, scale, prefix: str) -> onnx.ModelProto:
+    """A copy of ``model`` whose output ``name`` is ``value * scale + mean`` of what it was (``Mul`` and ``Add``
+    behind; the nodes that read it still read the value before)."""
+    inner = f"{prefix}standardized"
+    return _affine(model, name, inner, [("Mul", scale, "scale", f"{prefix}scaled"), ("Add", mean, "mean", name)],
+                   prefix, front=False)
+
+
+def _affine(model: onnx.ModelProto, name: str, inner: str, ops: list, prefix: str, front: bool) -> onnx.ModelProto:
+    new = onnx.ModelProto()
+    new.CopyFrom(model)
+    taken = g.all_names(new)
+    clash = sorted({inner, *(f"{prefix}{key}" for _, _, key, _ in ops), *(out for *_, out in ops[:-1])} & taken)
+    if clash:
+        raise TrainingPackageError(f"the graph already uses the names {clash}")
+    graph = new.graph
+    for node in graph.node:
+        node.input[:] = [inner if x == name else x for x in node.input]
+        if not front:
+            node.output[:] = [inner if x == name else x for x in node.output]
+    added, source = [], name if front else inner
+    for op, values, key, out in ops:
+        constant = f"{prefix}{key}"
+        graph.initializer.append(numpy_helper.from_array(
+            np.asarray(values, dtype=np.float32).reshape(-1), constant))
+        added.append(helper.make_node(op, [source, constant], [out], name=f"{prefix}{op.lower()}"))
+        source = out
+    nodes = [*added, *graph.node] if front else [*graph.node, *added]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return new
 
 
 def patchable(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> tuple[bytes, list[dict]]:

@@ -12,6 +12,7 @@ step ``s`` (an unrolled run that met one is replayed one step at a time from its
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Callable, Mapping
 
@@ -19,9 +20,9 @@ import numpy as np
 
 from .._ort import InferenceSession
 from ..exceptions import ConvergenceError, TrainingPackageError
-from ..runtime import make_session_options
-from ..shuffle import epoch_order
-from ..validation import encode_labels
+from ..runtime.sessions import make_session_options
+from ..data.shuffle import epoch_order
+from ..runtime.validation import encode_labels
 from .format import Manifest, Target, inputs_by_role, outputs_by_role
 from .reader import TrainingPackage, TrainingState
 from .state import decode_tensors
@@ -33,7 +34,7 @@ def train_package(folder: str | os.PathLike | TrainingPackage, X, y, epochs: int
                   unrolled: bool = False) -> TrainingState:
     """Train the package's step graph with onnxruntime over (X, y), as every other runtime does: ``epochs``
     epochs from ``state`` (default the package's own); each epoch's learning rate from the schedule at the rows
-    seen before it, its row order :func:`ortflow.shuffle.epoch_order` ``(n, seed mod 2**32, epochs completed)``
+    seen before it, its row order :func:`ortflow.data.shuffle.epoch_order` ``(n, seed mod 2**32, epochs completed)``
     (or the rows as given without ``shuffle``), batches of ``batch_size`` rows (the last one shorter), ``step``
     counting the updates from the state's. ``X``: an array (one data input) or a dict input name -> array; ``y``:
     targets, or class labels of a classifier. ``on_epoch(record)`` is called after each epoch (see the module's
@@ -164,12 +165,47 @@ class _Step:
         return np.atleast_1d(out[self.loss]), after
 
 
-def _check_finite(what: str, array: np.ndarray, n: int) -> None:
+def _check_finite(what: str, array: np.ndarray, n: int, columns: list[str] | None = None) -> None:
     if len(array) != n:
         raise TrainingPackageError(f"{what} has {len(array)} rows, X has {n}")
     if array.dtype.kind == "f" and not np.isfinite(array).all():
-        where = np.argwhere(~np.isfinite(array))[0].tolist()
-        raise TrainingPackageError(f"{what} holds non-finite values (first at index {where})")
+        where = tuple(np.argwhere(~np.isfinite(array))[0].tolist())
+        value = float(array[where])
+        spelled = "NaN" if np.isnan(value) else "Infinity" if value > 0 else "-Infinity"  # JavaScript's spelling
+        raise TrainingPackageError(f"{what} holds a non-finite value ({spelled}) at {_cell(where, columns)}")
+
+
+def _numbers(what: str, values, dtype, columns: list[str] | None = None) -> np.ndarray:
+    """``values`` as an array of ``dtype``; an empty or non-numeric cell refused naming its row and column."""
+    try:
+        return np.asarray(values, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        try:
+            cells = np.asarray(values, dtype=object)
+        except ValueError:
+            raise TrainingPackageError(f"{what}: {exc}") from exc
+        if cells.dtype != object or not cells.ndim:
+            raise TrainingPackageError(f"{what}: {exc}") from exc
+        for index in np.ndindex(cells.shape):
+            cell = cells[index]
+            try:
+                np.asarray(cell, dtype=dtype)
+            except (TypeError, ValueError):
+                blank = cell is None or (isinstance(cell, str) and not cell.strip())
+                found = "an empty cell" if blank else f"{json.dumps(str(cell))}, not a number,"
+                raise TrainingPackageError(f"{what} holds {found} at {_cell(index, columns)}") from exc
+        raise TrainingPackageError(f"{what}: {exc}") from exc
+
+
+def _cell(index: tuple, columns: list[str] | None) -> str:
+    """``row r, column c ('name')`` of an array index (rows and columns from 0, as the JavaScript library's)."""
+    where = f"row {index[0]}" if index else "the value"
+    if len(index) == 2:
+        name = f" ({columns[index[1]]!r})" if columns and index[1] < len(columns) else ""
+        where += f", column {index[1]}{name}"
+    elif len(index) > 2:
+        where += f", index {list(index[1:])}"
+    return where
 
 
 def _data_feeds(m: Manifest, X) -> dict[str, np.ndarray]:
@@ -179,14 +215,15 @@ def _data_feeds(m: Manifest, X) -> dict[str, np.ndarray]:
         raise TrainingPackageError(f"X must give the inputs {[i.name for i in inputs]}")
     feeds, n = {}, None
     for spec in inputs:
-        dtype = object if spec.dtype == "string" else np.dtype(spec.dtype)
-        array = np.asarray(given[spec.name], dtype=dtype)
+        columns = m.feature_names if len(inputs) == 1 else None
+        array = (np.asarray(given[spec.name], dtype=object) if spec.dtype == "string" else
+                 _numbers(f"X ({spec.name!r})", given[spec.name], np.dtype(spec.dtype), columns))
         shape = spec.shape
         if shape and len(shape) != array.ndim or any(isinstance(d, int) and d != a for d, a in
                                                       zip((shape or [])[1:], array.shape[1:])):
             raise TrainingPackageError(f"input {spec.name!r} has shape {array.shape}; the package takes {shape}")
         n = len(array) if n is None else n
-        _check_finite(f"X ({spec.name!r})", array, n)
+        _check_finite(f"X ({spec.name!r})", array, n, columns)
         feeds[spec.name] = array
     return feeds
 
@@ -205,7 +242,7 @@ def _targets(m: Manifest | dict, y, n: int) -> np.ndarray:
             encoded = encoded.reshape(-1, 1)
         _check_finite("y", encoded, n)
         return encoded
-    array = np.asarray(y, dtype=np.float32)
+    array = _numbers("y", y, np.float32)
     if len(target.shape) == 2:
         array = array.reshape(len(array), -1)
     elif array.ndim == 2 and array.shape[1] == 1:

@@ -14,11 +14,11 @@ from typing import Sequence
 import numpy as np
 import onnx
 
-from .. import graph as g
+from ..graph import editing as g
 from ..exceptions import TrainingPackageError
 from ..registry import family
-from ..schedules import learning_rate_at
-from .format import (FORMAT_VERSION, LOSS_FILE, MANIFEST, MAX_COUNT, PREDICT_FILE, STATE_FILE, STATE_FORMAT, Manifest,
+from ..optimizers.schedules import learning_rate_at
+from .format import (FORMAT_VERSION, MANIFEST, MAX_COUNT, PREDICT_FILE, STATE_FILE, STATE_FORMAT, Manifest,
                      StateEntry, StateHeader, StateTensor)
 from .folder import sha256_bytes
 from .graphs import check_graph
@@ -137,35 +137,16 @@ class TrainingState:
 
     def estimator(self, **params):
         """An unfitted trainer of the package's loss graph holding these weights, its optimizer, schedule and batch
-        size (``params`` overrides or adds settings: ``max_iter``...). The trainer class is the one registered in
-        :mod:`ortflow.registry`'s family ``"trainer"`` under the manifest's ``trainer`` name (its
-        ``from_state(state, **params)``); until a trainer registers there, an
-        :class:`ortflow.OrtGradientOptimizer`. Its ``fit`` starts new optimizer slots (Adam's moments at zero,
-        ``step`` from 1); the weights continue from here."""
-        m = self.package.record
-        try:
-            trainers = family("trainer")
-        except ValueError:  # no trainer registered itself yet
-            trainers = {}
-        cls = trainers.get(m.trainer)
-        if cls is not None and hasattr(cls, "from_state"):
-            return cls.from_state(self, **params)
-        loss_model = g.replace_initializers(onnx.load_from_string(self.package.read(LOSS_FILE)), self.weights)
-        rate = family("optimizer")[m.optimizer.name](**m.optimizer.params)
-        settings = dict(learning_rate=rate, batch_size=m.batch_size, loss_output_name=m.loss.output,
-                        label_name=m.loss_model.label, weights_to_train=list(self.package.weights))
-        if m.loss_model.weight:
-            settings["sample_weight_name"] = m.loss_model.weight
-        settings.update(params)
-        return _full_trainer_class()(loss_model, **settings)
-
-
-def _full_trainer_class():
-    """The full trainer, for the packages whose trainer is not registered in the family ``"trainer"`` (the one
-    import of a trainer left here, removed once every trainer registers itself)."""
-    from ..full import OrtGradientOptimizer
-
-    return OrtGradientOptimizer
+        size (``params`` overrides or adds settings: ``max_iter``...): ``from_state(state, **params)`` of the trainer
+        class registered in :mod:`ortflow.registry`'s family ``"trainer"`` under the manifest's ``trainer`` name (a
+        package never imports a trainer). Its ``fit`` starts new optimizer slots (Adam's moments at zero, ``step``
+        from 1); the weights continue from here."""
+        trainers = family("trainer")
+        cls = trainers.get(self.package.record.trainer)
+        if cls is None:
+            raise TrainingPackageError(f"the package's trainer {self.package.record.trainer!r} is not a registered "
+                                       f"trainer ({sorted(trainers)})")
+        return cls.from_state(self, **params)
 
 
 def load_training_state(folder: str | os.PathLike | TrainingPackage, state: bytes | str | os.PathLike) -> TrainingState:

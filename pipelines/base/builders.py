@@ -1,7 +1,7 @@
 """The ortflow objects a config describes, each built from its registry class (:mod:`ortflow.registry`) with the
 settings that class takes, looked up by name in the config's groups: the loss (``loss`` only; with ``loss.name``
 unset the estimator's own loss and settings), the penalty (``penalty``), the optimizer (``trainer``), and the
-trainer's arguments (the trainer's table of parameters, :mod:`ortflow.parameters`). A new loss, penalty or optimizer
+trainer's arguments (the trainer's table of parameters, :mod:`ortflow.trainers.parameters`). A new loss, penalty or optimizer
 class in ortflow is usable here with nothing added. A setting its class does not take is a ConfigError naming it.
 """
 
@@ -37,8 +37,8 @@ def optimizer_keys() -> dict[str, str]:
 def trainer_keys() -> dict[str, str]:
     """``trainer.<key>`` -> the trainer parameter it sets: every key of the ``trainer`` group that names (through
     :data:`~pipelines.base.schema.TRAINER_RENAMED`) a parameter of a trainer's table
-    (:data:`ortflow.parameters.TRAINERS`), but :data:`NOT_TRAINER_KEYS`. No registry needed."""
-    from ortflow.parameters import TRAINERS as TABLES
+    (:data:`ortflow.trainers.parameters.TRAINERS`), but :data:`NOT_TRAINER_KEYS`. No registry needed."""
+    from ortflow.trainers.parameters import TRAINERS as TABLES
 
     taken = {p.name for table in TABLES.values() for p in table} - set(PIPELINE_SET)
     return {key: TRAINER_RENAMED.get(key, key) for key in (f.name for f in fields(TrainerConfig))
@@ -101,13 +101,13 @@ def loss_settings(cfg: DictConfig) -> dict[str, tuple[str, Any]]:
 
 def loss(cfg: DictConfig, graph: Any = None) -> ortflow.BaseLearningLoss:
     """The loss to train: ``loss.name`` from the registry with :func:`loss_settings`; ``loss.name`` unset, the
-    model's own loss (:func:`ortflow.estimator_loss.own_loss`, what the core's trainers train with no loss named:
+    model's own loss (:func:`ortflow.objectives.estimator_loss.own_loss`, what the core's trainers train with no loss named:
     the loss of the estimator ``graph`` records with the estimator's settings, HuberRegressor's epsilon and scale,
-    QuantileRegressor's quantile...), and the task's :data:`ortflow.estimator_loss.DEFAULT_LOSS` for a graph without
+    QuantileRegressor's quantile...), and the task's :data:`ortflow.objectives.estimator_loss.DEFAULT_LOSS` for a graph without
     a record (model=onnx). The estimator's penalty is not taken: the ``penalty`` group names the penalty (``none`` by
     default), as ``add_loss_output``'s ``penalty=`` replaces the estimator's."""
-    from ortflow.convert import estimator_record
-    from ortflow.estimator_loss import DEFAULT_LOSS, own_loss
+    from ortflow.convert.sklearn import estimator_record
+    from ortflow.objectives.estimator_loss import DEFAULT_LOSS, own_loss
 
     if cfg.loss.name is not None:
         return instance("loss", cfg.loss.name, loss_settings(cfg), "loss.name")
@@ -162,7 +162,7 @@ def learning_rate(cfg: DictConfig) -> ortflow.BaseLearningRate:
 
 
 def trainer_table(cfg: DictConfig) -> tuple:
-    from ortflow.parameters import TRAINERS as TABLES
+    from ortflow.trainers.parameters import TRAINERS as TABLES
 
     return TABLES[TRAINERS._names[plain_value(cfg.trainer.name)]]
 

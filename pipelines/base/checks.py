@@ -2,7 +2,7 @@
 MLflow run: keys added past the schema (``+trainer.foo=1``), the registry names (listing the registry takes seconds
 of imports, composing does not wait), each setting against the part it belongs to (a loss, penalty or optimizer
 setting its class does not take, the trainer's settings against the trainer's table of parameters in
-:mod:`ortflow.parameters`), rules that involve several groups (a classifier with a regression loss, ...) and
+:mod:`ortflow.trainers.parameters`), rules that involve several groups (a classifier with a regression loss, ...) and
 ``promotion.metric`` against the task's metrics. Every problem found is reported at once.
 """
 
@@ -20,8 +20,8 @@ from .builders import learning_rate, loss, loss_settings, penalty, trainer_keys,
 from .schema import (ARRAY_LOADERS, COLUMN_TREATMENTS, CONFIG_DIR, DATA_NAME, MODEL_TASK, TASK_MODEL, Config,
                      ConfigError, DataKind, ModelKind, PreprocessKind, Task, close_keys, data_loader, follow_task,
                      plain_value, schema_keys)
-from ..modeling.models import BY_NAME
-from ..stages import names as stage_names
+from .models import BY_NAME
+from .stages import names as stage_names
 
 
 # loss.name, penalty.name and trainer.optimizer hold names of the core's registry: a loss, penalty or learning
@@ -183,7 +183,7 @@ def check_loss(cfg: DictConfig) -> None:
 
 def check_trainer(cfg: DictConfig, registry: bool = True) -> None:
     """The trainer's settings checked once, against the trainer's own table of parameters
-    (:data:`ortflow.parameters.TRAINERS`): a ConfigError naming the ``trainer`` key. ``registry=False`` checks
+    (:data:`ortflow.trainers.parameters.TRAINERS`): a ConfigError naming the ``trainer`` key. ``registry=False`` checks
     those that need no registry look-up (they fail in a fraction of a second, scikit-learn not imported)."""
     args = trainer_settings(cfg)
     if registry:
@@ -213,6 +213,8 @@ def _check_values(cfg: DictConfig) -> None:
         problems.append("mlflow.metrics_flush_every must be >= 0 and mlflow.metrics_flush_seconds > 0")
     if cfg.mlflow.retry_seconds <= 0 or cfg.mlflow.connect_timeout <= 0:
         problems.append("mlflow.retry_seconds and mlflow.connect_timeout must be > 0")
+    if cfg.promotion.min_relative_improvement < 0 or cfg.promotion.min_absolute_improvement < 0:
+        problems.append("promotion.min_relative_improvement and promotion.min_absolute_improvement must be >= 0")
     if cfg.mlflow.retries < 1:
         problems.append(f"mlflow.retries={cfg.mlflow.retries} must be >= 1")
     if cfg.data.n_samples < 10 or cfg.data.n_features < 1:

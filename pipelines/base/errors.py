@@ -3,8 +3,10 @@
 An expected error (a config that cannot work, data that cannot be used, a tracking store that does not answer, a
 refused override, an input run that lacks what a stage needs) is the user's to fix, not a bug: the command prints
 ``ortflow: error: <Type>: <message>`` and a ``hint:`` line on stderr and exits with status 2, without a traceback.
-``HYDRA_FULL_ERROR=1`` in the environment or ``debug=true`` on the command line shows the traceback instead.
-Any other exception is a bug and keeps its traceback (status 1).
+``ORTFLOW_TRACEBACK=1`` or ``HYDRA_FULL_ERROR=1`` in the environment, ``debug=true`` (``--verbose`` for
+``python -m pipelines.import_states``) on the command line shows the traceback instead. Any other exception is a
+bug and keeps its traceback (status 1). Ctrl-C and SIGTERM print one line too, naming the signal and the runs it
+ended KILLED, with status 130 (SIGINT) or 143 (SIGTERM): :func:`exit_if_interrupted`.
 
 This module imports nothing heavy: it is loaded before the config is composed.
 """
@@ -19,6 +21,11 @@ from typing import TextIO
 
 #: the exit status of a command stopped by an expected error
 USER_ERROR_STATUS = 2
+#: the environment variable that asks every entry point for tracebacks
+TRACEBACK_ENV = "ORTFLOW_TRACEBACK"
+#: the attribute of an exception listing the runs it ended (``["<run id> KILLED", ...]``, set by
+#: :mod:`pipelines.tracking.runs`), for the one-line report
+ENDED_RUNS_ATTR = "ortflow_ended_runs"
 
 
 class UserError(Exception):
@@ -63,6 +70,9 @@ _ELSEWHERE = (
      "pass source.run_id=<a run of the stage that produces the input> (see 'A stage alone' in docs/PIPELINES.md)"),
     ("pipelines.orchestration.study", ("SearchSpaceError",), "check hydra.sweeper.params"),
     ("ortflow.exceptions", ("CheckpointError",), "see 'Checkpoints' in docs/PIPELINES.md"),
+    ("pipelines.modeling.predictions", ("NonFinitePredictionError",),
+     "the model diverged or the test data holds values far outside the training data: lower "
+     "trainer.learning_rate, or check the named features"),
 )
 
 
@@ -94,10 +104,13 @@ _OURS = "ORTFLOW_HYDRA_FULL_ERROR"
 
 
 def wants_traceback(argv: Sequence[str]) -> bool:
-    """True when the user asked for tracebacks: ``HYDRA_FULL_ERROR=1`` or ``debug=true`` among the overrides."""
+    """True when the user asked for tracebacks: ``ORTFLOW_TRACEBACK=1``, ``HYDRA_FULL_ERROR=1``, or
+    ``debug=true`` or ``--verbose`` among the arguments."""
+    if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+        return True
     if os.environ.get("HYDRA_FULL_ERROR", "") not in ("", "0") and not os.environ.get(_OURS):
         return True
-    return any(arg.lstrip("+").lower() in ("debug=true", "debug=1", "debug=yes") for arg in argv)
+    return any(arg.lstrip("+").lower() in ("debug=true", "debug=1", "debug=yes", "--verbose") for arg in argv)
 
 
 def report(exc: BaseException, stream: TextIO | None = None) -> None:
@@ -110,9 +123,20 @@ def report(exc: BaseException, stream: TextIO | None = None) -> None:
         for problem in problems:
             print(f"  - {problem}", file=stream)
     else:
-        print(f"ortflow: error: {one_line(exc)}", file=stream)
+        print(f"ortflow: error: {_without_append_advice(one_line(exc))}", file=stream)
     print(f"  hint: {_close_key_hint(exc)}{hint_for(exc) or UserError.hint}; debug=true shows the traceback",
           file=stream)
+
+
+def _without_append_advice(line: str) -> str:
+    """``line`` without Hydra's ``To append to your config use +trainer.max_iters=5`` for a key of a typed group
+    (``Key 'max_iters' not in 'TrainerConfig'``): the checks refuse it (the schema takes no key it does not
+    declare), so the project's did-you-mean (the hint) is the advice given."""
+    import re
+
+    if not re.search(r"not in '\w+Config'", line):
+        return line
+    return re.sub(r"To append to your config use \+\S+\s*", "", line)
 
 
 def _close_key_hint(exc: BaseException) -> str:
@@ -150,3 +174,16 @@ def exit_if_expected(exc: BaseException, argv: Sequence[str] = (), debug: bool =
         return
     report(exc)
     raise SystemExit(USER_ERROR_STATUS) from None
+
+
+def exit_if_interrupted(exc: BaseException, argv: Sequence[str] = ()) -> None:
+    """For Ctrl-C or SIGTERM (a KeyboardInterrupt): print one line naming the signal and the runs it ended, and
+    exit with status 130 (SIGINT) or 143 (SIGTERM); return otherwise, or when a traceback was asked for
+    (:func:`wants_traceback`), for the caller to re-raise."""
+    if not isinstance(exc, KeyboardInterrupt) or wants_traceback(argv):
+        return
+    runs = list(getattr(exc, ENDED_RUNS_ATTR, None) or [])
+    terminated = "SIGTERM" in str(exc)
+    print(f"ortflow: interrupted ({'SIGTERM' if terminated else 'SIGINT, Ctrl-C'}): "
+          + (f"runs ended: {', '.join(runs)}" if runs else "no run was open"), file=sys.stderr)
+    raise SystemExit(143 if terminated else 130) from None

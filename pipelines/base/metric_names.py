@@ -8,12 +8,26 @@ CLASSIFICATION = ("accuracy", "f1_macro", "log_loss", "roc_auc")
 #: the per-class metrics of a classifier, one per class: ``test_<name>_class_<label>``
 PER_CLASS = ("precision", "recall", "f1")
 #: the trained model (``test_``), the scikit-learn reference fitted to convergence (``sklearn_test_``) and the start,
-#: the under-trained scikit-learn fit training began from (``start_test_``)
-PREFIXES = ("test_", "sklearn_test_", "start_test_")
+#: the under-trained scikit-learn fit training began from (``start_test_``); the trained model on the validation rows
+#: (``validation_``: what models with different losses share, to choose among them)
+PREFIXES = ("test_", "sklearn_test_", "start_test_", "validation_")
+#: what ``train`` writes: each model's own loss (its estimator's, or ``loss=``), on the training and validation rows
+LOSSES = ("validation_loss", "best_validation_loss", "train_loss", "final_train_loss")
 #: the metrics where larger is better (promotion maximizes them); the others are errors, minimized
 MAXIMIZED = ("r2", "accuracy", "f1_macro", "roc_auc", *PER_CLASS)
 #: the metric promotion compares by default, per task
 DEFAULT = {"regression": "test_mse", "classification": "test_log_loss"}
+
+
+def shared_metric(task: str) -> str:
+    """The metric of the validation rows that models with different losses share: ``validation_mse`` (regression),
+    ``validation_log_loss`` (classification)."""
+    return "validation_" + DEFAULT[task][len("test_"):]
+
+
+def optimizable(task: str) -> list[str]:
+    """What ``optimized_metric`` may name: the losses ``train`` writes and the metrics ``evaluate`` writes."""
+    return [*LOSSES, *metric_names(task)]
 
 
 def metric_names(task: str) -> list[str]:

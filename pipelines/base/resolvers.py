@@ -8,8 +8,8 @@ from omegaconf import OmegaConf
 
 from .errors import CLOSE_KEYS
 from .schema import Config, close_keys, file_problem, file_stem, schema_keys
-from .. import stages as stage_table
-from ..stages import names as stage_names
+from . import stages as stage_table
+from .stages import names as stage_names
 
 
 #: the app whose ``--help`` is shown: ``main`` or a stage (set by :func:`pipelines.cli.app`)

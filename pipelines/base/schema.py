@@ -3,10 +3,10 @@
 The root schema ``ortflow_config`` is stored in Hydra's ConfigStore (:func:`pipelines.base.resolvers.register_configs`)
 and listed first in ``conf/config.yaml``'s defaults, so a value of the wrong type, an unknown key or a choice outside
 an enum fails at composition with an error naming the key (``full_key: trainer.max_iter``). The choices of
-``model.name`` come from the table of models (:mod:`pipelines.modeling.models`). The ``loss`` and ``penalty`` groups
+``model.name`` come from the table of models (:mod:`pipelines.base.models`). The ``loss`` and ``penalty`` groups
 hold a registry name (:mod:`ortflow.registry`) and the settings of its class, which the schema cannot know: they are
 checked by :mod:`pipelines.base.checks`, as is everything a per-key type cannot express. The ``trainer`` group
-(:data:`TrainerConfig`) is generated from the core's tables of trainer parameters (:mod:`ortflow.parameters`) and the
+(:data:`TrainerConfig`) is generated from the core's tables of trainer parameters (:mod:`ortflow.trainers.parameters`) and the
 optimizers' constructors, with the pipelines' own defaults on top (:data:`TRAINER_DEFAULTS`).
 """
 
@@ -22,11 +22,11 @@ from typing import Any, Dict, List, Optional, Union, get_type_hints
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 import ortflow
-from ortflow.schedules import SCHEDULES
+from ortflow.optimizers.schedules import SCHEDULES
 
 from .errors import UserError
-from ..modeling import models
-from ..stages import names as stage_names
+from . import models
+from .stages import names as stage_names
 
 
 #: conf/ at the repository root, as an absolute path: @hydra.main resolves it the same way whether a stage runs
@@ -79,7 +79,7 @@ def _choices(name: str, values: list[str]) -> type[_Choice]:
     return _Choice(name, {v: v for v in values})  # type: ignore[return-value]
 
 
-#: ``model.name``: the models of the table (:data:`pipelines.modeling.models.MODELS`)
+#: ``model.name``: the models of the table (:data:`pipelines.base.models.MODELS`)
 ModelKind = _choices("ModelKind", [m.name for m in models.MODELS])
 
 
@@ -209,7 +209,7 @@ class ModelConfig:
     start_max_iter: int = 50
     target_opset: int = 17
     l1_ratio: float = 0.5  # elastic_net
-    # the estimator's settings that its own loss takes (loss.name unset: ortflow.estimator_loss reads them from the
+    # the estimator's settings that its own loss takes (loss.name unset: ortflow.objectives.estimator_loss reads them from the
     # fitted estimator); None leaves the estimator's default. A loss named with loss.name takes loss.<setting> only
     epsilon: Optional[float] = None  # huber (conf/model/huber.yaml: 1.35)
     quantile: Optional[float] = None  # quantile (conf/model/quantile.yaml: 0.5)
@@ -221,7 +221,7 @@ class ModelConfig:
     output: Optional[str] = None
 
 
-#: the core's trainer parameters (:data:`ortflow.parameters.TRAINERS`) that no ``trainer.*`` key sets, and what
+#: the core's trainer parameters (:data:`ortflow.trainers.parameters.TRAINERS`) that no ``trainer.*`` key sets, and what
 #: sets them in the pipelines; every other parameter of every trainer is a key of the ``trainer`` group
 PIPELINE_SET = {
     "model_onnx": "the graph of convert (add_loss's for trainer=full)",
@@ -303,10 +303,10 @@ def optimizer_settings() -> dict[str, tuple[str, Any, Any]]:
 
 def _trainer_config() -> type:
     """``TrainerConfig``, generated: ``name``, the optimizer's keys (:data:`OPTIMIZER_SETTINGS`), every parameter of
-    the core's trainer tables (:data:`ortflow.parameters.TRAINERS`) but :data:`PIPELINE_SET`, typed and defaulted
+    the core's trainer tables (:data:`ortflow.trainers.parameters.TRAINERS`) but :data:`PIPELINE_SET`, typed and defaulted
     as the core declares it (:data:`TRAINER_DEFAULTS` where the pipelines differ; None, unset, where a trainer
     does not take it), and :data:`PIPELINE_TRAINER_KEYS`."""
-    from ortflow.parameters import TRAINERS as TABLES
+    from ortflow.trainers.parameters import TRAINERS as TABLES
 
     params: dict[str, Any] = {}
     for table in TABLES.values():
@@ -334,7 +334,7 @@ def _trainer_config() -> type:
 
 
 _TRAINER_DOC = """The trainer's settings (``trainer.<key>``), generated from the core's parameter tables
-(:data:`ortflow.parameters.TRAINERS`) and the optimizers of ortflow's registry (:func:`optimizer_settings`): every
+(:data:`ortflow.trainers.parameters.TRAINERS`) and the optimizers of ortflow's registry (:func:`optimizer_settings`): every
 core setting but :data:`PIPELINE_SET` is a key. A key left None is not passed: the part it belongs to keeps its own
 default. A key given a value that the chosen trainer or optimizer does not take is refused by
 :func:`pipelines.base.checks.validate`, as is a value the core's check of the parameter refuses."""
@@ -384,6 +384,10 @@ class PromotionConfig:
     require_same_data: bool = True
     # which models become registry versions: if_promoted keeps the registry to the versions that took the alias
     register: RegisterPolicy = RegisterPolicy.if_promoted
+    # a challenger takes the alias only when it beats the holder by more than max(min_absolute_improvement,
+    # min_relative_improvement * |holder's value|): a difference within float noise keeps the holder
+    min_relative_improvement: float = 1e-3
+    min_absolute_improvement: float = 1e-6
 
 
 @dataclass
@@ -399,7 +403,7 @@ class Config:
     data: DataConfig = MISSING
     # model= left unchosen (conf/config.yaml): its option follows data.task (see follow_task)
     model: ModelConfig = field(default_factory=ModelConfig)
-    # loss.name: a name of ortflow's registry (family "loss"), None: the model's own loss (ortflow.estimator_loss);
+    # loss.name: a name of ortflow's registry (family "loss"), None: the model's own loss (ortflow.objectives.estimator_loss);
     # the other keys are the settings of the loss's class (its constructor's parameters), checked by validate()
     loss: Dict[str, Any] = field(default_factory=lambda: {"name": None})
     # penalty.name: a name of ortflow's registry (family "penalty"); the other keys are the settings of its class
@@ -410,7 +414,7 @@ class Config:
     promotion: PromotionConfig = MISSING
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     source: SourceConfig = field(default_factory=SourceConfig)
-    # the stages pipelines.main runs, in order: by default every stage of the table (pipelines/stages/__init__.py)
+    # the stages pipelines.main runs, in order: by default every stage of the table (pipelines/base/stages.py)
     stages: List[str] = field(default_factory=lambda: list(stage_names()))
     seed: int = 42
     # The value a stage (and pipelines.main) returns to Hydra: what an Optuna sweep optimizes.

@@ -1,6 +1,6 @@
 """``data=parquet``: a Parquet file or folder streamed through the stages, never held in memory.
 
-The table is split by one stable hash (:meth:`ortflow.sources.ParquetSource.split`): the rows whose ``data.key``
+The table is split by one stable hash (:meth:`ortflow.data.sources.ParquetSource.split`): the rows whose ``data.key``
 hashes in ``[0, test_size)`` are the test part, a ``validation_fraction`` share of the other rows (the band
 ``[test_size, test_size + validation_fraction * (1 - test_size))``, as a table read whole splits) the validation
 part, the rest the training part; without ``data.key`` the hash is of the row's position (its file's name and its
@@ -93,7 +93,7 @@ class Stream:
         """The whole table as a ParquetSource over the files the split recorded (:meth:`check_files`: none
         rewritten since); a warning names the files the folder holds now beyond them (added since: not read, so
         that every stage reads the rows the split had)."""
-        from ortflow.sources import ParquetSource
+        from ortflow.data.sources import ParquetSource
 
         self.check_files()
         source = ParquetSource(self.path, self.target, list(self.columns) or None, buffer_rows=self.buffer_rows,
@@ -132,7 +132,7 @@ def open_stream(data: DictConfig, preprocess: DictConfig | None = None) -> tuple
 
 
 def _open_stream(data: DictConfig, preprocess: DictConfig | None) -> tuple[Stream, dict[str, Any]]:
-    from ortflow.sources import EmptyPartError
+    from ortflow.data.sources import EmptyPartError
 
     from ..base.paths import user_path
     from .tables import column_treatments
@@ -360,7 +360,7 @@ def constant_target(stream: Stream) -> float | None:
 def labels_by_file(source) -> dict:
     """``{label: the first file holding it}`` of ``source``'s target (its part of the split), read one file and one
     row group at a time (the target column alone)."""
-    from ortflow.sources import ParquetSource
+    from ortflow.data.sources import ParquetSource
 
     found: dict = {}
     for file in source.files:
@@ -394,7 +394,7 @@ def labels_like(y, classes: np.ndarray) -> np.ndarray:
 
 
 class Prepared:
-    """A :class:`ortflow.sources.BatchSource` over ``source`` whose chunks are what the split's training rows were:
+    """A :class:`ortflow.data.sources.BatchSource` over ``source`` whose chunks are what the split's training rows were:
     the features standardized ``(X - x_mean) / x_scale`` in float32, or with ``kinds`` (``preprocess=auto``) the raw
     columns in the form of their kind (the graph's preprocessing scales them); a regression target
     ``(y - y_mean) / y_scale``, a classifier's labels as the split's classes have them."""
@@ -409,7 +409,7 @@ class Prepared:
 
     def identity(self) -> dict:
         """The wrapped source's (what a checkpoint inside an epoch records and a resume compares)."""
-        from ortflow.sources import source_identity
+        from ortflow.data.sources import source_identity
 
         return source_identity(self.source)
 
@@ -434,7 +434,7 @@ class Prepared:
 
 def scan_labels(source) -> np.ndarray:
     """Every label of ``source``'s target, read one row group at a time (the target column alone)."""
-    from ortflow.sources import ParquetSource
+    from ortflow.data.sources import ParquetSource
 
     labels_only = ParquetSource(source.path, source.target, [], buffer_rows=source.buffer_rows,
                                 _held=source._held, files=source._listed)

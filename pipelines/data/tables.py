@@ -25,7 +25,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 # TEXT_MISSING: a text gap's category; KINDS: the kinds of columns a table holds with preprocess=auto
-from ortflow.preprocessing import KINDS, TEXT_MISSING  # noqa: F401  (numpy only: the module stays light)
+from ortflow.data.preprocessing import KINDS, TEXT_MISSING  # noqa: F401  (numpy only: the module stays light)
 
 from ..base.errors import DataError
 from ..base.paths import user_path
@@ -174,9 +174,9 @@ def _read_raw(path: Path, data: DictConfig, treatments: dict[str, str]) -> Table
 
 
 def column_kind(column, treatment: str | None = None) -> str:
-    """The kind (:data:`KINDS`) of a raw column (:func:`ortflow.preprocessing.column_kind`): ``treatment``
+    """The kind (:data:`KINDS`) of a raw column (:func:`ortflow.data.preprocessing.column_kind`): ``treatment``
     (``preprocess.columns``) first, else its dtype; a column of numbers but for a few cells is a number."""
-    from ortflow.preprocessing import column_kind as kind_of
+    from ortflow.data.preprocessing import column_kind as kind_of
 
     return kind_of(column, treatment)
 
@@ -184,12 +184,12 @@ def column_kind(column, treatment: str | None = None) -> str:
 def table_frame(frame, treatments: dict[str, str] | None = None, file: str = "the table",
                 kinds: dict[str, str] | None = None, junk_cells: str = "refuse", rows: np.ndarray | None = None):
     """The feature columns in the form the preprocessing and the graph take, by kind
-    (:func:`ortflow.preprocessing.prepare_frame`; ``kinds``, the kinds fixed earlier: a streamed table's chunks
+    (:func:`ortflow.data.preprocessing.prepare_frame`; ``kinds``, the kinds fixed earlier: a streamed table's chunks
     take those of its first rows). A date that does not parse, a number beyond float32, or the cells of a number
     column that are not numbers (``?``, ``n.a.``) with ``junk_cells="refuse"`` (``data.junk_cells``) are a DataError
     naming them; with ``"gap"`` those cells become gaps, with a warning. ``rows``: each row's number in the file
     (messages name those), else counted from 1."""
-    from ortflow.preprocessing import prepare_frame
+    from ortflow.data.preprocessing import prepare_frame
 
     try:
         return prepare_frame(frame, treatments, kinds, where=file, junk_cells=junk_cells,

@@ -11,21 +11,23 @@ nothing downloaded is unpickled.
 
 from __future__ import annotations
 
+import atexit
 import json
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
 import onnx
 from omegaconf import DictConfig
 
-from ortflow.graph import load_model, safe_join
+from ortflow.graph.editing import load_model, safe_join
 
-from .. import stages
+from ..base import stages
 
 MANIFEST = "manifest.json"
 #: entry name -> the file name stages write it under (also what source.path folders are searched for), and which
-#: stage writes each entry (for error messages): both from the stage table (pipelines/stages/__init__.py)
+#: stage writes each entry (for error messages): both from the stage table (pipelines/base/stages.py)
 FILES, PRODUCER = stages.FILES, stages.PRODUCER
 
 
@@ -57,6 +59,14 @@ class Bundle:
         self.entries: dict[str, dict] = {k: dict(v) for k, v in (entries or {}).items()}
         self.origin = origin
         self._cache: Path | None = None
+
+    def cache(self) -> Path:
+        """The temporary folder of this bundle's downloads, removed when the process exits (what was read from it
+        may still be in use after the bundle is gone)."""
+        if self._cache is None:
+            self._cache = Path(tempfile.mkdtemp(prefix="ortflow-inputs-"))
+            atexit.register(shutil.rmtree, self._cache, True)
+        return self._cache
 
     # ------------------------------------------------------------------ building
     def add(self, name: str, local: str | Path, run_id: str | None = None, artifact_path: str | None = None) -> None:
@@ -94,9 +104,7 @@ class Bundle:
             raise MissingInputError(f"{name!r}: {local} does not exist")
         from ..tracking import download_artifacts
 
-        if self._cache is None:
-            self._cache = Path(tempfile.mkdtemp(prefix="ortflow-inputs-"))
-        target = safe_join(self._cache, name)  # names come from a run's manifest: never outside the cache
+        target = safe_join(self.cache(), name)  # names come from a run's manifest: never outside the cache
         target.mkdir(exist_ok=True)
         downloaded = download_artifacts(artifact_uri=entry["uri"], dst_path=target)
         entry["local"] = str(downloaded)
@@ -114,19 +122,19 @@ class Bundle:
     def from_run(cls, run_id: str) -> Bundle:
         from ..tracking import download_artifacts
 
+        bundle = cls({}, origin=f"run {run_id}")
         try:
-            local = download_artifacts(run_id=run_id, artifact_path=MANIFEST)
+            local = download_artifacts(run_id=run_id, artifact_path=MANIFEST, dst_path=bundle.cache())
         except Exception as exc:  # noqa: BLE001 - MlflowException or OSError, same message
             raise MissingInputError(
                 f"source.run_id={run_id}: the run has no {MANIFEST} artifact (is it a run of an ortflow stage?): {exc}"
             ) from exc
         entries = json.loads(Path(local).read_text())
-        origin = f"run {run_id}"
         # only the entries the stages know (a name from a manifest also becomes a folder name, see path), each
         # checked before anything is downloaded; local paths of another machine are ignored
-        return cls({k: {"uri": checked_uri(k, v.get("uri") if isinstance(v, dict) else v, origin)}
-                    for k, v in entries.items() if k in FILES and not (isinstance(v, dict) and "uri" not in v)},
-                   origin=origin)
+        bundle.entries = {k: {"uri": checked_uri(k, v.get("uri") if isinstance(v, dict) else v, bundle.origin)}
+                          for k, v in entries.items() if k in FILES and not (isinstance(v, dict) and "uri" not in v)}
+        return bundle
 
     @classmethod
     def from_path(cls, path: str | Path) -> Bundle:

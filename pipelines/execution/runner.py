@@ -163,7 +163,7 @@ def check_source_problem(tracking: tr.Tracking, cfg: DictConfig) -> None:
     """A stage run alone from ``source.run_id`` whose config names another data set or model than that run's is
     refused, naming each difference: it would train the source's data and model while logging its own config's
     names and datasets (seen: ``data.name=regression``, ``model.name=linear`` on a run of another table)."""
-    from ..base.schema import ConfigError, to_container
+    from ..base.schema import ConfigError
 
     if not cfg.source.run_id:
         return
@@ -171,9 +171,7 @@ def check_source_problem(tracking: tr.Tracking, cfg: DictConfig) -> None:
         params = tr.run_params(tracking, str(cfg.source.run_id))
     except Exception:  # noqa: BLE001 - Bundle.from_source names a missing run
         return
-    flat = tr.flatten(to_container(cfg))
-    differ = [f"{key}={params[key]} (source run) but {flat[key]} here" for key in SOURCE_IDENTITY
-              if key in params and key in flat and str(flat[key]) != params[key]]
+    differ = tr.param_differences(params, cfg, SOURCE_IDENTITY)
     if differ:
         raise ConfigError(f"source.run_id={cfg.source.run_id} ran another problem: {'; '.join(differ)}; compose "
                           "this stage with the source run's config groups (its overrides are its ortflow.overrides "

@@ -13,13 +13,13 @@ import warnings
 import numpy as np
 import onnx
 from omegaconf import DictConfig
-from onnx import helper, numpy_helper
+from onnx import helper
 
-from .models import BY_NAME, LOG_LINK, LOG_LINK_MODELS, estimator_arguments
+from ..base.models import BY_NAME, LOG_LINK, LOG_LINK_MODELS, estimator_arguments
 
 
 def build_estimator(model: DictConfig, seed: int):
-    """The scikit-learn estimator of ``model.name`` (:data:`pipelines.modeling.models.MODELS`) with its settings."""
+    """The scikit-learn estimator of ``model.name`` (:data:`pipelines.base.models.MODELS`) with its settings."""
     import importlib
 
     entry = BY_NAME[str(model.name)]
@@ -28,8 +28,8 @@ def build_estimator(model: DictConfig, seed: int):
 
 
 def build_preprocessing(kinds: dict[str, str], treatments: dict[str, str] | None = None):
-    """The ColumnTransformer ``preprocess=auto`` fits in front of the model: :func:`ortflow.preprocessing.make_preprocessing`."""
-    from ortflow.preprocessing import make_preprocessing
+    """The ColumnTransformer ``preprocess=auto`` fits in front of the model: :func:`ortflow.data.preprocessing.make_preprocessing`."""
+    from ortflow.data.preprocessing import make_preprocessing
 
     return make_preprocessing(kinds, treatments)
 
@@ -103,56 +103,23 @@ def with_scaling(onx: onnx.ModelProto, x_mean: np.ndarray, x_scale: np.ndarray, 
     (when the graph has that output and the target was standardized). The statistics are constants, not
     trainable weights.
     """
+    from ortflow.package.graphs import standardize_input, unscale_output
+
     model = onnx.ModelProto()
     model.CopyFrom(onx)
-    graph = model.graph
-    standardized = "scaling_X_standardized"
-    prefix, inits = [], []
     if len(x_mean):
-        prefix = [
-            helper.make_node("Sub", [input_name, "scaling_x_mean"], ["scaling_X_centered"]),
-            helper.make_node("Div", ["scaling_X_centered", "scaling_x_scale"], [standardized]),
-        ]
-        for node in graph.node:
-            for i, name in enumerate(node.input):
-                if name == input_name:
-                    node.input[i] = standardized
-        inits = [
-            numpy_helper.from_array(np.asarray(x_mean, dtype=np.float32), "scaling_x_mean"),
-            numpy_helper.from_array(np.asarray(x_scale, dtype=np.float32), "scaling_x_scale"),
-        ]
-    suffix = []
-    outputs = [o.name for o in graph.output]
-    if output_name in outputs and (y_mean != 0.0 or y_scale != 1.0):
-        inner = "scaling_y_standardized"
-        for node in graph.node:
-            for i, name in enumerate(node.output):
-                if name == output_name:
-                    node.output[i] = inner
-            for i, name in enumerate(node.input):
-                if name == output_name:
-                    node.input[i] = inner
-        inits += [
-            numpy_helper.from_array(np.array([y_scale], dtype=np.float32), "scaling_y_scale"),
-            numpy_helper.from_array(np.array([y_mean], dtype=np.float32), "scaling_y_mean"),
-        ]
-        suffix = [
-            helper.make_node("Mul", [inner, "scaling_y_scale"], ["scaling_y_scaled"]),
-            helper.make_node("Add", ["scaling_y_scaled", "scaling_y_mean"], [output_name]),
-        ]
-    nodes = prefix + list(graph.node) + suffix
-    del graph.node[:]
-    graph.node.extend(nodes)
-    graph.initializer.extend(inits)
+        model = standardize_input(model, input_name, x_mean, x_scale, "scaling_x_")
+    if output_name in [o.name for o in model.graph.output] and (y_mean != 0.0 or y_scale != 1.0):
+        model = unscale_output(model, output_name, [y_mean], [y_scale], "scaling_y_")
     onnx.checker.check_model(model)
     return model
 
 
 def with_mean(onx: onnx.ModelProto, model_name: str | None = None, output_name: str = "variable") -> onnx.ModelProto:
     """``onx`` answering the mean scikit-learn predicts: ``exp`` of ``output_name`` for a log-link GLM
-    (:data:`pipelines.modeling.models.LOG_LINK`, read from the graph's estimator record; a trained graph has none,
+    (:data:`pipelines.base.models.LOG_LINK`, read from the graph's estimator record; a trained graph has none,
     so ``model_name``, the config's ``model.name``, says it too), else ``onx`` unchanged."""
-    from ortflow.convert import estimator_record
+    from ortflow.convert.sklearn import estimator_record
 
     if estimator_record(onx).get("class") not in LOG_LINK and model_name not in LOG_LINK_MODELS:
         return onx

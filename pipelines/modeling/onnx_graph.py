@@ -1,13 +1,13 @@
 """``model=onnx``: the user's own ONNX graph (``model.path``) as the graph training begins from.
 
-No scikit-learn model is fitted: ``convert`` loads the file (:func:`load_graph`, through ``ortflow.graph.load_model``,
+No scikit-learn model is fitted: ``convert`` loads the file (:func:`load_graph`, through ``ortflow.graph.editing.load_model``,
 which refuses external data outside the file's folder), checks it against the data (:func:`graph_problems`: one
 input whose element type and shape fit the split's arrays, the output to train, every node between the trained
 weights and that output with a gradient rule of ortflow) and gives it the outputs the pipelines' stages read
 (:func:`pipeline_graph`):
 
 - a classifier's logits (``(N, k)``, or ``(N, 1)`` for two classes) become ``raw_score`` through an Identity, followed
-  by ortflow's own classifier head (:func:`ortflow.convert.classifier_head`: softmax (or sigmoid) probabilities
+  by ortflow's own classifier head (:func:`ortflow.convert.sklearn.classifier_head`: softmax (or sigmoid) probabilities
   ``output_probability``, ``output_label`` looked up in the initializer ``classes``, the data's labels), exactly
   the outputs of a graph ``ortflow.to_onnx`` writes for a scikit-learn classifier;
 - a regressor's prediction becomes ``variable`` (what the deploy graph rescales to the target's units).
@@ -44,7 +44,7 @@ def graph_path(model: DictConfig) -> Path:
 
 def load_graph(model: DictConfig) -> onnx.ModelProto:
     """The graph at ``model.path``; a :class:`ConfigError` naming the key when it is missing or unreadable."""
-    from ortflow.graph import load_model
+    from ortflow.graph.editing import load_model
 
     path = graph_path(model)
     try:
@@ -72,7 +72,7 @@ def graph_problems(graph: onnx.ModelProto, X: np.ndarray, task: str, n_classes: 
     its input (one, of the data's element type and shape), its output (float32, rank 2, ``n_classes`` columns, or
     one for two classes or a regression) and the nodes between the trained weights and that output without a
     gradient rule (all of them; not checked with ``trainer.gradients=onnxruntime``, which builds the gradients)."""
-    from ortflow.graph import elem_type, shape_of
+    from ortflow.graph.editing import elem_type, shape_of
 
     problems = []
     inputs = [i for i in graph.graph.input if i.name not in {init.name for init in graph.graph.initializer}]
@@ -118,8 +118,8 @@ def graph_problems(graph: onnx.ModelProto, X: np.ndarray, task: str, n_classes: 
 def nodes_without_rule(graph: onnx.ModelProto, output: str, weights_to_train=None) -> list[str]:
     """The nodes between the weights training moves and ``output`` that have no gradient rule, in graph order."""
     from ortflow.autodiff import nodes_without_rule as without_rule
-    from ortflow.graph import batch_norm_statistics, trainable_initializers
-    from ortflow.validation import check_weights_to_train
+    from ortflow.graph.editing import batch_norm_statistics, trainable_initializers
+    from ortflow.runtime.validation import check_weights_to_train
 
     if weights_to_train:
         try:
@@ -145,8 +145,8 @@ def check_graph(cfg: DictConfig, X: np.ndarray, n_classes: int) -> onnx.ModelPro
 def pipeline_graph(graph: onnx.ModelProto, task: str, classes: np.ndarray, output: str | None) -> onnx.ModelProto:
     """A copy of ``graph`` with the outputs of a graph ``ortflow.to_onnx`` writes: ``output_label``,
     ``output_probability`` and ``raw_score`` (the logits, trained) for a classifier, ``variable`` for a regressor."""
-    from ortflow.convert import RAW_SCORE_OUTPUT, classifier_head
-    from ortflow.graph import all_names, shape_of
+    from ortflow.convert.sklearn import RAW_SCORE_OUTPUT, classifier_head
+    from ortflow.graph.editing import all_names, shape_of
 
     name, problems = trained_output(graph, output)
     if problems:

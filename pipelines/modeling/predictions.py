@@ -15,11 +15,11 @@ _ELEMENT_TYPES = {"tensor(float)": 1, "tensor(int64)": 7, "tensor(string)": 8, "
 
 def session_feeds(session: onnxruntime.InferenceSession, X) -> dict[str, np.ndarray]:
     """The feeds of ``session`` for ``X``: a float matrix for one input, or a table's columns (a DataFrame) fed by
-    name as :class:`ortflow.inputs.InputMapping` feeds them (dates as days since 1970-01-01, gaps where imputed)."""
+    name as :class:`ortflow.data.inputs.InputMapping` feeds them (dates as days since 1970-01-01, gaps where imputed)."""
     if isinstance(X, np.ndarray):  # int64 token ids stay integers; everything else computes in float32
         spec = session.get_inputs()[0]
         return {spec.name: X.astype(np.int64 if spec.type == "tensor(int64)" else np.float32)}
-    from ortflow.inputs import DataInput, InputMapping
+    from ortflow.data.inputs import DataInput, InputMapping
 
     inputs = [DataInput(i.name, _ELEMENT_TYPES[i.type], tuple(i.shape[1:])) for i in session.get_inputs()]
     return InputMapping(inputs, allow_missing=True).feeds(X)[0]

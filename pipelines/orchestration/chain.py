@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from .. import tracking as tr
 from ..execution.bundle import Bundle
-from ..stages import stage_function
+from ..base.stages import stage_function
 from ..base.metric_names import PREFIXES
 from ..base.schema import task_of
 from .precheck import check_training_settings

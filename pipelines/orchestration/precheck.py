@@ -1,17 +1,18 @@
 """Checks of the training settings against the data and the graph, before the chain's first stage runs.
 
-``trainer.batch_size`` larger than the training rows, or a ``trainer.weights_to_train`` naming no initializer,
-would fail in ``train``, after ``convert`` and ``add_loss`` had run and logged; ``model=onnx``'s graph (its input
+``trainer.batch_size`` larger than the training rows is said (the trainer shrinks the batch to the rows, as
+scikit-learn does); a ``trainer.weights_to_train`` naming no initializer would fail in ``train``, after
+``convert`` and ``add_loss`` had run and logged; ``model=onnx``'s graph (its input
 against the data, its output, a gradient rule for every node) would fail in ``convert``. :func:`check_training_settings`
 builds what those stages would (the split, and the graph from a scikit-learn fit of one iteration when
-``weights_to_train`` is set) and applies ortflow's own checks (``ortflow.validation``) to them.
+``weights_to_train`` is set) and applies ortflow's own checks (``ortflow.runtime.validation``) to them.
 """
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from ortflow.validation import check_positive_int, check_weights_to_train
+from ortflow.runtime.validation import check_weights_to_train
 
 from ..base.schema import ConfigError
 
@@ -38,11 +39,10 @@ def check_training_settings(cfg: DictConfig) -> None:
         graph = own_graph(cfg, split)
         if "train" not in stages:
             return
-    try:
-        check_positive_int("trainer.batch_size", int(cfg.trainer.batch_size), len(split.y_train),
-                           f"the number of training rows of data={cfg.data.name}")
-    except ValueError as exc:
-        raise ConfigError(f"{exc}: lower trainer.batch_size (nothing was run)") from None
+    rows, batch = len(split.y_train), int(cfg.trainer.batch_size)
+    if batch > rows:  # as scikit-learn does: the trainer shrinks the batch to the rows
+        print(f"ortflow: trainer.batch_size={batch} is larger than the {rows} training rows of data={cfg.data.name}: "
+              f"each epoch trains them in one batch of {rows}")
     if not cfg.trainer.weights_to_train:
         return
     from ..stages.add_loss import with_loss

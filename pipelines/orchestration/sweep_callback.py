@@ -1,11 +1,14 @@
 """Hydra callback grouping the jobs of a ``-m`` sweep under one MLflow parent run (its MLflow side is
 :mod:`pipelines.tracking.sweep`; this module imports nothing heavy: Hydra instantiates it before every app runs).
 
-``on_multirun_start`` runs once in the launching process, before any job: it creates the tracking store (so
+``on_multirun_start`` runs once in the launching process, before any job: it checks the sweep
+(:func:`pipelines.orchestration.sweep_checks.check_sweep`: the optimized metric, the search space against the
+models, the metric that chooses the best trial), creates the tracking store (so
 parallel jobs never race to create the sqlite schema), the experiment and the sweep's parent run, whose id it
 leaves in ``<sweep dir>/.mlflow_sweep_run_id`` (and the environment) for the jobs to nest under. ``on_job_end``
 gives a job that failed before making a run a FAILED run with the reason, so no job goes unrecorded.
-``on_multirun_end`` counts the jobs' runs, records the best trial by the optimized metric, registers its model
+``on_multirun_end`` counts the jobs' runs, records the best trial by the optimized metric (by the task's shared
+validation metric when the trials train different losses), registers its model
 once (the trials themselves register nothing) and ends the sweep run. Workers sharing one Optuna study
 (``hydra.sweeper.storage``) share one sweep run: the first creates it, the last to finish closes it.
 
@@ -34,7 +37,10 @@ class MlflowSweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from .. import tracking as tr
         from ..tracking.sweep import create_sweep_run
+        from .sweep_checks import check_sweep
 
+        # before any run or trial: optimized_metric, the search space against the models, the metric that chooses
+        self.selection = _stopping(check_sweep, config)
         tracking = tr.setup(config)
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -42,7 +48,8 @@ class MlflowSweepCallback(Callback):
                 "ortflow.sweeper": str(config.hydra.sweeper.get("_target_", "")),
                 "ortflow.launcher": str(config.hydra.launcher.get("_target_", "")),
                 "ortflow.overrides": " ".join(config.hydra.overrides.task)[:4900] or "(none)",
-                "ortflow.optimized_metric": str(config.optimized_metric)}
+                "ortflow.optimized_metric": str(config.optimized_metric),
+                "ortflow.selection_metric": self.selection.metric}
         outer = os.environ.get("MLFLOW_RUN_ID")
         if outer:  # mlflow run ... -m: the sweep nests under mlflow run's run
             tags[tr.PARENT_TAG] = outer
@@ -68,6 +75,8 @@ class MlflowSweepCallback(Callback):
         if self.study is None:  # a study's run is shared: its last worker closes it, whatever this one does
             _UNCLOSED[:] = [(config, self.run_id)]
         print(f"ortflow: sweep parent run {self.run_id} ({tracking.ui_hint(self.run_id)})")
+        if self.selection.why:
+            print(f"ortflow: {self.selection.why}")
 
     def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
         from hydra.types import RunMode
@@ -101,8 +110,25 @@ class MlflowSweepCallback(Callback):
 
         tracking = tr.setup(config)
         results = st.results(self.study) if self.study is not None else None
-        close_sweep(tracking, config, run_id, _search_space(config), results)
+        close_sweep(tracking, config, run_id, _search_space(config), results, getattr(self, "selection", None))
         _UNCLOSED.clear()  # closed: a failure in close_sweep leaves it to fail_unclosed_sweep
+
+
+def _stopping(check: Any, config: DictConfig) -> Any:
+    """``check(config)``; its error stops the command: Hydra turns an exception raised in a callback into a warning
+    and runs the sweep anyway, so an expected error is reported here and exits (status 2), and any other leaves as
+    a SystemExit carrying its traceback (``debug=true``: the traceback of an expected one too)."""
+    import sys
+    import traceback
+
+    from ..base.errors import exit_if_expected
+
+    try:
+        return check(config)
+    except Exception as exc:
+        exit_if_expected(exc, sys.argv[1:], debug=bool(config.get("debug", False)))
+        traceback.print_exc()
+        raise SystemExit(1) from exc
 
 
 def fail_unclosed_sweep(exc: BaseException) -> str | None:

@@ -36,8 +36,12 @@ from ..execution.runner import StageContext
 def deploy_graph(split: Split, trained: onnx.ModelProto, model_name: str | None = None) -> onnx.ModelProto:
     """The trained graph taking raw features and answering in the target's units (``model_name``: the config's
     ``model.name``, which says whether the graph outputs a log-link GLM's linear predictor)."""
+    from ortflow.package.graphs import PREPROCESS_KEY
+
     input_name = trained.graph.input[0].name  # a table's graph takes its columns: no standardization in front
     output = "variable" if split.task == "regression" else "__none__"
+    if any(e.key == PREPROCESS_KEY for e in trained.metadata_props):  # a training package's: raw data in and out
+        return with_mean(trained, model_name) if split.task == "regression" else trained
     scaled = with_scaling(trained, split.x_mean, split.x_scale, split.y_mean, split.y_scale, input_name=input_name,
                           output_name=output)
     return with_mean(scaled, model_name) if split.task == "regression" else scaled  # a GLM answers exp(score)
@@ -95,7 +99,7 @@ def evaluate(ctx: StageContext) -> dict:
         check_finite_predictions(predictions["onnx"], split)
         predictions.update(sklearn_reference(ctx, split))
         y_true = split.raw_y(split.y_test) if split.task == "regression" else split.y_test
-        metrics = test_metrics(split, predictions)
+        metrics = {**test_metrics(split, predictions), **validation_metrics(split, session)}
     folder = ctx.work_dir / "plots"
     finite = {k: v for k, v in predictions.items() if np.isfinite(v).all()}
     if split.task == "regression":
@@ -125,6 +129,18 @@ def test_metrics(split: Split, predictions: dict[str, np.ndarray]) -> dict[str, 
             metrics.update(classification_metrics(y_true, predicted, split.classes, PREFIX[label],
                                                   per_class=label == "onnx"))
     return metrics
+
+
+def validation_metrics(split: Split, session) -> dict[str, float]:
+    """The task's metrics of the trained model on the validation rows (``validation_mse``, ``validation_log_loss``...):
+    the number every model of a sweep shares, whatever loss each one trains (``validation_loss`` is each one's own
+    loss); none without validation rows."""
+    if not split.has_validation:
+        return {}
+    predicted = onnx_predict(session, split.raw_X(split.X_valid), split.task)
+    if split.task == "regression":
+        return regression_metrics(split.raw_y(split.y_valid), predicted, "validation_")
+    return classification_metrics(split.y_valid, predicted, split.classes, "validation_")
 
 
 def onnx_test_metrics(split: Split, deploy: onnx.ModelProto) -> dict[str, float]:

@@ -13,8 +13,8 @@ beats the current holder's); see :mod:`pipelines.tracking.promotion`.
 
 The run also logs ``training_package/``: the trained weights as a training package (docs/TRAINING_OUTSIDE_PYTHON.md,
 :func:`ortflow.export_training_package` of ``model_with_loss.onnx`` holding the trained weights, with the configured
-optimizer, schedule and batch size), which a browser, Node or a device trains on (standardized features in and,
-for a regressor, the standardized target: the manifest's ``metadata.standardization``); ``python -m
+optimizer, schedule and batch size), which a browser, Node or a device trains on the raw rows (the standardization
+sits inside its graphs, which predict in the target's units: the manifest's ``preprocess``); ``python -m
 pipelines.import_states`` brings the states trained there back as a new version.
 
     python -m pipelines.export source.run_id=<evaluate run> promotion.metric=test_r2
@@ -85,21 +85,32 @@ def package_trainer(ctx: StageContext) -> ortflow.OrtGradientOptimizer:
 
 
 def log_training_package(ctx: StageContext, split: Split, estimator, source: dict) -> str:
-    """Write ``estimator``'s training package, with the split's standardization and ``source`` (where the weights
-    come from) as its metadata, and log it as :data:`PACKAGE_ARTIFACT`; returns the artifact path."""
-    def values(array) -> list | None:
-        return None if array is None else np.asarray(array, dtype=np.float64).ravel().tolist()
-
+    """Write ``estimator``'s training package, the split's standardization inside its graphs (raw rows in,
+    predictions in the target's units: the manifest's ``preprocess``), with ``source`` (where the weights come from)
+    as its metadata, and log it as :data:`PACKAGE_ARTIFACT`; returns the artifact path."""
     metadata = {"task": split.task, "features": [str(f) for f in split.feature_names],
-                "standardization": {"x_mean": values(split.x_mean), "x_scale": values(split.x_scale),
-                                    "y_mean": values(split.y_mean), "y_scale": values(split.y_scale)},
                 "model": str(ctx.cfg.model.name), **source}
     names = [str(f) for f in split.feature_names] if not split.is_table else None
     folder = ortflow.export_training_package(estimator, ctx.work_dir / PACKAGE_ARTIFACT, overwrite=True,
-                                             feature_names=names, metadata=metadata)
+                                             feature_names=names, metadata=metadata, **package_preprocess(split))
     logged = tr.log_folder(ctx.tracking, ctx.run_id, folder, PACKAGE_ARTIFACT)
     ctx.set_tags({"ortflow.training_package": logged})
     return logged
+
+
+def package_preprocess(split: Split) -> dict:
+    """:func:`ortflow.export_training_package`'s preprocessing arguments for ``split``: its standardization (the
+    features', a regressor's target's), a table's column kinds (converted by the runtime: no graph does it)."""
+    found = {}
+    if len(split.x_mean):
+        found["feature_scaling"] = (split.x_mean, split.x_scale)
+    if split.task == "regression" and (split.y_mean != 0.0 or split.y_scale != 1.0):
+        found["target_scaling"] = (split.y_mean, split.y_scale)
+    if split.is_table:
+        from ..data.tables import TEXT_MISSING
+
+        found.update(columns=split.column_kinds(), text_missing=TEXT_MISSING)
+    return found
 
 
 def export(ctx: StageContext) -> dict:
@@ -140,7 +151,8 @@ def register_model(ctx: StageContext, split: Split, model: onnx.ModelProto, eval
     candidate = promotion.Candidate(
         name, info.model_uri, ctx.run_id, metric, direction, value,
         str(cfg.promotion.alias), split.fingerprint(), bool(cfg.promotion.require_same_data),
-        bool(cfg.promotion.enabled), str(cfg.promotion.get("register") or RegisterPolicy.if_promoted))
+        bool(cfg.promotion.enabled), str(cfg.promotion.get("register") or RegisterPolicy.if_promoted),
+        float(cfg.promotion.min_relative_improvement), float(cfg.promotion.min_absolute_improvement))
     ctx.set_tags({promotion.FINGERPRINT_TAG: candidate.fingerprint, **candidate.tags()})
     if in_multirun():  # a sweep registers only its best trial, by the optimized metric, once every trial ended
         ctx.set_tags({"ortflow.registered": "deferred: the sweep registers its best trial"})

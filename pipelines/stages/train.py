@@ -134,7 +134,7 @@ def train(ctx: StageContext, callbacks: Sequence[ortflow.Callback] = ()) -> dict
 def device_tags(estimator) -> dict[str, str]:
     """Where the trainer runs, as run tags: the device (``auto`` resolved), the GPU's name (``none`` on CPU or
     when unknown: nvidia-ml-py names it), the float32 precision of CUDA products and the onnxruntime build."""
-    from ortflow.validation import device_index, resolve_device
+    from ortflow.runtime.validation import device_index, resolve_device
 
     device = resolve_device(estimator.device)
     info = ortflow.device_info(device_index(device) if device.startswith("cuda") else 0)

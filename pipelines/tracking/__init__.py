@@ -12,7 +12,7 @@ Every store call retries transient errors (:mod:`.retries`); a store that stays 
 | ``retries`` | which errors are transient, the retrying call and client |
 | ``locks`` | file locks next to a local sqlite store |
 | ``store`` | the store and experiment: URI, artifact location, reachability, :func:`setup`, :class:`Tracking` |
-| ``runs`` | run lifecycles: process tags and heartbeat, failure reasons, stage and parent runs |
+| ``runs`` | run lifecycles: process tags and heartbeat, failure reasons, stage and parent runs, versions of unfinished runs deleted |
 | ``records`` | config as params and YAML, metrics, tags, artifacts; artifacts read back |
 | ``epoch_metrics`` | the buffered epoch-metrics callback and :func:`resend` of what it spooled |
 | ``lineage`` | the data a stage read as dataset inputs, the source tags, the logged model's name, a registered version's run and lineage tags |
@@ -40,6 +40,7 @@ from .records import (
     log_folder,
     log_metrics,
     log_param,
+    param_differences,
     run_params,
     set_tags,
 )
@@ -77,7 +78,7 @@ from .store import (
 __all__ = [
     "TrackingUnavailableError", "MlflowMetricsCallback", "resend", "file_lock", "lock_path", "sqlite_path",
     "MAX_PARAM_LENGTH", "download_artifacts", "flatten", "hydra_overrides", "is_finite", "log_artifact",
-    "log_config", "log_folder", "log_metrics", "log_param", "run_params", "set_tags", "RetryingClient", "call", "is_transient",
+    "log_config", "log_folder", "log_metrics", "log_param", "param_differences", "run_params", "set_tags", "RetryingClient", "call", "is_transient",
     "FAILURE_TAG", "HEARTBEAT_SECONDS", "HEARTBEAT_TAG", "HOST_TAG", "PARENT_TAG", "PID_START_TAG", "PID_TAG",
     "REFUSED_RUN_NAME", "failure_reason", "heartbeat", "is_alive", "link_mlflow_run", "mark_refused_mlflow_run",
     "parent_run", "process_tags", "run_mlflow_project", "stage_run",

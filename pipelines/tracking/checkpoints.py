@@ -33,8 +33,8 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from omegaconf import DictConfig
 
 import ortflow
-from ortflow.callbacks import Callback
-from ortflow.checkpoint import file_digests, first_mismatch, read_manifest
+from ortflow.trainers.callbacks import Callback
+from ortflow.trainers.checkpoint import file_digests, first_mismatch, read_manifest
 from ortflow.exceptions import CheckpointError  # no usable checkpoint where trainer.resume_from points
 
 from .. import tracking as tr

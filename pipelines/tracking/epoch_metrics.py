@@ -12,7 +12,7 @@ from typing import Any
 from mlflow import MlflowClient
 from mlflow.entities import Metric
 
-from ortflow.callbacks import Callback
+from ortflow.trainers.callbacks import Callback
 
 from .records import is_finite
 from .retries import RetryingClient

@@ -24,7 +24,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from ..base.schema import DataKind, data_loader
-from ..stages import DATA_PARTS
+from ..base.stages import DATA_PARTS
 
 if TYPE_CHECKING:
     from ..data.datasets import Split

@@ -35,7 +35,7 @@ from mlflow import MlflowClient
 from mlflow.models import Model, ModelSignature
 from mlflow.types import Schema, TensorSpec
 
-from ortflow.callbacks import Callback
+from ortflow.trainers.callbacks import Callback
 
 from .epoch_metrics import MlflowMetricsCallback
 from .records import MAX_PARAM_LENGTH
@@ -161,11 +161,11 @@ def _is_frame(value: Any) -> bool:
 
 def table_model_config(graph: onnx.ModelProto, frame: Any = None) -> dict:
     """What :class:`.serving_model.DeployedOnnxModel` reads for a graph taking one input per column: each
-    column's kind from ``frame`` (:func:`ortflow.preprocessing.column_kinds`), else from the graph (text for a
-    string input, a date for an int64 input that reaches ``ortflow.tables.DateParts``' nodes, a number otherwise);
+    column's kind from ``frame`` (:func:`ortflow.data.preprocessing.column_kinds`), else from the graph (text for a
+    string input, a date for an int64 input that reaches ``ortflow.convert.tables.DateParts``' nodes, a number otherwise);
     the task and classes from its outputs."""
-    from ortflow.convert import graph_classes
-    from ortflow.preprocessing import TEXT_MISSING, column_kinds
+    from ortflow.convert.sklearn import graph_classes
+    from ortflow.data.preprocessing import TEXT_MISSING, column_kinds
 
     inputs = [i.name for i in graph.graph.input]
     if frame is not None:

@@ -17,13 +17,34 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 
 from ..base import metric_names
+from ..base.interrupts import deferred, pause_point
 from .locks import file_lock, lock_path, sqlite_path
 from .records import is_finite, log_metrics, set_tags
+from .runs import hold_version
 from .store import Tracking
 
 TAG = "ortflow.promotion."
 FINGERPRINT_TAG = "ortflow.data_fingerprint"
 SETTLE_ROUNDS = 5
+#: how much a challenger must beat the holder by (``promotion.min_relative_improvement`` and
+#: ``promotion.min_absolute_improvement``): more than the larger of this share of the holder's value and this amount
+MIN_RELATIVE_IMPROVEMENT = 1e-3
+MIN_ABSOLUTE_IMPROVEMENT = 1e-6
+
+
+@dataclass(frozen=True)
+class Margin:
+    """How much a challenger must improve on the holder: more than ``max(absolute, relative * |holder|)``."""
+
+    relative: float = MIN_RELATIVE_IMPROVEMENT
+    absolute: float = MIN_ABSOLUTE_IMPROVEMENT
+
+    def required(self, holder: float) -> float:
+        return max(self.absolute, self.relative * abs(holder))
+
+    def describe(self, holder: float) -> str:
+        return (f"needs more than {self.required(holder):.3g}: promotion.min_relative_improvement={self.relative:g} "
+                f"of {holder:.6g}, promotion.min_absolute_improvement={self.absolute:g}")
 
 
 @dataclass
@@ -61,6 +82,12 @@ class Candidate:
     require_same_data: bool = True
     promote: bool = True
     policy: str = "always"  # promotion.register: always | if_promoted | best_of_sweep
+    min_relative_improvement: float = MIN_RELATIVE_IMPROVEMENT
+    min_absolute_improvement: float = MIN_ABSOLUTE_IMPROVEMENT
+
+    @property
+    def margin(self) -> Margin:
+        return Margin(self.min_relative_improvement, self.min_absolute_improvement)
 
     def tags(self) -> dict[str, str]:
         return {f"{CANDIDATE_TAG}{k}": str(v) for k, v in asdict(self).items()
@@ -75,7 +102,9 @@ class Candidate:
         return cls(tags["name"], tags["model_uri"], run.info.run_id, tags["metric"], tags["direction"],
                    run.data.metrics.get(tags["metric"]), tags["alias"], tags.get("fingerprint"),
                    tags.get("require_same_data", "True") == "True", tags.get("promote", "True") == "True",
-                   tags.get("policy", "always"))
+                   tags.get("policy", "always"),
+                   float(tags.get("min_relative_improvement", MIN_RELATIVE_IMPROVEMENT)),
+                   float(tags.get("min_absolute_improvement", MIN_ABSOLUTE_IMPROVEMENT)))
 
 
 def register(tracking: Tracking, candidate: Candidate, sweep: bool = False) -> tuple[str | None, Decision | None]:
@@ -111,17 +140,22 @@ def register(tracking: Tracking, candidate: Candidate, sweep: bool = False) -> t
         set_tags(tracking, c.run_id, {"ortflow.registered": "false (non-finite metric)"})
         log_metrics(tracking, c.run_id, {"promoted": 0.0})
         return None, decision
-    with _quiet_mlflow():  # MLflow prints "Successfully registered model ..." and "Created version ...": the
-        # stage's summary says which version was registered, and why
+    # MLflow prints "Successfully registered model ..." and "Created version ...": the stage's summary says which
+    # version was registered, and why; the version is deleted if the run does not finish (runs.hold_version)
+    with _quiet_mlflow(), deferred():
         version = str(tracking.call(mlflow.register_model, c.model_uri, c.name,
                                     tags={"ortflow.run_id": c.run_id, f"ortflow.metric.{c.metric}": str(c.value),
                                           **({FINGERPRINT_TAG: c.fingerprint} if c.fingerprint else {})}).version)
+        hold_version(c.run_id, c.name, version)
+    pause_point("after_register")
     set_tags(tracking, c.run_id, {"ortflow.registered_model": c.name, "ortflow.registered_version": version,
                                   "ortflow.registered": "true"})
     if not c.promote:
         return version, None
     decision = promote(tracking, c.name, version, c.run_id, c.value, c.metric, c.direction, c.alias,
-                       fingerprint=c.fingerprint, require_same_data=c.require_same_data)
+                       fingerprint=c.fingerprint, require_same_data=c.require_same_data, margin=c.margin)
+    if decision.promoted:
+        hold_version(c.run_id, c.name, version, {c.alias: decision.holder_version})
     log_metrics(tracking, c.run_id, {"promoted": float(decision.promoted)})
     return version, decision
 
@@ -148,9 +182,11 @@ def default_direction(metric: str) -> str:
     return metric_names.direction(metric)
 
 
-def better(candidate: float, holder: float, direction: str) -> bool:
-    """Strictly better: a tie keeps the current holder."""
-    return candidate > holder if direction == "maximize" else candidate < holder
+def better(candidate: float, holder: float, direction: str, margin: Margin | None = None) -> bool:
+    """Strictly better: a tie keeps the current holder; with ``margin``, better by more than it requires (a
+    difference within float noise keeps the holder too)."""
+    gain = candidate - holder if direction == "maximize" else holder - candidate
+    return gain > (margin.required(holder) if margin is not None else 0.0)
 
 
 def holder_value(tracking: Tracking, name: str, version, metric: str) -> float | None:
@@ -176,9 +212,11 @@ def current_holder(tracking: Tracking, name: str, alias: str):
 
 
 def decide(value: float | None, direction: str, holder: ModelVersion | None, h_value: float | None,
-           fingerprint: str | None, require_same_data: bool, common: dict, failed: bool = False) -> Decision:
+           fingerprint: str | None, require_same_data: bool, common: dict, failed: bool = False,
+           margin: Margin = Margin()) -> Decision:
     """The gate's rule, without side effects: does a candidate with ``value`` take the alias from ``holder``
-    (whose metric is ``h_value``)? ``common``: the :class:`Decision` fields that do not depend on the outcome."""
+    (whose metric is ``h_value``), beating it by more than ``margin`` requires? ``common``: the
+    :class:`Decision` fields that do not depend on the outcome."""
     metric = common["metric"]
     h_version = common["holder_version"]
     h_fingerprint = holder.tags.get(FINGERPRINT_TAG) if holder is not None else None
@@ -194,8 +232,13 @@ def decide(value: float | None, direction: str, holder: ModelVersion | None, h_v
                         "another mlflow.registered_model_name or set promotion.require_same_data=false", **common)
     if h_value is None:
         return Decision(True, "promoted", f"the holder (version {h_version}) has no finite {metric}", **common)
+    gain = abs(float(value) - h_value)
+    if better(float(value), h_value, direction, margin):
+        return Decision(True, "promoted", f"{metric} {value:.6g} beats {h_value:.6g} by {gain:.3g} ({direction}; "
+                        f"{margin.describe(h_value)})", **common)
     if better(float(value), h_value, direction):
-        return Decision(True, "promoted", f"{metric} {value:.6g} beats {h_value:.6g} ({direction})", **common)
+        return Decision(False, "kept", f"{metric} {value:.6g} beats {h_value:.6g} by only {gain:.3g} ({direction}; "
+                        f"{margin.describe(h_value)})", **common)
     return Decision(False, "kept", f"{metric} {value:.6g} does not beat {h_value:.6g} ({direction})", **common)
 
 
@@ -206,18 +249,20 @@ def preview(tracking: Tracking, c: "Candidate") -> Decision:
     common = dict(metric=c.metric, direction=c.direction, alias=c.alias,
                   candidate_value=float(c.value) if is_finite(c.value) else None,
                   holder_version=str(holder.version) if holder is not None else None, holder_value=h_value)
-    return decide(c.value, c.direction, holder, h_value, c.fingerprint, c.require_same_data, common)
+    return decide(c.value, c.direction, holder, h_value, c.fingerprint, c.require_same_data, common,
+                  margin=c.margin)
 
 
 def promote(tracking: Tracking, name: str, version: str | None, run_id: str, value: float | None, metric: str,
             direction: str, alias: str, run_failed: bool = False, fingerprint: str | None = None,
-            require_same_data: bool = True) -> Decision:
+            require_same_data: bool = True, margin: Margin = Margin()) -> Decision:
     """Decide, move the alias when the candidate wins, settle races, record the decision as tags (version and run).
 
     ``fingerprint`` identifies the test set the metric was measured on; with ``require_same_data`` a candidate
     measured on other data than the holder's never takes the alias (the two numbers are not comparable).
     A candidate that can win first tags its version with its metric, value and fingerprint, so that promoters
     running at the same time see it; after deciding, :func:`settle` puts the alias on the best tagged version.
+    ``margin``: how much the candidate must beat the holder by (:class:`Margin`).
     """
     eligible = not run_failed and version is not None and is_finite(value)
     if eligible:
@@ -234,11 +279,11 @@ def promote(tracking: Tracking, name: str, version: str | None, run_id: str, val
                       candidate_value=float(value) if is_finite(value) else None,
                       holder_version=h_version, holder_value=h_value)
         decision = decide(value, direction, holder, h_value, fingerprint, require_same_data, common,
-                          failed=run_failed or version is None)
+                          failed=run_failed or version is None, margin=margin)
         if decision.promoted:
             _set_alias(tracking, name, alias, version)
     if eligible:
-        final = settle(tracking, name, alias, metric, direction, require_same_data)
+        final = settle(tracking, name, alias, metric, direction, require_same_data, margin=margin)
         if decision.promoted and final is not None and str(final.version) != version:
             f_value = holder_value(tracking, name, final, metric)
             score = f" with {metric} {f_value:.6g}" if f_value is not None else ""
@@ -253,12 +298,12 @@ def promote(tracking: Tracking, name: str, version: str | None, run_id: str, val
 
 
 def settle(tracking: Tracking, name: str, alias: str, metric: str, direction: str, require_same_data: bool = True,
-           max_rounds: int = SETTLE_ROUNDS) -> ModelVersion | None:
+           max_rounds: int = SETTLE_ROUNDS, margin: Margin = Margin()) -> ModelVersion | None:
     """Move the alias to the best version comparable with its holder until a read finds nothing to move.
 
     Each round (after a short jittered pause, which only lets racing writes land first) reads the holder, then
     the versions. The target depends only on what the store holds, so every promoter computes the same one: the
-    holder unless a version is strictly better, among those tagged with ``metric`` and a finite value, whose
+    holder unless a version beats it by more than ``margin`` requires, the best of those, among those tagged with ``metric`` and a finite value, whose
     decision is not ``rejected`` and (with ``require_same_data``) whose fingerprint does not differ from the
     holder's. Why the alias ends on the best version: every eligible candidate tags itself before deciding, then
     settles, and a promoter stops only after a read that found nothing to move, made after its own last write.
@@ -272,7 +317,7 @@ def settle(tracking: Tracking, name: str, alias: str, metric: str, direction: st
         holder = current_holder(tracking, name, alias)
         if holder is None:
             return None
-        best = _best(tracking, name, holder, metric, direction, require_same_data)
+        best = _best(tracking, name, holder, metric, direction, require_same_data, margin)
         if best == str(holder.version):
             return holder
         _set_alias(tracking, name, alias, best)
@@ -280,15 +325,19 @@ def settle(tracking: Tracking, name: str, alias: str, metric: str, direction: st
 
 
 def _best(tracking: Tracking, name: str, holder: ModelVersion, metric: str, direction: str,
-          require_same_data: bool) -> str:
-    """The version the alias belongs on: the holder, or an eligible version strictly better than it."""
+          require_same_data: bool, margin: Margin = Margin()) -> str:
+    """The version the alias belongs on: the holder, or the best eligible version that beats it by more than
+    ``margin`` requires."""
     best, best_value = str(holder.version), holder_value(tracking, name, holder, metric)
+    h_value = best_value
     h_fingerprint = holder.tags.get(FINGERPRINT_TAG)
     for mv in sorted(tracking.client.search_model_versions(f"name='{name}'"), key=lambda mv: int(mv.version)):
         tags = mv.tags
         value, fingerprint = tags.get(f"{TAG}candidate_value"), tags.get(FINGERPRINT_TAG)
         if (tags.get(f"{TAG}metric") != metric or not is_finite(value) or tags.get(f"{TAG}decision") == "rejected"
                 or (require_same_data and fingerprint and h_fingerprint and fingerprint != h_fingerprint)):
+            continue
+        if h_value is not None and not better(float(value), h_value, direction, margin):
             continue
         if best_value is None or better(float(value), best_value, direction):
             best, best_value = str(mv.version), float(value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,16 @@ def is_finite(value: Any) -> bool:
         return value is not None and math.isfinite(float(value))
     except (TypeError, ValueError):
         return False
+
+
+def param_differences(params: Mapping[str, str], cfg: DictConfig, keys: Iterable[str] = (),
+                      prefixes: tuple[str, ...] = ()) -> list[str]:
+    """``"<key>=<value> (source run) but <value> here"`` for each of ``keys`` (and of the keys starting with one
+    of ``prefixes``) that both a run's ``params`` and ``cfg`` hold, with other values (compared as logged)."""
+    flat = {k: _param_text(v) for k, v in flatten(to_container(cfg)).items()}
+    keys = list(keys) + sorted(k for k in flat if k.startswith(prefixes) and k not in keys) if prefixes else list(keys)
+    return [f"{key}={params[key]} (source run) but {flat[key]} here" for key in keys
+            if key in params and key in flat and flat[key] != params[key]]
 
 
 def run_params(tracking: Tracking, run_id: str) -> dict[str, str]:

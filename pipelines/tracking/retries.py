@@ -12,6 +12,8 @@ from typing import Any, Callable
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from ..base.interrupts import deferred, pending
+
 _log = logging.getLogger("pipelines.tracking")
 _TRANSIENT = ("database is locked", "database table is locked", "temporarily unavailable", "connection refused",
               "connection reset", "max retries exceeded")
@@ -26,15 +28,20 @@ def is_transient(exc: BaseException) -> bool:
 
 
 def call(fn: Callable, *args: Any, retries: int = 8, retry_seconds: float = 60.0, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``, retried on transient store errors: ``retries`` times within ``retry_seconds``."""
+    """``fn(*args, **kwargs)``, retried on transient store errors: ``retries`` times within ``retry_seconds``.
+
+    Each attempt is a :func:`pipelines.base.interrupts.deferred` block: a signal ends the command after the
+    attempt, never inside its transaction (whose lock the next attempts would wait on), and during a wait
+    between attempts at once; while a signal waits for an enclosing block, no attempt is retried."""
     deadline = time.monotonic() + retry_seconds
     for attempt in range(retries + 1):
         try:
-            return fn(*args, **kwargs)
+            with deferred():
+                return fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - filtered just below
             left = deadline - time.monotonic()
-            if attempt >= retries or left <= 0 or not is_transient(exc):
-                raise
+            if attempt >= retries or left <= 0 or not is_transient(exc) or pending():
+                raise  # a signal waiting (inside a longer deferred block): no more waits
             delay = min(left, 5.0, 0.05 * 2**attempt * (0.5 + random.random()))
             _log.warning("MLflow store busy (%s), retry %d/%d in %.2f s", str(exc).splitlines()[0][:200],
                          attempt + 1, retries, delay)

@@ -1,10 +1,10 @@
 """Run lifecycles: a stage's run (the fluent active run) and the runs that group others (the chain, a sweep job),
-tagged with the process that runs them (and a heartbeat), ended FAILED (KILLED on Ctrl-C) with the reason."""
+tagged with the process that runs them (and a heartbeat), ended FAILED (KILLED on Ctrl-C or SIGTERM) with the
+reason; a version registered from a stage run that does not end FINISHED is deleted (:func:`hold_version`)."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -15,10 +15,12 @@ import mlflow
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
 from ..base import periodic
-from ..base.errors import TrackingUnavailableError
+from ..base.errors import ENDED_RUNS_ATTR, TrackingUnavailableError
 from ..base.handoff import OUTER_RUN_ENV
+from ..base.interrupts import deferred, raise_pending
 from .lineage import source_tags
 from .records import set_tags
+from .retries import RetryingClient, call
 from .store import Tracking
 
 FAILURE_TAG = "ortflow.failure_reason"
@@ -163,18 +165,75 @@ def link_mlflow_run(tracking: Tracking, run_id: str) -> None:
         set_tags(tracking, run_id, {"ortflow.mlflow_run": outer})
 
 
+# the stage runs open in this process, and the versions registered from each (name, version, {alias: the version
+# that held it before}): deleted when the run does not end FINISHED
+_open_versions: dict[str, list[tuple[str, str, dict[str, str | None]]]] = {}
+
+
+def hold_version(run_id: str, name: str, version: str, restore: Mapping[str, str | None] | None = None) -> None:
+    """Version ``version`` of ``name`` was registered from the open stage run ``run_id`` (``restore``: the aliases
+    it took, each with the version that held it): when the run ends otherwise than FINISHED, the version is
+    deleted and the aliases go back (a version is registered only from a finished run with all its tags).
+    Call it in the same :func:`pipelines.base.interrupts.deferred` block as the registration."""
+    held = _open_versions.get(run_id)
+    if held is None:  # not a stage run of this process (a sweep registering a finished trial)
+        return
+    for n, v, aliases in held:
+        if (n, v) == (name, str(version)):
+            aliases.update(restore or {})
+            return
+    held.append((name, str(version), dict(restore or {})))
+
+
+def _drop_held_versions(client: Any, run_id: str) -> list[str]:
+    """Delete the versions registered from ``run_id`` (:func:`hold_version`), giving their aliases back."""
+    dropped = []
+    for name, version, aliases in reversed(_open_versions.pop(run_id, [])):
+        with contextlib.suppress(Exception):
+            client.delete_model_version(name, version)
+            dropped.append(f"{name} version {version}")
+        for alias, holder in aliases.items():
+            if holder:
+                with contextlib.suppress(Exception):
+                    client.set_registered_model_alias(name, alias, holder)
+    return dropped
+
+
 def _mark_failed(tracking: Tracking, run_id: str, exc: BaseException, fluent: bool) -> None:
-    """Tag the reason and end the run FAILED (KILLED on Ctrl-C). When the store itself is lost, one attempt
-    each, without retries: the error must reach the user now, not after minutes of waiting."""
+    """Delete the versions registered from the run, tag the reason and end the run FAILED (KILLED on Ctrl-C or
+    SIGTERM). When the store itself is lost, one attempt each, without retries: the error must reach the user
+    now, not after minutes of waiting; after a signal, retries for a few seconds only. A signal received
+    meanwhile is raised once the run is ended (and no call is retried while it waits)."""
+    with deferred():
+        _end_unfinished(tracking, run_id, exc, fluent)
+
+
+def _end_unfinished(tracking: Tracking, run_id: str, exc: BaseException, fluent: bool) -> None:
     lost = isinstance(exc, TrackingUnavailableError)
-    client = tracking.client._client if lost else tracking.client
+    interrupted = isinstance(exc, KeyboardInterrupt)
+    client = (tracking.client._client if lost else RetryingClient(tracking.client._client, 3, 5.0) if interrupted
+              else tracking.client)
+    dropped = _drop_held_versions(client, run_id)
     with contextlib.suppress(Exception):
         client.set_tag(run_id, FAILURE_TAG, failure_reason(exc))
+    if dropped:
+        with contextlib.suppress(Exception):
+            client.set_tag(run_id, "ortflow.registered", f"false ({', '.join(dropped)} deleted: the run did not "
+                                                         "finish)")
+            client.delete_tag(run_id, "ortflow.registered_version")
+    status = _status_of(exc)
     with contextlib.suppress(Exception):
         if fluent:  # pops the active run even when the store does not answer
-            (mlflow.end_run if lost else functools.partial(tracking.call, mlflow.end_run))(status=_status_of(exc))
+            if lost:
+                mlflow.end_run(status=status)
+            else:
+                call(mlflow.end_run, status=status, **({"retries": 3, "retry_seconds": 5.0} if interrupted else
+                                                       {"retries": tracking.retries,
+                                                        "retry_seconds": tracking.retry_seconds}))
         else:
-            client.set_terminated(run_id, _status_of(exc))
+            client.set_terminated(run_id, status)
+    with contextlib.suppress(AttributeError, TypeError):
+        setattr(exc, ENDED_RUNS_ATTR, [*getattr(exc, ENDED_RUNS_ATTR, []), f"{run_id} {status}"])
 
 
 def _status_of(exc: BaseException) -> str:
@@ -185,8 +244,10 @@ def _status_of(exc: BaseException) -> str:
 def parent_run(tracking: Tracking, run_name: str, run_id: str | None = None, parent_run_id: str | None = None,
                tags: Mapping[str, str] | None = None) -> Iterator[str]:
     """A run that groups others (the chain, a sweep job); not the fluent active run. Ends FAILED on errors."""
-    run_id = _open_run(tracking, run_name, run_id, parent_run_id, tags)
+    with deferred(raise_at_end=False):  # a signal while the run is made: raised once it can end the run
+        run_id = _open_run(tracking, run_name, run_id, parent_run_id, tags)
     try:
+        raise_pending()
         yield run_id
     except BaseException as exc:
         _mark_failed(tracking, run_id, exc, fluent=False)
@@ -205,20 +266,24 @@ def stage_run(tracking: Tracking, run_name: str, parent_run_id: str | None = Non
     A new run is created under ``parent_run_id`` unless ``run_id`` names an existing one (``mlflow run``'s run).
     On an exception the run gets the reason as the tag ``ortflow.failure_reason`` and ends FAILED.
     """
-    run_id = _open_run(tracking, run_name, run_id, parent_run_id, tags)
     ours = bool(system_metrics and system_metrics_interval and not os.environ.get(SAMPLING_INTERVAL_ENV))
-    if ours:  # read by the run's monitor when the run starts
-        mlflow.set_system_metrics_sampling_interval(system_metrics_interval)
+    with deferred(raise_at_end=False):  # a signal while the run is made and started: raised once it can end it
+        run_id = _open_run(tracking, run_name, run_id, parent_run_id, tags)
+        if ours:  # read by the run's monitor when the run starts
+            mlflow.set_system_metrics_sampling_interval(system_metrics_interval)
+        try:
+            tracking.call(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None,
+                          log_system_metrics=True if system_metrics else None)  # None: MLflow's own setting
+        finally:
+            if ours:
+                mlflow.set_system_metrics_sampling_interval(None)
+    _open_versions[run_id] = []
     try:
-        tracking.call(mlflow.start_run, run_id=run_id, nested=mlflow.active_run() is not None,
-                      log_system_metrics=True if system_metrics else None)  # None: MLflow's own setting
-    finally:
-        if ours:
-            mlflow.set_system_metrics_sampling_interval(None)
-    try:
+        raise_pending()
         with heartbeat(tracking, run_id):
             yield run_id
     except BaseException as exc:
         _mark_failed(tracking, run_id, exc, fluent=True)
         raise
     tracking.call(mlflow.end_run, status="FINISHED")
+    _open_versions.pop(run_id, None)

@@ -24,6 +24,12 @@ one row per sample: the columns are the values of a row flattened (``pixel_0_0``
 reshaped to the graph's input shape; an integer input (token ids) takes integral numbers only. A numpy array of
 the graph's own shape (``mlflow.pyfunc``) is taken too.
 
+Served by ``mlflow models serve`` (its FastAPI scoring server, in whose process this file is loaded), the model
+also bounds the requests: a body over :data:`MAX_BODY_BYTES` (32 MiB; the environment variable
+``ORTFLOW_SERVING_MAX_BODY_BYTES`` of the serving command sets another) is answered with HTTP 413 before more than
+that is read, and JSON nested deeper than Python's parser takes (which the server answered with a 500) with 400
+naming the problem. Elsewhere (``mlflow.pyfunc.load_model``) nothing changes.
+
 Output: ``prediction`` (a one-column DataFrame) for a regressor; for a classifier the labels (a Series named
 ``label``, the classes as the data had them: what ``mlflow.models.evaluate(..., model_type="classifier")`` takes),
 or, with the parameter ``output="probabilities"``, a DataFrame with ``label`` and one column
@@ -51,6 +57,10 @@ PROBABILITY_PREFIX = "probability_"
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 #: how many bad cells an error names
 SHOWN = 5
+#: the largest request body ``mlflow models serve`` reads for this model (bytes), unless the environment variable
+#: :data:`MAX_BODY_ENV` says otherwise; a larger one gets HTTP 413
+MAX_BODY_BYTES = 32 * 2**20
+MAX_BODY_ENV = "ORTFLOW_SERVING_MAX_BODY_BYTES"
 
 
 def probability_columns(classes) -> list[str]:
@@ -284,4 +294,58 @@ class DeployedOnnxModel(PythonModel):
                                                columns=probability_columns(self.classes))], axis=1)
 
 
+def bound_scoring_server() -> None:
+    """In the process of ``mlflow models serve`` (MLflow's FastAPI scoring server, which reads and parses a request
+    before the model sees it): a request body over the limit (:data:`MAX_BODY_BYTES`) is refused with 413 while it
+    is read, and JSON too deeply nested for Python's parser gets 400 instead of 500. Does nothing elsewhere."""
+    import json
+    import os
+
+    try:
+        from mlflow.pyfunc import scoring_server
+        from starlette.exceptions import HTTPException
+        from starlette.requests import Request
+    except ImportError:  # not a serving installation
+        return
+    if scoring_server._SERVER_MODEL_PATH not in os.environ or getattr(Request.body, "ortflow_limit", None):
+        return
+    limit = int(os.environ.get(MAX_BODY_ENV) or MAX_BODY_BYTES)
+    too_large = (f"the request body is larger than {limit} bytes, the limit of this model's server (set by "
+                 f"{MAX_BODY_ENV} when the server starts): send the rows in several requests")
+
+    async def body(self) -> bytes:
+        if not hasattr(self, "_body"):
+            declared = self.headers.get("content-length", "")
+            over = declared.isdigit() and int(declared) > limit
+            chunks, size = [], 0
+            async for chunk in self.stream():  # past the limit, read on without keeping: the client gets its 413
+                size += len(chunk)
+                over = over or size > limit
+                if over:
+                    chunks.clear()
+                else:
+                    chunks.append(chunk)
+            if over:
+                raise HTTPException(413, too_large)
+            self._body = b"".join(chunks)
+        return self._body
+
+    body.ortflow_limit = limit
+    Request.body = body
+    parse = scoring_server.invocations
+
+    def invocations(data, content_type, model, input_schema):
+        try:
+            return parse(data, content_type, model, input_schema)
+        except RecursionError:
+            message = ("the request's JSON is nested too deeply to be parsed: send a dataframe_split, "
+                       "dataframe_records, instances or inputs object of rows of values")
+            return scoring_server.InvocationsResponse(
+                response=json.dumps({"error_code": "BAD_REQUEST", "message": message}), status=400,
+                mimetype="application/json")
+
+    scoring_server.invocations = invocations
+
+
+bound_scoring_server()
 set_model(DeployedOnnxModel())

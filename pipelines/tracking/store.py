@@ -20,9 +20,10 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 from omegaconf import DictConfig
 
-from ortflow.graph import safe_join
+from ortflow.graph.editing import safe_join
 
 from ..base.errors import TrackingUnavailableError
+from ..base.interrupts import PAUSE_ENV, pause_point
 from ..base.paths import original_cwd
 from .locks import file_lock, lock_path, sqlite_path
 from .retries import RetryingClient, call
@@ -180,12 +181,29 @@ def _environment_kept(*names: str):
                 os.environ[name] = value
 
 
+def _pause_inside_sqlite_writes() -> None:
+    """Test hook (``ORTFLOW_TEST_PAUSE=sqlite_write``, :func:`pipelines.base.interrupts.pause_point`): pause inside
+    the transaction of the first metric insert, after the statement ran (sqlite's write lock held)."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    if not event.contains(Engine, "after_cursor_execute", _after_execute):
+        event.listen(Engine, "after_cursor_execute", _after_execute)
+
+
+def _after_execute(conn, cursor, statement, parameters, context, executemany) -> None:
+    if statement.lstrip().upper().startswith("INSERT INTO METRICS"):
+        pause_point("sqlite_write")
+
+
 def setup(cfg: DictConfig) -> Tracking:
     """Point MLflow at the store (after checking a server answers) and make sure the experiment exists."""
     uri = resolve_tracking_uri(cfg)
     retries, retry_seconds = int(cfg.mlflow.retries), float(cfg.mlflow.retry_seconds)
     check_reachable(uri, float(cfg.mlflow.connect_timeout))
     create_store_once(uri)
+    if uri.startswith("sqlite:") and os.environ.get(PAUSE_ENV) == "sqlite_write":
+        _pause_inside_sqlite_writes()
     with _environment_kept("MLFLOW_TRACKING_URI"):
         mlflow.set_tracking_uri(uri)  # for the fluent API in this process
     client = RetryingClient(MlflowClient(tracking_uri=uri), retries=retries, retry_seconds=retry_seconds)

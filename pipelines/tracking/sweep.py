@@ -44,9 +44,10 @@ def not_registered(candidate, decision) -> str:
 
 
 def close_sweep(tracking: Any, config: DictConfig, run_id: str, space: Mapping[str, str],
-                results: dict[str, Any] | None = None) -> None:
+                results: dict[str, Any] | None = None, selection: Any = None) -> None:
     """End the sweep run: job counts, the search ``space`` (parameter -> its distribution, described), the best
-    trial by ``objective`` (the optimized, validation metric) with its parameters and test metrics (reported, never
+    trial by ``objective`` (the optimized, validation metric; ``selection``'s metric when it says why another:
+    :func:`pipelines.orchestration.sweep_checks.selection`) with its parameters and test metrics (reported, never
     used to choose), the optimization ``results`` of a shared Optuna study; then the best trial's model is
     registered, once, through the promotion gate."""
     client = tracking.client
@@ -65,12 +66,17 @@ def close_sweep(tracking: Any, config: DictConfig, run_id: str, space: Mapping[s
         if (sweep_dir / name).exists():
             tr.log_artifact(tracking, run_id, sweep_dir / name, "sweep")
     tags = {"ortflow.search_space": "; ".join(f"{key}: {text}" for key, text in space.items())[:4900] or "(none)"}
-    direction = sweep_direction(config)
-    scored = [r for r in finished if tr.is_finite(r.data.metrics.get("objective"))]
+    direction, key, metric = sweep_direction(config), "objective", str(config.optimized_metric)
+    if selection is not None and selection.why:  # the trials' own losses do not compare: their shared metric
+        direction, key, metric = selection.direction, selection.metric, selection.metric
+        tags["ortflow.selection"] = selection.why
+    scored = [r for r in finished if tr.is_finite(r.data.metrics.get(key))]
     if scored:
         pick = max if direction == "maximize" else min
-        best = pick(scored, key=lambda r: r.data.metrics["objective"])
-        summary["best_objective"] = best.data.metrics["objective"]
+        best = pick(scored, key=lambda r: r.data.metrics[key])
+        summary["best_objective"] = best.data.metrics.get("objective", best.data.metrics[key])
+        if key != "objective":
+            summary[f"best_{metric}"] = best.data.metrics[key]
         summary.update({f"best_trial_{k}": v for k, v in best.data.metrics.items() if k.startswith("test_")})
         tags.update({"ortflow.best_run_id": best.info.run_id,
                      "ortflow.best_overrides": best.data.tags.get("ortflow.overrides", "")})
@@ -84,8 +90,7 @@ def close_sweep(tracking: Any, config: DictConfig, run_id: str, space: Mapping[s
             version, decision = promotion.register(tracking, candidate, sweep=True)
             if decision is not None:
                 tags.update(decision.tags())
-            best_line = (f"ortflow: best trial {best.info.run_id} ({config.optimized_metric}="
-                         f"{summary['best_objective']:.6g})")
+            best_line = f"ortflow: best trial {best.info.run_id} ({metric}={best.data.metrics[key]:.6g})"
             if version is None:  # promotion.register=if_promoted and it does not beat the holder
                 tags["ortflow.registered"] = f"false (promotion.register={candidate.policy}" + (
                     f": {decision.reason})" if decision is not None else ")")

@@ -1,0 +1,1 @@
+"""What runs a training step: the runtime protocol every trainer drives (`training_runtime`), ortflow's step graphs (`full_step`) and the forward and backward passes of a graph (`forward_backward`, `own_graphs`)."""

@@ -1,0 +1,1 @@
+"""Graph tooling: reading, checking and editing ONNX graphs (`editing`) and writing nodes (`builder`)."""

@@ -1,0 +1,1 @@
+"""How weights move: the update rules (`learning_rates`) and their schedules."""
