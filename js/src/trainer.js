@@ -176,7 +176,7 @@ export class Trainer {
     this._unrolledSessions = new Map();
     /** how fit chooses unrolled graphs: 'auto' (when they pay), true (always where they fit), false (never) */
     this._unrolledMode = 'auto';
-    /** each graph's mean run time (ms) by its steps (1: the single step), measured by fit: {ms, count} */
+    /** each graph's run time (ms) by its steps (1: the single step), measured by fit: {ms, count, recent} */
     this._runTimes = new Map();
     /** what reading and creating a session of the single step took per byte of its graph (ms), set by load */
     this._costs = {readMsPerByte: 0, createMsPerByte: 0};
