@@ -372,8 +372,9 @@ export interface LoadOptions {
   /** run step_flat.onnx (the whole state as one vector in and out) rather than step.onnx; 'auto' (default): when
    * the package has it */
   flat?: boolean | 'auto';
-  /** with flat: run K full batches at once by the package's unrolled graphs steps_<K>.onnx (default true) */
-  unrolled?: boolean;
+  /** with flat: run K full batches at once by the package's unrolled graphs steps_<K>.onnx: 'auto' (default) once
+   * one pays for its creation over the rest of the fit (measured as it runs), true wherever one fits, false never */
+  unrolled?: boolean | 'auto';
 }
 
 /** Bad arguments throw `TypeError` (a wrong type) or `RangeError` (a value out of range); bad data and packages

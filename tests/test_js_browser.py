@@ -2,7 +2,8 @@
 Python http.server thread (bench.portable.PageServer), trains a package with onnxruntime-web (WebAssembly, one
 thread) and POSTs the state back; Python's load_training_state of it holds the weights the reference loop reaches on
 the same batches (the rule of tests/js_support.py) and its trained graph predicts like the Python-trained graph
-(``output_atol``)."""
+(``output_atol``). The page reads only the files it uses (no unrolled graph ``steps_<K>.onnx`` for a fit too short to
+pay for one), and a fit on the page's own thread lets the page's timers run: a timer stops it through its signal."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from js_support import CHROMIUM, JS_GROUP, make_package, output_atol, require_no
 
 pytestmark = JS_GROUP
 FIT = {"epochs": 3, "seed": 11, "shuffle": True}
+LONG_FIT = 2000
 
 
 @pytest.fixture
@@ -52,3 +54,16 @@ def test_chromium_trains_a_package_and_sends_the_state_back(site):
         np.testing.assert_allclose(ours[name], value, rtol=0, atol=atol, err_msg=name)
     losses = [e["loss"] for e in page["epochs"]]
     assert losses[-1] < losses[0]
+    # a few steps per epoch: no unrolled graph pays for its creation, and none is downloaded
+    read = {path.split("?")[0].rsplit("/", 1)[-1] for path in site["server"].requests if path.startswith("/package/")}
+    assert read == {"manifest.json", "step_flat.onnx", "predict.onnx", "state.bin"}, read
+
+
+def test_a_fit_on_the_pages_thread_lets_its_timers_run_and_stop_it(site):
+    """Issue 47 item 3: fit yields to the event loop, so a page's 1 ms timer ticks while a fit of 2,000 epochs (8,000
+    steps: seconds) runs on the same thread, and its first tick aborts the fit through its AbortSignal: the fit ends
+    before its epochs only if the timer ran during it (before the fix it ran 0 times)."""
+    query = f"package=/package/&data=/input/data.json&epochs={LONG_FIT}&stopAfterTicks=1"
+    page = open_page(f"{site['server'].url}/js/test/main-thread.html?{query}", timeout=120)
+    assert page["aborted"] and page["ticksDuringFit"] >= 1
+    assert page["epochs"] < LONG_FIT

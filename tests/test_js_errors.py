@@ -23,7 +23,7 @@ SCRIPT = """
 import {createRequire} from 'node:module';
 import {Trainer} from './node.js';
 const ort = createRequire(import.meta.url)('onnxruntime-node');
-const [linear, binary, versioned, tampered] = %s;
+const [linear, binary, versioned, tampered, tamperedUnrolled] = %s;
 const rows = (n, w, f) => Array.from({length: n}, (_, i) => Array.from({length: w}, (_, j) => f(i, j)));
 const X = rows(60, 5, (i, j) => ((i * 7 + j * 3) %% 11) / 10 - 0.5);
 const y = X.map((r) => r[0] - r[1]);
@@ -37,7 +37,11 @@ async function expectError(name, f) {
 await expectError('version', () => Trainer.load(versioned, {ort}));
 await expectError('checksum', () => Trainer.load(tampered, {ort}));
 await expectError('no_runtime', () => Trainer.load(linear, {}));
-const t = await Trainer.load(linear, {ort});
+// an unrolled graph is read when a fit first runs it: its checksum is checked then
+const u = await Trainer.load(tamperedUnrolled, {ort, unrolled: true});
+await expectError('checksum_unrolled', () => u.fit(X, y, {shuffle: false}));
+out.after_checksum_unrolled = {steps: u.steps, runs: u.runs};
+const t = await Trainer.load(linear, {ort, unrolled: true});  // the overflowing batches in one run of steps_2
 await expectError('nan_x', () => t.fit(X.map((r, i) => (i === 3 ? [r[0], NaN, ...r.slice(2)] : r)), y));
 await expectError('inf_y', () => t.fit(X, y.map((v, i) => (i === 7 ? Infinity : v))));
 await expectError('width', () => t.fit(X.map((r) => r.slice(1)), y));
@@ -69,13 +73,18 @@ def outcomes(tmp_path_factory):
     data = bytearray((tampered / "state.bin").read_bytes())
     data[0] ^= 1  # one bit of the first weight
     (tampered / "state.bin").write_bytes(bytes(data))
-    paths = json.dumps([str(p) for p in (linear, binary, versioned, tampered)])
+    tampered_unrolled = shutil.copytree(linear, root / "tampered_unrolled")
+    data = bytearray((tampered_unrolled / "steps_2.onnx").read_bytes())
+    data[-1] ^= 1
+    (tampered_unrolled / "steps_2.onnx").write_bytes(bytes(data))
+    paths = json.dumps([str(p) for p in (linear, binary, versioned, tampered, tampered_unrolled)])
     return {"linear": linear, **json.loads(node("--input-type=module", "-e", SCRIPT % paths).stdout)}
 
 
 @pytest.mark.parametrize("case, error, words", [
     ("version", "TrainingPackageError", ["format", "version 2", "reads", "version 1"]),
     ("checksum", "TrainingPackageError", ["state.bin", "does not match the manifest's checksum"]),
+    ("checksum_unrolled", "TrainingPackageError", ["steps_2.onnx", "does not match the manifest's checksum"]),
     ("no_runtime", "TypeError", ["Trainer.load needs {ort}"]),
     ("nan_x", "TrainingPackageError", ["X holds a non-finite value (NaN) at row 3, column 1"]),
     ("inf_y", "TrainingPackageError", ["y holds a non-finite value (Infinity) at row 7"]),
@@ -110,3 +119,9 @@ def test_failed_step_keeps_the_state_before_it(outcomes):
         got = np.asarray(after["tensors"][name], np.float32).reshape(expected.shape)
         np.testing.assert_allclose(got, expected, rtol=0, atol=weights_atol(1, expected), err_msg=name)
         assert not np.array_equal(expected, initial.tensors[name]), name
+
+
+def test_an_unrolled_graph_is_checked_when_first_read(outcomes):
+    """Trainer.load reads no unrolled graph: a package whose steps_2.onnx was altered loads, and the fit that first
+    runs it (``unrolled: true``) stops before any step with the checksum error (test_bad_input_is_named)."""
+    assert outcomes["after_checksum_unrolled"] == {"steps": 0, "runs": 0}

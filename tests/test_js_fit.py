@@ -17,7 +17,7 @@ import pytest
 from sklearn.linear_model import LinearRegression
 
 import ortflow
-from ortflow.graph.editing import editing as g
+from ortflow.graph import editing as g
 from ortflow.package import TrainingPackage, load_training_state, train_package
 
 from js_support import JS_GROUP, assert_named, make_package, node, optimizer, require_node

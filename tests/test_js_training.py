@@ -155,7 +155,8 @@ def test_unrolled_runs_reach_the_single_step_weights(tmp_path):
     """A package with unrolled graphs of 2, 4 and 8 steps, 230 rows in batches of 16 (14 full batches and 6 rows,
     not a multiple of 8 * 16): each epoch runs steps_8, steps_4, steps_2, then step_flat for the short batch (4 runs
     instead of 15), on onnxruntime-node and WebAssembly, and ends at the weights of the reference loop's single steps
-    (the tolerance rule); with ``unrolled: false`` node runs 15 steps per epoch to the same weights."""
+    (the tolerance rule) with ``unrolled: true``; with ``unrolled: false``, and with the default ``'auto'`` (45 steps don't pay
+for an unrolled graph's creation), node runs 15 steps per epoch to the same weights."""
     require_node()
     X, y = make_regression(230, n_features=5, noise=1.0, random_state=1)
     X, y = X.astype(np.float32), (y / 50).astype(np.float32)
@@ -168,14 +169,16 @@ def test_unrolled_runs_reach_the_single_step_weights(tmp_path):
     folder = ortflow.export_training_package(est, tmp_path / "pkg", max_unrolled=8)
     assert [u["steps"] for u in TrainingPackage(folder).manifest["unrolled"]] == [2, 4, 8]
     reference = train_package(folder, X, y, **FIT)
-    runs = {"node": ("node", {}), "web": ("web", {}), "node-single": ("node", {"unrolled": False})}
+    runs = {"node": ("node", {"unrolled": True}), "web": ("web", {"unrolled": True}),
+            "node-single": ("node", {"unrolled": False}), "node-auto": ("node", {})}
     for name, (kind, load) in runs.items():
         job = {"package": str(folder), "load": load, "X": X, "y": y, "fits": [FIT], "state": str(tmp_path / name),
                "prediction": str(tmp_path / f"{name}.json"), "predictX": X[:2]}
         node("test/train-cases.mjs", kind, write_jobs(tmp_path / f"{name}-jobs.json", [job]))
         assert not os.path.exists(tmp_path / f"{name}.error.json"), (tmp_path / f"{name}.error.json").read_text()
         done = json.loads((tmp_path / f"{name}.json").read_text())
-        assert done["runs"] == 3 * (15 if name == "node-single" else 4), name
+        # 'auto' (the default): 45 steps never pay for an unrolled graph's creation
+        assert done["runs"] == 3 * (15 if name in ("node-single", "node-auto") else 4), name
         assert done["unrolled"] == ([] if name == "node-single" else [2, 4, 8])
         state = load_training_state(folder, tmp_path / name)
         assert (state.steps, state.epochs) == (reference.steps, 3) and reference.steps == 45

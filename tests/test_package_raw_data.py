@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from ortflow.graph.editing import editing as g
+from ortflow.graph import editing as g
 from ortflow._ort import InferenceSession
 from ortflow.package import LOSS_FILE, TrainingPackage, _targets, load_training_state, train_package
 from pipelines.data.datasets import Split

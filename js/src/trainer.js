@@ -37,6 +37,44 @@ const FIT_OPTIONS = ['epochs', 'shuffle', 'seed', 'sampleWeight', 'batchSize', '
 const CALLBACKS = ['onEpochEnd', 'onBatchEnd', 'onTrainBegin', 'onTrainEnd'];
 const LOAD_OPTIONS = ['ort', 'sessionOptions', 'flat', 'unrolled', 'executionProviders'];
 const DATA_ROLES = ['data', 'target', 'sample_weight'];
+/** fit yields to the event loop after this much work (ms), so a page's timers and input run during a fit */
+const YIELD_EVERY_MS = 40;
+/** the share of a single step's time an unrolled graph of K steps is first assumed to save per step, times
+ * (1 - 1/K): its runs then measure it (the runtime's overhead per run is most of a small step's time) */
+const ASSUMED_SAVING = 0.5;
+/** a graph's run time is the median of its last RECENT_RUNS runs; the unrolled graphs wait for 2 * RECENT_RUNS single
+ * steps */
+const RECENT_RUNS = 9;
+/** the smallest ONNX graph (Identity of one float, opset 13): onnxruntime-web starts its runtime (the WebAssembly
+ * engine's download and compilation) on the first session, so Trainer.load creates this one while the package
+ * downloads */
+const WARM_UP_GRAPH = 'CAcSADo3ChAKAXgSAXkiCElkZW50aXR5EgF3Wg8KAXgSCgoICAESBAoCCAFiDwoBeRIKCggIARIECgIIAUIECgAQDQ==';
+
+/** A zero-delay macrotask: timers, input and a Stop button of the page run before the promise resolves. */
+function nextTask() {
+  if (typeof setImmediate === 'function') return new Promise((resolve) => setImmediate(resolve));
+  return new Promise((resolve) => {
+    const channel = new MessageChannel();  // unlike setTimeout(0), not clamped to 4 ms when chained
+    channel.port1.onmessage = () => {
+      channel.port1.close();
+      resolve();
+    };
+    channel.port2.postMessage(null);
+  });
+}
+
+/** onnxruntime-web's runtime started (a session of WARM_UP_GRAPH created and released); never rejects. */
+async function startRuntime(ort) {
+  try {
+    const bytes = Uint8Array.from(atob(WARM_UP_GRAPH), (c) => c.charCodeAt(0));
+    const session = await ort.InferenceSession.create(bytes, {executionProviders: ['wasm']});
+    await session.release();
+  } catch {
+    // the step's own session reports what is wrong with the runtime
+  }
+}
+
+const now = () => (typeof performance !== 'undefined' ? performance.now() : Date.now());
 
 /**
  * A session of `ort` for `model` whose runs go one after the other: onnxruntime-web never settles two runs of one
@@ -136,6 +174,13 @@ export class Trainer {
     this.unrolled = new Map(ladder.map((plan) => [plan.steps, plan.entry]));
     this._ladder = new Map(ladder.map((plan) => [plan.steps, plan]));
     this._unrolledSessions = new Map();
+    /** how fit chooses unrolled graphs: 'auto' (when they pay), true (always where they fit), false (never) */
+    this._unrolledMode = 'auto';
+    /** each graph's run time (ms) by its steps (1: the single step), measured by fit: {ms, count, recent} */
+    this._runTimes = new Map();
+    /** what reading and creating a session of the single step took per byte of its graph (ms), set by load */
+    this._costs = {readMsPerByte: 0, createMsPerByte: 0};
+    this._reader = null;
     this._predict = null;
     this._fitting = null;
     this._disposed = false;
@@ -189,18 +234,23 @@ export class Trainer {
       throw new TypeError(`Trainer.load takes a folder or a URL (string or URL), got ${typeof source}`);
     }
     checkKeys('Trainer.load\'s options', options, LOAD_OPTIONS);
-    const {ort, sessionOptions, flat = 'auto', unrolled = true, executionProviders} = options;
+    const {ort, sessionOptions, flat = 'auto', unrolled = 'auto', executionProviders} = options;
     if (!ort || !ort.InferenceSession || !ort.Tensor) {
       throw new TypeError('Trainer.load needs {ort}: the onnxruntime-node or onnxruntime-web module');
     }
     if (flat !== 'auto' && typeof flat !== 'boolean') {
       throw new TypeError(`flat=${JSON.stringify(flat)} must be true, false or 'auto'`);
     }
-    checkType('unrolled', unrolled, 'boolean');
+    if (unrolled !== 'auto' && typeof unrolled !== 'boolean') {
+      throw new TypeError(`unrolled=${JSON.stringify(unrolled)} must be true, false or 'auto'`);
+    }
     if (executionProviders !== undefined && !Array.isArray(executionProviders)) {
       throw new TypeError('executionProviders must be an array of execution provider names');
     }
     const reader = packageReader(source);
+    const onNode = !!(ort.env && ort.env.versions && ort.env.versions.node);
+    // onnxruntime-web's engine starts while the package downloads (onnxruntime-node's started when it was imported)
+    const runtimeStarted = onNode ? null : startRuntime(ort);
     const manifestBytes = await reader.read('manifest.json');
     let manifest;
     try {
@@ -217,32 +267,43 @@ export class Trainer {
     const useFlat = flat === 'auto' ? !!m.step_flat : flat;
     const ladder = useFlat && unrolled ? (m.unrolled || []) : [];
     const single = useFlat ? m.step_flat : m.step;
-    const needed = [single.file, m.predict.file, m.state.file, ...ladder.map((u) => u.file)];
-    for (const name of needed) {
+    // the unrolled graphs are read when fit first runs them (Trainer#_unrolledSession), not here
+    for (const name of [single.file, m.predict.file, m.state.file, ...ladder.map((u) => u.file)]) {
       checkFileName(name, reader.where);
       if (!names.includes(name)) {
         throw new TrainingPackageError(`the manifest of ${reader.where} lists no checksum for ${name}`);
       }
     }
-    const files = {};
-    await Promise.all([...new Set(needed)].map(async (name) => {
-      const bytes = await reader.read(name);
-      const expected = m.files[name].sha256;
-      const actual = await sha256Hex(bytes);
-      if (actual !== expected) {
-        throw new TrainingPackageError(`${name} of the package ${reader.where} does not match the manifest's ` +
-          `checksum (SHA-256 ${actual}, the manifest says ${expected})`);
-      }
-      files[name] = bytes;
-    }));
     const singlePlan = graphPlan(m, single, single.file);
     const ladderPlans = ladder.map((u) => graphPlan(m, u, u.file));
-    const onNode = !!(ort.env && ort.env.versions && ort.env.versions.node);
     const sessionSettings = {executionProviders: [onNode ? 'cpu' : 'wasm'], intraOpNumThreads: 1,
       interOpNumThreads: 1, ...(sessionOptions || {}), ...(executionProviders ? {executionProviders} : {})};
-    const trainer = new Trainer(ort, m, files, sessionSettings, singlePlan, null, ladderPlans, reader.where);
-    trainer._step = await createSession(ort, files[single.file], sessionSettings,
-      {entry: single, path: single === m.step ? 'step' : 'step_flat', where: reader.where});
+    const costs = {readMsPerByte: 0, createMsPerByte: 0};
+    const files = {};
+    const read = async (name) => (files[name] = await readChecked(reader, m, name));
+    const stepSession = (async () => {  // created as soon as its graph is read, while the other files download
+      const started = now();
+      const bytes = await read(single.file);
+      costs.readMsPerByte = (now() - started) / bytes.length;
+      await runtimeStarted;
+      const created = now();
+      const session = await createSession(ort, bytes, sessionSettings,
+        {entry: single, path: single === m.step ? 'step' : 'step_flat', where: reader.where});
+      costs.createMsPerByte = (now() - created) / bytes.length;
+      return session;
+    })();
+    stepSession.catch(() => {});  // awaited below, after the other files (whose errors come first)
+    let trainer;
+    try {
+      await Promise.all([...new Set([m.predict.file, m.state.file])].map(read));
+      trainer = new Trainer(ort, m, files, sessionSettings, singlePlan, await stepSession, ladderPlans, reader.where);
+    } catch (err) {
+      stepSession.then((s) => s.release(), () => {});
+      throw err;
+    }
+    trainer._reader = reader;
+    trainer._costs = costs;
+    trainer._unrolledMode = unrolled;
     trainer._device = await watchDevice(ort, sessionSettings.executionProviders);
     return trainer;
   }
@@ -457,6 +518,8 @@ export class Trainer {
     this.stopTraining = false;
     let state = this._stateFeeds();
     let logs;
+    let lastYield = now();
+    const fullBatches = Math.floor(n / batchSize);
     try {
       if (callbacks.onTrainBegin) await callbacks.onTrainBegin();
       for (let e = 0; e < epochs && !stopped(); e++) {
@@ -469,12 +532,15 @@ export class Trainer {
         let batch = 0;
         let singleUntil = 0; // a run of an unrolled graph with a non-finite loss goes again one step at a time
         while (start < n && !stopped()) {
-          const count = start >= singleUntil ? this._unrolledCount(n - start, batchSize) : 0;
+          const count = start >= singleUntil ?
+            this._unrolledCount(n - start, batchSize, epochs - e - 1, fullBatches) : 0;
           const plan = count ? this._ladder.get(count) : this._single;
           const rows = count ? count * batchSize : Math.min(batchSize, n - start);
           const session = count ? await this._unrolledSession(count) : this._step;
+          const began = now();
           const out = await watchedRun(this._device, session, this._feeds(plan, this._batch(batchers, order, start,
             rows), state, rateTensor, this.steps + 1), plan);
+          if (rows === (count || 1) * batchSize) this._timed(count || 1, now() - began);
           this.runs += 1;
           const losses = count ? out[plan.losses].data : [Number(out[plan.loss].data[0])];
           if (!Array.prototype.every.call(losses, (l) => Number.isFinite(l))) {
@@ -498,6 +564,10 @@ export class Trainer {
             batch += 1;
           }
           start += rows;
+          if (now() - lastYield >= YIELD_EVERY_MS) {  // the page's timers, input and Stop button get their turn
+            await nextTask();
+            lastYield = now();
+          }
         }
         if (start < n) break;  // stopped within the epoch: its steps are kept, the epoch is not counted
         this.rowsSeen += n;
@@ -520,18 +590,77 @@ export class Trainer {
     return history;
   }
 
-  /** The steps of the largest unrolled graph that fits the full batches of `rowsLeft` rows; 0 if none. */
-  _unrolledCount(rowsLeft, batchSize) {
+  /**
+   * The steps K of the unrolled graph the next run of `rowsLeft` rows of the epoch runs (the epochs after it have
+   * `fullBatches` full batches each); 0: a single step. With `unrolled: true` the largest graph that fits; with
+   * 'auto' the one that saves the most time over the steps it can still run in this fit, its creation (reading its
+   * file and compiling its session, estimated per byte from the single step's) counted until it exists: none before
+   * the single step's time is measured, nor when no graph pays.
+   */
+  _unrolledCount(rowsLeft, batchSize, epochsAfter, fullBatches) {
     let best = 0;
-    for (const k of this._ladder.keys()) if (k * batchSize <= rowsLeft && k > best) best = k;
+    let bestGain = 0;
+    const single = this._runTimes.get(1);
+    for (const k of this._ladder.keys()) {
+      if (k * batchSize > rowsLeft) continue;
+      if (this._unrolledMode === true) {
+        if (k > best) best = k;
+        continue;
+      }
+      if (!single || single.count < 2 * RECENT_RUNS) return 0;
+      const steps = Math.floor(rowsLeft / batchSize / k) * k + epochsAfter * Math.floor(fullBatches / k) * k;
+      const cost = this._unrolledSessions.has(k) ? 0 :
+        (this._costs.readMsPerByte + this._costs.createMsPerByte) * (this.manifest.files[this._ladder.get(k)
+          .entry.file].bytes || 0);
+      const gain = steps * this._savingPerStep(k, single.ms) - cost;
+      if (gain > bestGain) {
+        best = k;
+        bestGain = gain;
+      }
+    }
     return best;
   }
 
+  /** The time (ms) a step run by the unrolled graph of `k` steps saves against a single step (`singleMs`): measured
+   * once it ran 3 times, else the share of the graphs measured so far (ASSUMED_SAVING before any). */
+  _savingPerStep(k, singleMs) {
+    const measured = this._runTimes.get(k);
+    if (measured && measured.count >= 3) return singleMs - measured.ms / k;
+    let share = ASSUMED_SAVING;
+    for (const [steps, t] of this._runTimes) {
+      if (steps > 1 && t.count >= 3) {
+        share = Math.min(1, Math.max(0, (singleMs - t.ms / steps) / (singleMs * (1 - 1 / steps))));
+      }
+    }
+    return share * singleMs * (1 - 1 / k);
+  }
+
+  /** A run's wall time (ms) of the graph of `steps` steps: per graph, the median of its last RECENT_RUNS runs (the
+   * first runs are slower: the runtime's code warms up) and how many ran. */
+  _timed(steps, ms) {
+    let t = this._runTimes.get(steps);
+    if (!t) this._runTimes.set(steps, t = {ms, count: 0, recent: []});
+    t.recent.push(ms);
+    if (t.recent.length > RECENT_RUNS) t.recent.shift();
+    const sorted = [...t.recent].sort((a, b) => a - b);
+    t.ms = sorted[sorted.length >> 1];
+    t.count += 1;
+  }
+
+  /** The session of the unrolled graph of `count` steps, its file read (and checked) the first time. */
   async _unrolledSession(count) {
     if (!this._unrolledSessions.has(count)) {
       const {entry} = this._ladder.get(count);
-      this._unrolledSessions.set(count, createSession(this.ort, this._files[entry.file], this._sessionOptions,
-        {entry, path: `unrolled[${this.manifest.unrolled.indexOf(entry)}]`, where: this.where}));
+      const costs = this._costs;
+      const session = readChecked(this._reader, this.manifest, entry.file).then(async (bytes) => {
+        const started = now();
+        const created = await createSession(this.ort, bytes, this._sessionOptions,
+          {entry, path: `unrolled[${this.manifest.unrolled.indexOf(entry)}]`, where: this.where});
+        costs.createMsPerByte = (now() - started) / bytes.length;  // the latest: the runtime's code warmed up
+        return created;
+      });
+      session.catch(() => this._unrolledSessions.delete(count));
+      this._unrolledSessions.set(count, session);
     }
     return this._unrolledSessions.get(count);
   }
@@ -630,6 +759,18 @@ export class Trainer {
     }
     await Promise.all([...sessions.map(async (s) => (await s).release()), predict]);
   }
+}
+
+/** The file `name` of the package `m` read by `reader`, its SHA-256 checked against the manifest's. */
+async function readChecked(reader, m, name) {
+  const bytes = await reader.read(name);
+  const expected = m.files[name].sha256;
+  const actual = await sha256Hex(bytes);
+  if (actual !== expected) {
+    throw new TrainingPackageError(`${name} of the package ${reader.where} does not match the manifest's ` +
+      `checksum (SHA-256 ${actual}, the manifest says ${expected})`);
+  }
+  return bytes;
 }
 
 /** Release a prediction session whose weights are stale once no run uses it: the release's promise, or null. */
