@@ -11,6 +11,7 @@ covers a reordered sum at every rounding.
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -156,3 +157,39 @@ def run_graph(model_bytes, X) -> dict:
     session = InferenceSession(model_bytes, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     return dict(zip([o.name for o in session.get_outputs()], session.run(None, {name: X})))
+
+
+def train_jobs(runtime: str, jobs: list[dict], folder: Path, site: Path | None = None) -> list[dict]:
+    """Train ``jobs`` (js/test/train-jobs.js's: package, X, y, fits, predictX...) in one process of ``runtime``:
+    ``node`` or ``web`` (onnxruntime-node or its WebAssembly build, js/test/train-cases.mjs) or ``chromium`` (headless,
+    js/test/train-cases.html; the packages must lie under ``site``, served on 127.0.0.1). Returns, per job,
+    ``{"state": bytes, "model": bytes, "report": dict | None}``; a job that threw fails with its error."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if runtime == "chromium":
+        from bench.portable import PageServer, open_page
+
+        if CHROMIUM is None:
+            pytest.fail("chromium is not installed: `make chromium` installs Debian's package")
+        site = Path(site).resolve()
+        served = [{**job, "package": "/site/" + Path(job["package"]).resolve().relative_to(site).as_posix() + "/"}
+                  for job in jobs]
+        write_jobs(site / f"jobs-{folder.name}.json", served)
+        with PageServer({"/site/": site}) as server:
+            page = open_page(f"{server.url}/js/test/train-cases.html?jobs=/site/jobs-{folder.name}.json", timeout=300)
+        out = []
+        for job, result in zip(jobs, page["results"]):
+            assert "error" not in result, (job["package"], result.get("error"))
+            out.append({"state": base64.b64decode(result["state"]), "model": base64.b64decode(result["model"]),
+                        "report": result["report"]})
+        return out
+    written = [{**job, "state": str(folder / f"{i}.state"), "model": str(folder / f"{i}.onnx"),
+                "prediction": str(folder / f"{i}.json")} for i, job in enumerate(jobs)]
+    node("test/train-cases.mjs", runtime, write_jobs(folder / "jobs.json", written))
+    out = []
+    for job in written:
+        error = Path(f"{job['state']}.error.json")
+        assert not error.exists(), (job["package"], error.read_text())
+        report = Path(job["prediction"])
+        out.append({"state": Path(job["state"]).read_bytes(), "model": Path(job["model"]).read_bytes(),
+                    "report": json.loads(report.read_text()) if report.exists() else None})
+    return out
