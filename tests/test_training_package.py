@@ -226,20 +226,21 @@ def test_the_unrolled_graphs_take_the_same_steps(tmp_path, model):
 
 
 def test_the_unrolled_graphs_follow_the_steps_cost(linear_package, tmp_path):
-    """By default a step of a few weights gets unrolled graphs of 2, 4... up to 32 steps or ``MAX_UNROLLED_NODES``
-    nodes (this Adam step's 78 nodes: 16; 64 nodes: 32), a step of D-wide (92,000 weights in batches of 256) up
-    to 4, a step of 20 times more none; ``max_unrolled=0`` writes none, a negative bound is refused. An overflowing
-    loss inside an unrolled run is named at its own step, as the flat loop names it."""
+    """By default a step of a few weights gets unrolled graphs of 2, 4... 32 steps, and fewer when its graph has many
+    nodes (``MAX_UNROLLED_NODES`` in the largest: 5 times this step's nodes, 4), a step of D-wide (92,000 weights in
+    batches of 256) up to 4, a step of 20 times more none; ``max_unrolled=0`` writes none, a negative bound is
+    refused. An overflowing loss inside an unrolled run is named at its own step, as the flat loop names it."""
     folder, X, y = linear_package
     manifest = TrainingPackage(folder).manifest
     flat = onnx.load_from_string(TrainingPackage(folder).read(FLAT_STEP_FILE))
-    assert 16 * len(flat.graph.node) <= MAX_UNROLLED_NODES < 32 * len(flat.graph.node)
-    assert unrolled_bound(flat, 16, ["coef"], {"coef": np.zeros(6)}) == 16
-    assert [u["steps"] for u in manifest["unrolled"]] == [2, 4, 8, 16]
-    small = onnx.ModelProto()
-    small.CopyFrom(flat)
-    del small.graph.node[64:]
-    assert unrolled_bound(small, 16, ["coef"], {"coef": np.zeros(6)}) == 32
+    assert unrolled_bound(flat, 16, ["coef"], {"coef": np.zeros(6)}) == 32
+    assert [u["steps"] for u in manifest["unrolled"]] == [2, 4, 8, 16, 32]
+    many = onnx.ModelProto()
+    many.CopyFrom(flat)
+    for _ in range(4):
+        many.graph.node.extend(flat.graph.node)
+    assert 4 * len(many.graph.node) <= MAX_UNROLLED_NODES < 8 * len(many.graph.node)
+    assert unrolled_bound(many, 16, ["coef"], {"coef": np.zeros(6)}) == 4
     assert unrolled_bound(flat, 256, ["coef"], {"coef": np.zeros(92_000)}) == 4
     assert unrolled_bound(flat, 256, ["coef"], {"coef": np.zeros(20 * 92_000)}) == 1
     onx, _, _ = _case("linear")

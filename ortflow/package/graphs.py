@@ -32,9 +32,10 @@ IR_VERSION = MAX_IR_VERSION
 MAX_UNROLLED, UNROLLED_TARGET_US = 32, 6000.0
 #: the most nodes one default unrolled graph holds: its bytes and its session's creation grow with its nodes
 #: (onnxruntime-web, issue 47: steps_32 of a small MLP's step 0.8-1.4 s, steps_8 0.3-0.5 s), the run overhead it saves
-#: does not; a step of many nodes (a fine-tuned transformer's, 389) costs itself several times that overhead (timed
-#: in Python: 8 unrolled steps of it no faster than 8 single ones); seed case A's step (58 nodes) keeps its 32
-MAX_UNROLLED_NODES = 2048
+#: does not. Seed case A's step (58 nodes) keeps 32, an Adam MLP's (139) gets 16, a fine-tuned transformer's (383: its
+#: frozen encoder runs at every step and costs itself several run overheads) 4 (timed in Python: 8 unrolled steps of it
+#: ran no faster than 8 single ones; with 2 to 32 its package was 27 times its step and prediction graphs)
+MAX_UNROLLED_NODES = 3000
 #: the estimate of a step's time: per node, and floating-point operations per microsecond (one core, AVX), set from
 #: steps timed in Python (2026-11-27, Xeon): seed case A's step 30 µs, D-wide's 1.2 ms
 _NODE_US, _FLOPS_PER_US = 0.4, 100_000.0
@@ -74,7 +75,7 @@ def unrolled_bound(flat: onnx.ModelProto, batch: int, weights: Sequence[str], st
     plus ``6 * batch * weights`` operations (forward and backward) at ``_FLOPS_PER_US``: a step of a small model
     (seed case A: MLP (50, 10) on 100 features, batch 15, 29 µs) gets 32, one of milliseconds (D-wide: batch 256,
     92,000 weights, 1.4 ms) 4, a step of more than :data:`UNROLLED_TARGET_US` / 2 none (1). The largest graph also
-    holds at most :data:`MAX_UNROLLED_NODES` nodes: a fine-tuned transformer's 389-node step gets 4, not 32."""
+    holds at most :data:`MAX_UNROLLED_NODES` nodes: a fine-tuned transformer's 383-node step gets 4, not 32."""
     flops = 6.0 * batch * sum(int(np.size(state[w])) for w in weights)
     nodes = len(flat.graph.node)
     step_us = _NODE_US * nodes + flops / _FLOPS_PER_US
