@@ -21,7 +21,7 @@ import ortflow
 from ortflow import LearningRateAdam, OrtGradientOptimizer, add_loss_output, to_onnx
 from ortflow._ort import InferenceSession
 from ortflow.autodiff.training import training_step
-from ortflow.package.graphs import MAX_BUFFERS, device_counts, wide_nodes, with_ir, within_buffers
+from ortflow.package.graphs import IR_VERSION, MAX_BUFFERS, device_counts, wide_nodes, with_ir, within_buffers
 from sklearn_fit import quiet_fit
 
 #: ops whose int64 results a WebGPU device does not compute (the batch-size arithmetic of a gradient)
@@ -100,7 +100,7 @@ def test_wide_nodes_become_trees_of_the_same_values():
     graph = helper.make_graph(nodes, "wide", [x], [helper.make_tensor_value_info("cat", TensorProto.FLOAT, [3 * n]),
                                                      helper.make_tensor_value_info("sum", TensorProto.FLOAT, [3])],
                               [sizes])
-    model = with_ir(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=IR_VERSION)
     assert len(wide_nodes(model)) == 3
     narrow = within_buffers(model)
     onnx.checker.check_model(narrow)
