@@ -634,13 +634,8 @@ class BaseTrainer(CheckpointMixin, PredictionMixin, BaseEstimator):
     def _training_problem(self, model: onnx.ModelProto, weights: list[str] | None,
                           rate: BaseLearningRate) -> TrainingProblem:
         """The hook of :meth:`training_problem`: the problem of ``model`` (weights at their start), ``weights``
-        the trained ones of a fitted trainer (None: from ``weights_to_train``). Default: a prediction graph trained
-        with a loss family (``learning_loss``, ``learning_penalty``, ``output_name``, ``weight_name``)."""
-        spec = prediction_spec(model, self.output_name, self.weight_name)
-        return prediction_problem(type(self).__name__, model, spec.trained_output, spec.weight_name,
-                                  own_loss(model, self.learning_loss),
-                                  own_penalty(model, self.learning_loss, self.learning_penalty),
-                                  self.learning_penalty, weights, self.weights_to_train, rate, self.batch_size)
+        the trained ones of a fitted trainer (None: from ``weights_to_train``)."""
+        raise NotImplementedError
 
     def _exported_optimizer_state(self, rate: BaseLearningRate) -> dict[str, np.ndarray] | None:
         """The optimizer state :meth:`training_problem` carries (None: one ortflow cannot read)."""
@@ -795,4 +790,33 @@ class _StreamedValidation:
 #: what a source that does not replay its epochs (:func:`ortflow.data.sources.replays_order`) is, in the errors
 _NOT_REPLAYED = "whose epochs come in an order drawn from torch's random state (a DataLoader with shuffle=True)"
 
+
+class PredictionGraphTrainer(BaseTrainer):
+    """A trainer of a prediction graph that adds its loss and penalty itself (forward-backward and torch training):
+    the graph's output ``output_name`` trained on the model's own loss (``learning_loss`` None) or the one named,
+    with ``learning_penalty`` (``ortflow.objectives.estimator_loss.own_loss``/``own_penalty``)."""
+
+    def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
+        return prediction_spec(model, self.output_name, self.weight_name)
+
+    def _loss_object(self):
+        return own_loss(self._model, self.learning_loss)
+
+    def _penalty_object(self):
+        return own_penalty(self._model, self.learning_loss, self.learning_penalty)
+
+    def _training_problem(self, model: onnx.ModelProto, weights: list[str] | None,
+                          rate: BaseLearningRate) -> TrainingProblem:
+        spec = prediction_spec(model, self.output_name, self.weight_name)
+        return prediction_problem(type(self).__name__, model, spec.trained_output, spec.weight_name,
+                                  own_loss(model, self.learning_loss),
+                                  own_penalty(model, self.learning_loss, self.learning_penalty),
+                                  self.learning_penalty, weights, self.weights_to_train, rate, self.batch_size)
+
+    def _trained_graph(self, model: onnx.ModelProto, spec: GraphSpec) -> onnx.ModelProto:
+        """The graph down to the trained output, ``weights_to_train_`` checked on it."""
+        output = spec.trained_output
+        train_graph = g.keep_outputs(model, [output])
+        self.weights_to_train_ = self._check_weights(model, train_graph, output)
+        return train_graph
 

@@ -17,9 +17,8 @@ import onnx
 
 from ..graph import editing as g
 from .._ort import OrtValueVector, backend
-from .base import BaseTrainer
-from ..objectives.estimator_loss import own_loss, own_penalty
-from ..data.graph_spec import GraphSpec, TrainData, prediction_spec
+from .base import PredictionGraphTrainer
+from ..data.graph_spec import GraphSpec, TrainData
 from ..optimizers.learning_rates import BaseLearningRate, UpdateRuntime
 from ..graph.builder import DEFAULT_OPSET
 from .parameters import TRAINERS, init_from
@@ -73,7 +72,7 @@ class _Batch:
             flat *= 1.0 / n
 
 
-class OrtGradientForwardBackwardOptimizer(BaseTrainer):
+class OrtGradientForwardBackwardOptimizer(PredictionGraphTrainer):
     """Train a prediction graph (no loss inside) by forward-backward passes.
 
     ``learning_loss`` and ``learning_penalty`` take an instance or a registered name (:mod:`ortflow.objectives.losses`,
@@ -89,17 +88,9 @@ class OrtGradientForwardBackwardOptimizer(BaseTrainer):
     _state_file = "fwbw_state.npz"
 
     # --- hooks: graphs and runtime -------------------------------------------------------------------------
-    def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
-        return prediction_spec(model, self.output_name, self.weight_name)
-
-    def _loss_object(self):
-        return own_loss(self._model, self.learning_loss)
-
     def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec, rate: BaseLearningRate) -> None:
-        output = spec.trained_output
-        train_graph = g.keep_outputs(model, [output])
-        self.weights_to_train_ = self._check_weights(model, train_graph, output)
-        penalty = own_penalty(self._model, self.learning_loss, self.learning_penalty)
+        train_graph = self._trained_graph(model, spec)
+        penalty = self._penalty_object()
         runtime = ForwardBackwardRuntime(
             train_graph, self.weights_to_train_, g.get_initializers(model), spec, rate, self._loss_object(), penalty,
             self._placement(), self._session_options(), self.gradients, self.batch_size)

@@ -22,9 +22,8 @@ import onnx
 
 from ..graph import editing as g
 from .._ort import backend
-from .base import BaseTrainer
-from ..objectives.estimator_loss import own_loss, own_penalty
-from ..data.graph_spec import GraphSpec, TrainData, prediction_spec
+from .base import PredictionGraphTrainer
+from ..data.graph_spec import GraphSpec, TrainData
 from ..optimizers.learning_rates import BaseLearningRate, slot_name
 from .parameters import TRAINERS, init_from
 from ..registry import register
@@ -86,7 +85,7 @@ class _TorchBatch:
         self.rows = self.total = None
 
 
-class TorchTrainer(BaseTrainer):
+class TorchTrainer(PredictionGraphTrainer):
     """Train a prediction graph (no loss inside) as an :class:`ortflow.torch.OnnxModule` with a torch optimizer.
 
     Parameters are those of :class:`ortflow.OrtGradientForwardBackwardOptimizer` (:data:`ortflow.trainers.parameters.TORCH`)
@@ -102,18 +101,10 @@ class TorchTrainer(BaseTrainer):
     _state_file = "torch_state.npz"
 
     # --- hooks: graphs and runtime -------------------------------------------------------------------------
-    def _graph_spec(self, model: onnx.ModelProto) -> GraphSpec:
-        return prediction_spec(model, self.output_name, self.weight_name)
-
-    def _loss_object(self):
-        return own_loss(self._model, self.learning_loss)
-
     def _build_runtime(self, model: onnx.ModelProto, spec: GraphSpec, rate: BaseLearningRate) -> None:
-        output = spec.trained_output
-        train_graph = g.keep_outputs(model, [output])
-        self.weights_to_train_ = self._check_weights(model, train_graph, output)
+        train_graph = self._trained_graph(model, spec)
         self.backend_ = backend()
-        penalty = own_penalty(self._model, self.learning_loss, self.learning_penalty)
+        penalty = self._penalty_object()
         penalty.check()
         runtime = TorchRuntime(train_graph, self.weights_to_train_, spec, rate, self._loss_object(), penalty,
                                getattr(self, "n_threads_", self.n_threads), bool(self.spinning))
