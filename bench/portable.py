@@ -91,12 +91,13 @@ class _Handler(SimpleHTTPRequestHandler):
 
 class PageServer:
     """The repository served on 127.0.0.1 (a thread), for pages that load js/ and onnxruntime-web: ``mounts`` map
-    URL prefixes to folders; ``posted`` holds the last POST's body, ``requests`` every GET's path."""
+    URL prefixes to folders; ``posted`` holds the last POST's body, ``requests`` every GET's path. ``host``: another
+    loopback address (127.0.0.2) gives the page an origin of its own."""
 
-    def __init__(self, mounts: dict):
+    def __init__(self, mounts: dict, host: str = "127.0.0.1"):
         self.site = {"mounts": dict(mounts), "posted": None, "requests": []}
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Handler, site=self.site))
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._server = ThreadingHTTPServer((host, 0), partial(_Handler, site=self.site))
+        self.url = f"http://{host}:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
     @property
