@@ -24,7 +24,7 @@ from pipelines.server import MlflowServer
 
 from js_support import CHROMIUM, JS_GROUP, require_node
 
-pytestmark = [JS_GROUP, pytest.mark.slow]
+pytestmark = JS_GROUP
 MODEL = "ortflow-smoke-regression-mlp_regressor"
 PAGE_HOST = "127.0.0.2"  # not in MLflow's default CORS origins (localhost, 127.0.0.1): the option must name it
 
@@ -63,6 +63,7 @@ def _imports(client, experiment_id):
     return client.search_runs([experiment_id], "tags.`ortflow.stage` = 'import_states'")
 
 
+@pytest.mark.slow
 def test_a_page_logs_its_state_to_the_server_and_import_states_registers_it(served, capsys):
     client, page = served["client"], served["page"]
     query = (f"package=/package/&data=/input/data.json&epochs=2&seed=5&autorun=1&tracking={served['server'].url}"
@@ -109,3 +110,26 @@ def test_a_page_logs_its_state_to_the_server_and_import_states_registers_it(serv
     assert [(r["run_id"], r["rows"], r["epochs"]) for r in record] == [(run_id, served["rows"], 2)]
     imported = client.get_run(version.run_id)
     assert imported.info.status == "FINISHED" and imported.data.metrics["imported_states"] == 1
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--run", "nope"], "the run 'nope' is not in "),
+    (["--run", "{one}", "--run", "{two}"], "the runs name the versions ['1', '2'] (ortflow.source_version tags): "
+                                           "pass --version"),
+    (["--version", "1", "--run", "{two}"], "the run {two} was trained from ortflow.source_version='2', not '1'"),
+    (["--experiment", "states", "--tag", "client=nobody"], "no run of the experiment 'states' holds the tags "
+                                                          "{{'client': 'nobody'}}"),
+    (["--experiment", "missing"], "has no experiment 'missing' (--experiment)"),
+    (["--experiment", "states", "--tag", "client"], "--tag 'client': write it key=value"),
+])
+def test_runs_that_cannot_be_imported_are_named_before_any_run(clean_mlflow_env, sqlite_uri, capsys, argv,
+                                                               expected):
+    client = MlflowClient(sqlite_uri)
+    experiment = client.create_experiment("states")
+    runs = {name: client.create_run(experiment, tags={"ortflow.source_version": version, "client": "web"}).info.run_id
+            for name, version in (("one", "1"), ("two", "2"))}
+    with pytest.raises(SystemExit) as stopped:
+        main([a.format(**runs) for a in argv] + ["experiment=smoke", f"mlflow.tracking_uri={sqlite_uri}"])
+    assert stopped.value.code == 2
+    assert expected.format(**runs) in capsys.readouterr().err
+    assert len(client.search_runs([experiment, "0"])) == 2  # no run made
