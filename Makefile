@@ -89,11 +89,12 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS),bench]" $(EDITABLE)
 	$(PY) -m bench.run $(ARGS)
 
-## A team tracking server: PostgreSQL 15 + `mlflow server` with proxied artifacts on 127.0.0.1:$(PORT).
+## A team tracking server: PostgreSQL 15 + `mlflow server` with proxied artifacts on 127.0.0.1:$(PORT)
+## (SERVER_ARGS: e.g. --cors-allowed-origins http://host:8000 for pages that log states to it).
 PORT ?= 5000
 SERVER_DIR ?= .ortflow/server
 server: $(STAMP) postgres
-	$(PY) -m pipelines.server --folder $(SERVER_DIR) --port $(PORT)
+	$(PY) -m pipelines.server --folder $(SERVER_DIR) --port $(PORT) $(SERVER_ARGS)
 
 ## The JavaScript trainer's packages (js/): onnxruntime-node, onnxruntime-web and puppeteer-core at the lockfile's
 ## versions. --ignore-scripts: onnxruntime-node's install script downloads CUDA binaries (its CPU binding ships in the

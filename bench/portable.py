@@ -115,12 +115,13 @@ class _Handler(SimpleHTTPRequestHandler):
 class PageServer:
     """The repository served on 127.0.0.1 (a thread), for pages that load js/ and onnxruntime-web: ``mounts`` map
     URL prefixes to folders; ``posted`` holds the last POST's body, ``requests`` every GET's path. ``isolated``: every
-    response carries the COOP/COEP headers of cross-origin isolation (the pages may run WebAssembly threads)."""
+    response carries the COOP/COEP headers of cross-origin isolation (the pages may run WebAssembly threads).
+    ``host``: another loopback address (127.0.0.2) gives the page an origin of its own."""
 
-    def __init__(self, mounts: dict, isolated: bool = False):
+    def __init__(self, mounts: dict, isolated: bool = False, host: str = "127.0.0.1"):
         self.site = {"mounts": dict(mounts), "posted": None, "requests": [], "isolated": isolated}
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Handler, site=self.site))
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._server = ThreadingHTTPServer((host, 0), partial(_Handler, site=self.site))
+        self.url = f"http://{host}:{self._server.server_address[1]}"
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
     @property

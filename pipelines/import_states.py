@@ -1,7 +1,8 @@
 """``python -m pipelines.import_states --version V STATE ... [key=value ...]``: states trained from a version's
 training package outside Python, registered as a new version.
 
-Usage: ``python -m pipelines.import_states --version V [--model NAME] STATE [STATE ...] [key=value ...]``. The
+Usage: ``python -m pipelines.import_states --version V [--model NAME] STATE [STATE ...] [key=value ...]``, or
+with ``--run RUN_ID`` / ``--experiment NAME --tag key=value`` in place of (or beside) the files. The
 states were trained elsewhere (a browser, Node, a device: docs/TRAINING_OUTSIDE_PYTHON.md) from the training package
 of a registered version.
 
@@ -27,6 +28,17 @@ themselves are logged under ``states/<index>-<file name>``. ``--verbose`` (or ``
 traceback of an error; Ctrl-C or SIGTERM ends the run KILLED and deletes a version registered from it.
 
     python -m pipelines.import_states --version 3 client_a.state client_b.state experiment=smoke
+
+States also come from runs of the tracking server (the browser example logs one there:
+docs/TRAINING_OUTSIDE_PYTHON.md): ``--run RUN_ID`` (repeatable) and/or ``--experiment NAME --tag key=value``
+(repeatable: the runs of that experiment holding every such tag). Each run's state artifact (its tag
+``ortflow.state_artifact``, else ``state/trained.state``) is downloaded and then goes the way of a file; its record
+names the run (``run_id``) and ``ortflow.lineage.state_runs`` lists the runs. A run's tag
+``ortflow.source_version`` (and ``ortflow.source_model``) must name the version imported into; ``--version`` may be
+left out when the runs' tags agree on one. A run that does not exist or has no state artifact is refused before any
+run is made.
+
+    python -m pipelines.import_states --experiment browser-states --tag ortflow.client=web experiment=smoke
 """
 
 from __future__ import annotations
@@ -74,22 +86,90 @@ SAME_AS_SOURCE = ("data.", "model.", "preprocess.", "loss.")
 STATES_ARTIFACT = "lineage/states.json"
 #: the longest tag value MLflow stores
 TAG_LIMIT = 4900
+#: the tags of a run that logged a state (the browser example sets them): the state's artifact path, the
+#: registered model and version whose package trained it
+STATE_ARTIFACT_TAG, SOURCE_MODEL_TAG, SOURCE_VERSION_TAG = ("ortflow.state_artifact", "ortflow.source_model",
+                                                            "ortflow.source_version")
+#: where a run's state is when the run has no :data:`STATE_ARTIFACT_TAG`
+RUN_STATE_ARTIFACT = "state/trained.state"
 
 
-def import_states(cfg: DictConfig, model: str, version: str, states: list[str | Path],
-                  work_dir: Path | None = None) -> dict[str, Any]:
-    """Import ``states`` (paths) for version ``version`` of the registered model ``model`` in one run (see the
-    module's docstring); returns the run's metrics with ``run_id`` (and ``registered_version`` when registered).
+def import_states(cfg: DictConfig, model: str, version: str | None, states: list[str | Path],
+                  work_dir: Path | None = None, runs: list[str] = (), experiment: str | None = None,
+                  tags: dict[str, str] | None = None) -> dict[str, Any]:
+    """Import ``states`` (paths) and the states of runs (``runs`` ids, and/or the runs of ``experiment`` holding
+    ``tags``) for version ``version`` of the registered model ``model`` in one run (see the module's docstring);
+    returns the run's metrics with ``run_id`` (and ``registered_version`` when registered). ``version`` None: the
+    one the runs' :data:`SOURCE_VERSION_TAG` names.
 
-    Everything is checked before the run is made (the version, its problem against ``cfg``, its package, each
-    state): a refused import leaves no run. Without ``work_dir`` the files go to a temporary folder, removed."""
+    Everything is checked before the run is made (the runs and their states, the version, its problem against
+    ``cfg``, its package, each state): a refused import leaves no run. Without ``work_dir`` the files go to a
+    temporary folder, removed."""
     with contextlib.ExitStack() as stack:
         if work_dir is None:
             work_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ortflow-import-")))
-        return _import_states(cfg, model, str(version), [Path(s) for s in states], Path(work_dir))
+        return _import_states(cfg, model, None if version is None else str(version), [Path(s) for s in states],
+                              Path(work_dir), list(runs), experiment, dict(tags or {}))
 
 
-def _import_states(cfg: DictConfig, model: str, version: str, paths: list[Path], work_dir: Path) -> dict[str, Any]:
+def _state_runs(tracking, runs: list[str], experiment: str | None, tags: dict[str, str]) -> list:
+    """The runs named, then those of ``experiment`` holding every tag of ``tags`` (each once, in that order)."""
+    from mlflow.exceptions import MlflowException
+
+    found = []
+    for run_id in runs:
+        try:
+            found.append(tracking.client.get_run(run_id))
+        except MlflowException as exc:
+            raise StateImportError(f"the run {run_id!r} is not in {tracking.uri}: "
+                                   f"{str(exc).splitlines()[0][:300]}") from exc
+    if experiment is not None:
+        exp = tracking.client.get_experiment_by_name(experiment)
+        if exp is None:
+            raise StateImportError(f"{tracking.uri} has no experiment {experiment!r} (--experiment)")
+        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        selected = tracking.client.search_runs([exp.experiment_id], query, max_results=10000,
+                                               order_by=["attributes.start_time ASC"])
+        if not selected:
+            raise StateImportError(f"no run of the experiment {experiment!r} holds the tags {tags} (--tag)")
+        known = {r.info.run_id for r in found}
+        found += [r for r in selected if r.info.run_id not in known]
+    return found
+
+
+def _download_states(tracking, runs: list, model: str, version: str | None, folder: Path) -> tuple[str, dict]:
+    """Each run's state downloaded under ``folder``: ``(version, {path: run id})``; the version is ``version`` or
+    the one the runs' tags agree on. A run whose tags name another model or version, or without its state
+    artifact, is refused naming the run."""
+    from . import tracking as tr
+
+    named = {r.data.tags.get(SOURCE_VERSION_TAG) for r in runs} - {None}
+    if version is None:
+        if len(named) != 1:
+            raise StateImportError(f"the runs name the versions {sorted(named)} ({SOURCE_VERSION_TAG} tags): "
+                                   "pass --version")
+        version = named.pop()
+    origins = {}
+    for run in runs:
+        run_id, run_tags = run.info.run_id, run.data.tags
+        for key, expected in ((SOURCE_VERSION_TAG, version), (SOURCE_MODEL_TAG, model)):
+            if run_tags.get(key, expected) != expected:
+                raise StateImportError(f"the run {run_id} was trained from {key}={run_tags[key]!r}, not "
+                                       f"{expected!r}: select runs of that version")
+        artifact = run_tags.get(STATE_ARTIFACT_TAG, RUN_STATE_ARTIFACT)
+        try:
+            local = tr.download_artifacts(run_id=run_id, artifact_path=artifact, dst_path=folder / run_id)
+        except Exception as exc:  # noqa: BLE001 - MLflow's error when the artifact is absent
+            raise StateImportError(f"the run {run_id} has no state artifact {artifact!r}: "
+                                   f"{str(exc).splitlines()[0][:300]}") from exc
+        if not Path(local).is_file():
+            raise StateImportError(f"the run {run_id}'s artifact {artifact!r} is a folder, not a state file")
+        origins[Path(local)] = run_id
+    return version, origins
+
+
+def _import_states(cfg: DictConfig, model: str, version: str | None, paths: list[Path], work_dir: Path,
+                   runs: list[str], experiment: str | None, tags: dict[str, str]) -> dict[str, Any]:
     from . import tracking as tr
     from .base.interrupts import pause_point
     from .data.datasets import Split
@@ -103,6 +183,13 @@ def _import_states(cfg: DictConfig, model: str, version: str, paths: list[Path],
         if not path.is_file():
             raise StateImportError(f"the state {str(path)!r} does not exist (or is not a file)")
     tracking = prepare(cfg)
+    origins = {}
+    if runs or experiment is not None:
+        version, origins = _download_states(tracking, _state_runs(tracking, runs, experiment, tags), model,
+                                            version, work_dir / "runs")
+        paths = paths + list(origins)
+    if version is None:
+        raise StateImportError("no version to import into: pass --version (or runs tagged ortflow.source_version)")
     try:
         source_run, params = version_run(tracking, model, version)
     except LookupError as exc:
@@ -119,9 +206,11 @@ def _import_states(cfg: DictConfig, model: str, version: str, paths: list[Path],
                                "(its run's ortflow.overrides tag and params)")
     package = _source_package(tracking, model, version, source_run, work_dir / "source")
     loaded, record = _read_states(package, paths, f"the training package of version {version} of {model!r}",
-                                  work_dir)
+                                  work_dir, origins)
     lineage = {f"{LINEAGE_TAG}source_model": model, f"{LINEAGE_TAG}source_version": version,
                f"{LINEAGE_TAG}source_run_id": source_run, **states_tags(record)}
+    if origins:
+        lineage[f"{LINEAGE_TAG}state_runs"] = ",".join(origins.values())[:TAG_LIMIT]
 
     def run(ctx) -> dict:
         import onnx
@@ -173,34 +262,39 @@ def _source_package(tracking, model: str, version: str, source_run: str, folder:
 _UNREADABLE = (ValueError, TypeError, KeyError, AttributeError, IndexError, OverflowError, OSError)
 
 
-def _read_states(package, paths: list[Path], where: str, folder: Path) -> tuple[list, list[dict]]:
+def _read_states(package, paths: list[Path], where: str, folder: Path,
+                 origins: dict[Path, str] | None = None) -> tuple[list, list[dict]]:
     """Each state read and checked against ``package``; ``(states, records)``, a record being a state's file name,
     the artifact it is logged as (its bytes are written there, under ``folder``), its SHA-256, rows, epochs and
-    steps. The same state given twice is refused; ``where`` names the package in messages."""
+    steps, and ``run_id`` for a state of a run (``origins``: path -> run id). The same state given twice is
+    refused; ``where`` names the package in messages."""
     from ortflow import TrainingPackageError
     from ortflow.package import load_training_state
 
+    origins = origins or {}
+    names = {path: f"{origins[path]}:{path.name}" if path in origins else str(path) for path in paths}
     loaded, record, seen = [], [], {}
     width = len(str(len(paths) - 1))
     for index, path in enumerate(paths):
         data = path.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         if digest in seen:
-            raise StateImportError(f"the state {str(path)!r} is the same state as {seen[digest]!r} (SHA-256 "
+            raise StateImportError(f"the state {names[path]!r} is the same state as {seen[digest]!r} (SHA-256 "
                                    f"{digest[:16]}...): each state would be averaged twice as heavily; give it once")
-        seen[digest] = str(path)
+        seen[digest] = names[path]
         try:
             state = load_training_state(package, data)
         except TrainingPackageError as exc:
-            raise StateImportError(f"the state {str(path)!r}: {exc}") from exc
+            raise StateImportError(f"the state {names[path]!r}: {exc}") from exc
         except _UNREADABLE as exc:  # a manifest or header whose structure was not checked
-            raise StateImportError(f"the state {str(path)!r} could not be read against {where}: "
+            raise StateImportError(f"the state {names[path]!r} could not be read against {where}: "
                                    f"{type(exc).__name__}: {exc}") from exc
         if state.rows <= 0:
-            raise StateImportError(f"the state {str(path)!r} says it was trained on {state.rows} rows")
+            raise StateImportError(f"the state {names[path]!r} says it was trained on {state.rows} rows")
         loaded.append(state)
         record.append({"file": path.name, "artifact": f"states/{index:0{width}d}-{path.name}", "sha256": digest,
-                       "rows": state.rows, "epochs": state.epochs, "steps": state.steps})
+                       "rows": state.rows, "epochs": state.epochs, "steps": state.steps,
+                       **({"run_id": origins[path]} if path in origins else {})})
         copy = folder / record[-1]["artifact"]
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_bytes(data)
@@ -229,9 +323,22 @@ def states_tags(record: list[dict]) -> dict[str, str]:
 
 def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
     """``(overrides, the rest)``: a ``key=value`` word is an override unless it names an existing file (a state
-    whose path holds ``=``)."""
-    overrides = [a for a in argv if "=" in a and not a.startswith("-") and not Path(a).is_file()]
+    whose path holds ``=``) or follows ``--tag``."""
+    overrides = [a for k, a in enumerate(argv) if "=" in a and not a.startswith("-") and not Path(a).is_file()
+                 and (k == 0 or argv[k - 1] != "--tag")]
     return overrides, [a for a in argv if a not in overrides]
+
+
+def parse_tags(words: list[str]) -> dict[str, str]:
+    """``--tag key=value`` words as a dict; a word without ``=`` is refused."""
+    tags = {}
+    for word in words:
+        key, sep, value = word.partition("=")
+        if not sep or not key or "'" in word or "`" in word:
+            raise StateImportError(f"--tag {word!r}: write it key=value, without quotes (a tag of the runs to "
+                                   "import)")
+        tags[key] = value
+    return tags
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -247,18 +354,27 @@ def main(argv: list[str] | None = None) -> None:
     overrides, rest = split_arguments(argv)
     parser = argparse.ArgumentParser(prog="python -m pipelines.import_states", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("states", nargs="+", help="state files (ortflow-training-state) to import")
-    parser.add_argument("--version", required=True, help="the registered version whose package trained them")
+    parser.add_argument("states", nargs="*", help="state files (ortflow-training-state) to import")
+    parser.add_argument("--run", action="append", default=[], help="a run whose state artifact to import")
+    parser.add_argument("--experiment", help="import the states of this experiment's runs holding every --tag")
+    parser.add_argument("--tag", action="append", default=[], help="key=value: a tag the --experiment runs hold")
+    parser.add_argument("--version", help="the registered version whose package trained them (default: the "
+                        "one the runs' ortflow.source_version tags name)")
     parser.add_argument("--model", help="the registered model (default: mlflow.registered_model_name)")
     parser.add_argument("--verbose", action="store_true", help="show the traceback of an error")
     args = parser.parse_args(rest)
+    if not (args.states or args.run or args.experiment):
+        parser.error("give state files, --run RUN_ID or --experiment NAME")
+    if args.tag and not args.experiment:
+        parser.error("--tag selects runs of an --experiment: name it")
     cfg = None
     try:
         with terminate_as_interrupt():
+            tags = parse_tags(args.tag)
             check_overrides(overrides)
             cfg = compose(overrides)
             metrics = import_states(cfg, args.model or str(cfg.mlflow.registered_model_name), args.version,
-                                    args.states)
+                                    args.states, runs=args.run, experiment=args.experiment, tags=tags)
     except Exception as exc:
         exit_if_expected(exc, argv, debug=bool(cfg is not None and cfg.get("debug", False)))
         raise

@@ -7,6 +7,9 @@ in front of it with proxied artifacts (clients upload and download them through 
 Everything lives under ``--folder``: ``pgdata/`` (the cluster), ``pgsock/`` (its Unix socket), ``artifacts/``
 and the two logs. The cluster listens on 127.0.0.1 only and trusts local connections (a throwaway or
 single-user set-up; a shared deployment uses its managed PostgreSQL and passes ``--backend-store-uri``).
+Pages that log to the server from another origin (the browser example: docs/TRAINING_OUTSIDE_PYTHON.md) are
+named by ``--cors-allowed-origins`` (MLflow's default: http://localhost:*, http://127.0.0.1:*), and the host
+names they reach the server by, beyond localhost and private addresses, by ``--allowed-hosts``.
 ``initdb`` refuses to run as root, so as root the PostgreSQL commands run as the ``postgres`` user
 (``runuser -u postgres --``), which must be able to reach ``--folder``. Binaries are looked up on PATH, then
 under /usr/lib/postgresql/*/bin; where they are missing, ``make postgres`` installs the Debian package.
@@ -141,11 +144,14 @@ class MlflowServer:
     #: what answers 200 once the server is ready
     ready_path = "/health"
 
-    def __init__(self, folder: str | Path, backend_store_uri: str, port: int | None = None, workers: int = 2):
+    def __init__(self, folder: str | Path, backend_store_uri: str, port: int | None = None, workers: int = 2,
+                 cors_allowed_origins: str | None = None, allowed_hosts: str | None = None):
         self.folder = Path(folder).resolve()
         self.backend_store_uri = backend_store_uri
         self.port = port or free_port()
         self.workers = workers
+        #: ``mlflow server``'s own options (comma-separated; None: its defaults)
+        self.security = {"--cors-allowed-origins": cors_allowed_origins, "--allowed-hosts": allowed_hosts}
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = self.folder / "mlflow-server.log"
         self.proc: subprocess.Popen | None = None
@@ -153,7 +159,8 @@ class MlflowServer:
     def command(self) -> list[str]:
         return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend_store_uri,
                 "--serve-artifacts", "--artifacts-destination", str(self.folder / "artifacts"),
-                "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)]
+                "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers),
+                *[word for option, value in self.security.items() if value for word in (option, value)]]
 
     def environment(self) -> dict[str, str]:
         return {k: v for k, v in os.environ.items() if k not in _MLFLOW_ENV}
@@ -209,9 +216,10 @@ class ModelServer(MlflowServer):
 class TeamServer:
     """PostgreSQL plus ``mlflow server`` on it, started and stopped together (a context manager)."""
 
-    def __init__(self, folder: str | Path, port: int | None = None, pg_port: int | None = None, workers: int = 2):
+    def __init__(self, folder: str | Path, port: int | None = None, pg_port: int | None = None, workers: int = 2,
+                 cors_allowed_origins: str | None = None, allowed_hosts: str | None = None):
         self.postgres = Postgres(folder, pg_port)
-        self.mlflow = MlflowServer(folder, self.postgres.uri, port, workers)
+        self.mlflow = MlflowServer(folder, self.postgres.uri, port, workers, cors_allowed_origins, allowed_hosts)
 
     @property
     def url(self) -> str:
@@ -245,8 +253,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=5000, help="mlflow server port (0: a free one)")
     parser.add_argument("--pg-port", type=int, default=0, help="PostgreSQL port (0: a free one)")
     parser.add_argument("--workers", type=int, default=2, help="mlflow server (uvicorn) workers")
+    parser.add_argument("--cors-allowed-origins", help="comma-separated origins of pages that call the server "
+                        "(e.g. http://10.0.0.5:8000); default: MLflow's, http://localhost:* and http://127.0.0.1:*")
+    parser.add_argument("--allowed-hosts", help="comma-separated Host headers the server answers beyond MLflow's "
+                        "default (localhost and private addresses), e.g. mlflow.team.lan:5000")
     args = parser.parse_args(argv)
-    server = TeamServer(args.folder, args.port or None, args.pg_port or None, args.workers)
+    server = TeamServer(args.folder, args.port or None, args.pg_port or None, args.workers,
+                        args.cors_allowed_origins, args.allowed_hosts)
     stop = False
 
     def _stop(*_: object) -> None:
