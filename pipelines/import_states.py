@@ -114,27 +114,12 @@ def import_states(cfg: DictConfig, model: str, version: str | None, states: list
 
 def _state_runs(tracking, runs: list[str], experiment: str | None, tags: dict[str, str]) -> list:
     """The runs named, then those of ``experiment`` holding every tag of ``tags`` (each once, in that order)."""
-    from mlflow.exceptions import MlflowException
+    from . import tracking as tr
 
-    found = []
-    for run_id in runs:
-        try:
-            found.append(tracking.client.get_run(run_id))
-        except MlflowException as exc:
-            raise StateImportError(f"the run {run_id!r} is not in {tracking.uri}: "
-                                   f"{str(exc).splitlines()[0][:300]}") from exc
-    if experiment is not None:
-        exp = tracking.client.get_experiment_by_name(experiment)
-        if exp is None:
-            raise StateImportError(f"{tracking.uri} has no experiment {experiment!r} (--experiment)")
-        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-        selected = tracking.client.search_runs([exp.experiment_id], query, max_results=10000,
-                                               order_by=["attributes.start_time ASC"])
-        if not selected:
-            raise StateImportError(f"no run of the experiment {experiment!r} holds the tags {tags} (--tag)")
-        known = {r.info.run_id for r in found}
-        found += [r for r in selected if r.info.run_id not in known]
-    return found
+    try:
+        return tr.select_runs(tracking, runs, experiment, tags)
+    except LookupError as exc:
+        raise StateImportError(str(exc)) from exc
 
 
 def _download_states(tracking, runs: list, model: str, version: str | None, folder: Path) -> tuple[str, dict]:

@@ -62,6 +62,7 @@ from .runs import (
     parent_run,
     run_mlflow_project,
     process_tags,
+    select_runs,
     stage_run,
 )
 from .store import (
@@ -81,7 +82,7 @@ __all__ = [
     "log_config", "log_folder", "log_metrics", "log_param", "param_differences", "run_params", "set_tags", "RetryingClient", "call", "is_transient",
     "FAILURE_TAG", "HEARTBEAT_SECONDS", "HEARTBEAT_TAG", "HOST_TAG", "PARENT_TAG", "PID_START_TAG", "PID_TAG",
     "REFUSED_RUN_NAME", "failure_reason", "heartbeat", "is_alive", "link_mlflow_run", "mark_refused_mlflow_run",
-    "parent_run", "process_tags", "run_mlflow_project", "stage_run",
+    "parent_run", "process_tags", "run_mlflow_project", "select_runs", "stage_run",
     "HTTP_DEFAULTS", "Tracking", "artifact_folder_name", "check_reachable", "create_store_once", "resolve_root",
     "resolve_tracking_uri", "setup",
 ]

@@ -287,3 +287,30 @@ def stage_run(tracking: Tracking, run_name: str, parent_run_id: str | None = Non
         raise
     tracking.call(mlflow.end_run, status="FINISHED")
     _open_versions.pop(run_id, None)
+
+
+def select_runs(tracking: Tracking, run_ids: list[str], experiment: str | None, tags: Mapping[str, str]) -> list:
+    """The runs ``run_ids``, then those of ``experiment`` holding every tag of ``tags``, oldest first (each once).
+    A run id the store lacks, an experiment it lacks, or tags no run of it holds is a ``LookupError`` saying so."""
+    from mlflow.exceptions import MlflowException
+
+    found = []
+    for run_id in run_ids:
+        try:
+            found.append(tracking.client.get_run(run_id))
+        except MlflowException as exc:
+            raise LookupError(f"the run {run_id!r} is not in {tracking.uri}: "
+                              f"{str(exc).splitlines()[0][:300]}") from exc
+    if experiment is not None:
+        exp = tracking.client.get_experiment_by_name(experiment)
+        if exp is None:
+            raise LookupError(f"{tracking.uri} has no experiment {experiment!r} (--experiment)")
+        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
+        selected = tracking.client.search_runs([exp.experiment_id], query, max_results=10000,
+                                               order_by=["attributes.start_time ASC"])
+        if not selected:
+            raise LookupError(f"no run of the experiment {experiment!r} holds the tags {dict(tags)} (--tag)")
+        known = {r.info.run_id for r in found}
+        found += [r for r in selected if r.info.run_id not in known]
+    return found
+
