@@ -68,6 +68,7 @@ VENV_ORT := .venv313
 PY_ORT := $(VENV_ORT)/bin/python
 STAMP_ORT := $(VENV_ORT)/.install-stamp
 NON_CORE := $(wildcard tests/test_pipeline_*.py tests/test_scale_*.py tests/test_js_*.py) tests/test_torch_layer.py \
+	tests/test_package_raw_data.py tests/test_import_states_server.py \
 	tests/test_bench_smoke.py $(foreach t,faults files promotion resume tracking trust,tests/test_reliability_$(t).py)
 CORE_TESTS := tests $(foreach f,$(NON_CORE),--ignore=$(f))
 ORT_CHAIN := "tests/test_pipeline_chain.py::test_default_chain_on_sqlite[full]"
@@ -80,7 +81,7 @@ $(STAMP_ORT): pyproject.toml
 	touch $(STAMP_ORT)
 endif
 
-test-ort: $(STAMP_ORT)
+test-ort: $(STAMP_ORT) $(JS_STAMP)
 	$(PY_ORT) -c "import ortflow; assert ortflow.backend() == 'plain', ortflow.backend()"
 	$(PY_ORT) -m pytest $(XDIST) -m "not slow" $(CORE_TESTS) $(PYTEST_ARGS)
 	$(PY_ORT) -m pytest $(ORT_CHAIN) $(PYTEST_ARGS)

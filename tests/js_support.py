@@ -40,11 +40,18 @@ def require_node() -> None:
     """Skip (Node is not installed) or make sure js/node_modules holds the locked packages (`npm ci`)."""
     if NODE is None:
         pytest.skip("node is not installed: the JavaScript trainer's tests need Node 20 (`make test` on CI has it)")
-    if not (JS / "node_modules" / "onnxruntime-node").is_dir():
-        if NPM is None:
-            pytest.fail("js/node_modules is missing and npm is not installed: run `make js/node_modules/.stamp`")
-        subprocess.run([NPM, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=JS, check=True,
-                       capture_output=True)
+    if (JS / "node_modules" / "onnxruntime-node").is_dir():
+        return
+    if NPM is None:
+        pytest.fail("js/node_modules is missing and npm is not installed: run `make js/node_modules/.stamp`")
+    import fcntl
+
+    # one `npm ci` at a time: it empties node_modules first, under the feet of another worker's node
+    with open(JS / ".npm-ci.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (JS / "node_modules" / "onnxruntime-node").is_dir():
+            subprocess.run([NPM, "ci", "--ignore-scripts", "--no-audit", "--no-fund"], cwd=JS, check=True,
+                           capture_output=True)
 
 
 def node(*args, timeout: float = 300) -> subprocess.CompletedProcess:
