@@ -12,6 +12,7 @@ covers a reordered sum at every rounding.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import shutil
 import subprocess
@@ -200,3 +201,21 @@ def train_jobs(runtime: str, jobs: list[dict], folder: Path, site: Path | None =
         out.append({"state": Path(job["state"]).read_bytes(), "model": Path(job["model"]).read_bytes(),
                     "report": json.loads(report.read_text()) if report.exists() else None})
     return out
+
+
+@contextlib.contextmanager
+def served_example(tmp_path: Path):
+    """An MLP package (Adam) and its rows served on 127.0.0.1 for the example pages (`/package/`,
+    `/input/data.json`): yields ``{"server", "folder", "X", "y"}``. Needs Node's packages and Debian's chromium."""
+    from bench.portable import PageServer
+
+    require_node()
+    if CHROMIUM is None:
+        pytest.fail("chromium is not installed: `make chromium` installs Debian's package")
+    folder, X, y = make_package("mlp", "adam", tmp_path / "package")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "data.json").write_text(json.dumps({"X": X.tolist(), "y": y.tolist()}))
+    with PageServer({"/package/": folder, "/input/": data}) as server:
+        yield {"server": server, "folder": folder, "X": X, "y": y}
+

@@ -7,15 +7,14 @@ pay for one), and a fit on the page's own thread lets the page's timers run: a t
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
-from bench.portable import PageServer, open_page
+from bench.portable import open_page
 from ortflow.package import load_training_state, train_package
 
-from js_support import CHROMIUM, JS_GROUP, make_package, output_atol, require_node, run_graph, weights_atol
+from js_support import JS_GROUP, output_atol, run_graph, served_example, weights_atol
 
 pytestmark = JS_GROUP
 FIT = {"epochs": 3, "seed": 11, "shuffle": True}
@@ -24,15 +23,8 @@ LONG_FIT = 2000
 
 @pytest.fixture
 def site(tmp_path):
-    require_node()
-    if CHROMIUM is None:
-        pytest.fail("chromium is not installed: `make chromium` installs Debian's package")
-    folder, X, y = make_package("mlp", "adam", tmp_path / "package")
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "data.json").write_text(json.dumps({"X": X.tolist(), "y": y.tolist()}))
-    with PageServer({"/package/": folder, "/input/": data}) as server:
-        yield {"server": server, "folder": folder, "X": X, "y": y}
+    with served_example(tmp_path) as served:
+        yield served
 
 
 def test_chromium_trains_a_package_and_sends_the_state_back(site):

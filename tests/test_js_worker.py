@@ -6,15 +6,14 @@ weights Python's reference loop reaches in as many epochs (the rule of tests/js_
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 
-from bench.portable import PageServer, open_page
+from bench.portable import open_page
 from ortflow.package import load_training_state, train_package
 
-from js_support import CHROMIUM, JS_GROUP, make_package, require_node, weights_atol
+from js_support import JS_GROUP, served_example, weights_atol
 
 pytestmark = JS_GROUP
 #: epochs asked for: far more than run before the page's Stop (each epoch of this package is a few steps)
@@ -23,14 +22,8 @@ TICKS = 5
 
 
 def test_worker_trains_while_the_page_ticks_and_stops_on_the_pages_clock(tmp_path):
-    require_node()
-    if CHROMIUM is None:
-        pytest.fail("chromium is not installed: `make chromium` installs Debian's package")
-    folder, X, y = make_package("mlp", "adam", tmp_path / "package")
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "data.json").write_text(json.dumps({"X": X.tolist(), "y": y.tolist()}))
-    with PageServer({"/package/": folder, "/input/": data}) as server:
+    with served_example(tmp_path) as site:
+        server, folder, X, y = site["server"], site["folder"], site["X"], site["y"]
         query = (f"package=/package/&data=/input/data.json&epochs={EPOCHS}&seed=3&shuffle=1&autorun=1&post=/state"
                  f"&stopAfterTicks={TICKS}")
         page = open_page(f"{server.url}/examples/browser/worker.html?{query}", timeout=120)
