@@ -10,3 +10,8 @@ export {seedState, mulberry32, epochOrder} from './src/shuffle.js';
 export {learningRateAt} from './src/schedules.js';
 export {Trainer, ConcurrentFitError, ConvergenceError} from './src/trainer.js';
 export {ExecutionProviderError} from './src/device.js';
+// Every module the library runs is named here, so a browser loading index.js as it is (no bundler) requests them all
+// at once after it, rather than the ones these import a round trip later.
+import './src/schema.js';
+import './src/files.js';
+import './src/data.js';

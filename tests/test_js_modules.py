@@ -11,8 +11,8 @@ import re
 from js_support import JS, JS_GROUP, make_package, node, require_node
 
 pytestmark = JS_GROUP
-IMPORT = re.compile(r"""^\s*(?:import|export)\b[^'"]*?from\s+['"]([^'"]+)['"]|import\(\s*['"]([^'"]+)['"]\s*\)""",
-                    re.MULTILINE)
+IMPORT = re.compile(r"""^\s*(?:(?:import|export)\b[^'"]*?from\s+|import\s+)['"]([^'"]+)['"]|"""
+                    r"""import\(\s*['"]([^'"]+)['"]\s*\)""", re.MULTILINE)
 
 
 def _reachable(entry):
@@ -40,6 +40,15 @@ def test_browser_entry_imports_no_node_module():
     assert "node:fs/promises" in node_specifiers
     exports = json.loads((JS / "package.json").read_text())["exports"]["."]
     assert (exports["browser"], exports["node"], exports["default"]) == ("./index.js", "./node.js", "./index.js")
+
+
+def test_the_browser_entry_names_every_module_it_runs():
+    """A page that imports js/index.js without a bundler fetches every module of the library one round trip after
+    it (index.js names them all), not a chain of round trips (index.js -> trainer.js -> data.js...)."""
+    index = (JS / "index.js").resolve()
+    modules, _ = _reachable(index)
+    named = {(index.parent / (m.group(1) or m.group(2))).resolve() for m in IMPORT.finditer(index.read_text())}
+    assert modules - {index} == named, sorted(m.name for m in modules - {index} - named)
 
 
 LOAD = """
