@@ -85,6 +85,21 @@ def state_atol(reference, name: str) -> float:
     return weights_atol(reference.steps, np.array([largest, float(np.abs(reference.tensors[name]).max(initial=0.0))]))
 
 
+# --- state files written by hand (malformed ones) -----------------------------------------------------------------
+def state_parts(data: bytes) -> tuple[dict, bytes]:
+    """The header (parsed) and the data bytes of the state file ``data``."""
+    length = int.from_bytes(data[4:8], "little")
+    return json.loads(data[8: 8 + length]), data[8 + length:]
+
+
+def state_file(header: dict, body: bytes, raw: str | None = None) -> bytes:
+    """A state file of ``header`` (or the header text ``raw``) and the data bytes ``body``, as the format lays it out:
+    the magic, the header's length, the header padded with spaces to a multiple of 4 bytes, the data."""
+    text = (raw if raw is not None else json.dumps(header)).encode()
+    text += b" " * (-len(text) % 4)
+    return b"OFTS" + len(text).to_bytes(4, "little") + text + body
+
+
 # --- issue 38's models as training packages --------------------------------------------------------------------
 CASES = ("linear", "mlp", "binary", "digits", "lenet")
 OPTIMIZERS = ("sgd", "adam")
