@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -83,6 +84,21 @@ def state_atol(reference, name: str) -> float:
     each tensor's scale is the larger of its own and the model's largest weight."""
     largest = max(float(np.abs(w).max(initial=0.0)) for w in reference.weights.values())
     return weights_atol(reference.steps, np.array([largest, float(np.abs(reference.tensors[name]).max(initial=0.0))]))
+
+
+# --- state files written by hand (malformed ones) -----------------------------------------------------------------
+def state_parts(data: bytes) -> tuple[dict, bytes]:
+    """The header (parsed) and the data bytes of the state file ``data``."""
+    length = int.from_bytes(data[4:8], "little")
+    return json.loads(data[8: 8 + length]), data[8 + length:]
+
+
+def state_file(header: dict, body: bytes, raw: str | None = None) -> bytes:
+    """A state file of ``header`` (or the header text ``raw``) and the data bytes ``body``, as the format lays it out:
+    the magic, the header's length, the header padded with spaces to a multiple of 4 bytes, the data."""
+    text = (raw if raw is not None else json.dumps(header)).encode()
+    text += b" " * (-len(text) % 4)
+    return b"OFTS" + len(text).to_bytes(4, "little") + text + body
 
 
 # --- issue 38's models as training packages --------------------------------------------------------------------
@@ -219,3 +235,65 @@ def served_example(tmp_path: Path):
     with PageServer({"/package/": folder, "/input/": data}) as server:
         yield {"server": server, "folder": folder, "X": X, "y": y}
 
+
+
+# --- the bundled example (examples/browser/bundled) -----------------------------------------------------------
+BUNDLED = ROOT / "examples" / "browser" / "bundled"
+#: the bundlers it is built with, as its app.js says (the tools: js/package.json's devDependencies)
+BUNDLERS = ("esbuild", "vite", "webpack")
+ESBUILD = JS / "node_modules" / "esbuild" / "bin" / "esbuild"
+VITE = JS / "node_modules" / "vite" / "bin" / "vite.js"
+WEBPACK = JS / "node_modules" / "webpack-cli" / "bin" / "cli.js"
+
+
+def run_tool(*args, cwd: Path, timeout: float = 300) -> str:
+    """Run a command, failing with its output; returns stdout and stderr together."""
+    done = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, args))} exited {done.returncode}:\n{output[-6000:]}")
+    return output
+
+
+def copy_bundled_example(folder: Path) -> Path:
+    """The bundled example copied to ``folder``/bundled with the plain page's mlflow.js beside (its app.js imports
+    ../mlflow.js): returns the project folder, for ortflow and onnxruntime-web to be installed into."""
+    project = folder / "bundled"
+    project.mkdir(parents=True)
+    for name in ("index.html", "app.js", "webpack.config.mjs"):
+        shutil.copy(BUNDLED / name, project / name)
+    shutil.copy(BUNDLED.parent / "mlflow.js", folder / "mlflow.js")
+    return project
+
+
+def linked_bundled_example(folder: Path) -> Path:
+    """:func:`copy_bundled_example` with js/ linked in as the project's ortflow and js/'s onnxruntime-web as its own
+    (no install: the tarball's install is tests/test_js_package.py's)."""
+    require_node()
+    project = copy_bundled_example(folder)
+    (project / "node_modules").mkdir()
+    (project / "node_modules" / "ortflow").symlink_to(JS, target_is_directory=True)
+    (project / "node_modules" / "onnxruntime-web").symlink_to(JS / "node_modules" / "onnxruntime-web",
+                                                              target_is_directory=True)
+    return project
+
+
+def bundle_example(project: Path, bundler: str) -> Path:
+    """Build the bundled example in ``project`` with ``bundler`` as its app.js says (no option beyond the entry and
+    the output; webpack reads the example's webpack.config.mjs), failing on any warning: returns the folder to
+    serve (index.html, the bundle and onnxruntime-web's .wasm)."""
+    out = project / f"dist-{bundler}"
+    if bundler == "esbuild":
+        log = run_tool(ESBUILD, "app.js", "--bundle", "--format=esm", "--platform=browser",
+                       f"--outfile={out / 'app.js'}", cwd=project)
+        shutil.copy(project / "node_modules" / "onnxruntime-web" / "dist" / "ort-wasm-simd-threaded.wasm", out)
+    elif bundler == "vite":
+        log = run_tool(NODE, VITE, "build", "--outDir", out.name, cwd=project)
+    elif bundler == "webpack":
+        log = run_tool(NODE, WEBPACK, "--output-path", out.name, cwd=project)
+    else:
+        raise ValueError(f"bundler={bundler!r}: one of {BUNDLERS}")
+    assert not re.search(r"node:|externali[sz]ed|warn", log, re.IGNORECASE), log
+    if not (out / "index.html").is_file():  # Vite builds the page; the others bundle app.js alone
+        shutil.copy(project / "index.html", out)
+    return out

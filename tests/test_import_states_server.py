@@ -1,9 +1,9 @@
 """States back through the tracking server (issue 47, item 5): a real ``mlflow server`` (sqlite store, proxied
 artifacts, the page's origin allowed by ``--cors-allowed-origins``) holds the smoke chain's registered version; the
-browser example, served from another origin (127.0.0.2) in headless Chromium, trains the version's training package
-on the raw rows and logs its state to a run through MLflow's REST API (examples/browser/mlflow.js);
-``python -m pipelines.import_states --experiment ... --tag ...`` registers a new version whose lineage names the
-run."""
+browser examples (the plain page, the Web Worker page and the bundled app), served from another origin (127.0.0.2) in
+headless Chromium, train the version's training package on the raw rows and log their states to runs through
+MLflow's REST API (examples/browser/mlflow.js); ``python -m pipelines.import_states --run ... --experiment ... --tag
+...`` registers a new version whose lineage names the runs."""
 
 from __future__ import annotations
 
@@ -22,11 +22,15 @@ from pipelines.import_states import main
 from pipelines.orchestration.chain import run_chain
 from pipelines.server import MlflowServer
 
-from js_support import CHROMIUM, JS_GROUP, require_node
+from js_support import CHROMIUM, JS_GROUP, bundle_example, linked_bundled_example, require_node
 
 pytestmark = JS_GROUP
 MODEL = "ortflow-smoke-regression-mlp_regressor"
 PAGE_HOST = "127.0.0.2"  # not in MLflow's default CORS origins (localhost, 127.0.0.1): the option must name it
+#: the example pages that log their state to the tracking server (the tag ortflow.client of each one's run); the
+#: bundled app as esbuild builds it (tests/test_js_package.py trains each bundler's build)
+PAGES = {"chromium": "examples/browser/index.html", "worker": "examples/browser/worker.html",
+         "bundled": "bundled/index.html"}
 
 
 @pytest.fixture
@@ -38,7 +42,8 @@ def served(compose_pipeline, clean_mlflow_env, tmp_path):
         pytest.fail("chromium is not installed: `make chromium` installs Debian's package")
     package_dir, data_dir = tmp_path / "training_package", tmp_path / "data"  # the download lands there
     data_dir.mkdir()
-    with PageServer({"/package/": package_dir, "/input/": data_dir}, host=PAGE_HOST) as page:
+    bundled = bundle_example(linked_bundled_example(tmp_path / "example"), "esbuild")
+    with PageServer({"/package/": package_dir, "/input/": data_dir, "/bundled/": bundled}, host=PAGE_HOST) as page:
         server = MlflowServer(tmp_path / "server", f"sqlite:///{tmp_path / 'server.db'}", workers=1,
                               cors_allowed_origins=page.url)
         server.start()
@@ -64,27 +69,23 @@ def _imports(client, experiment_id):
 
 
 @pytest.mark.slow
-def test_a_page_logs_its_state_to_the_server_and_import_states_registers_it(served, capsys):
+def test_the_pages_log_their_states_to_the_server_and_import_states_registers_them(served, capsys):
     client, page = served["client"], served["page"]
-    query = (f"package=/package/&data=/input/data.json&epochs=2&seed=5&autorun=1&tracking={served['server'].url}"
-             f"&experiment=browser-states&sourceModel={MODEL}&sourceVersion=1&tag=ortflow.client=chromium")
-    result = open_page(f"{page.url}/examples/browser/index.html?{query}", timeout=180)
-    run_id = result["run"]["runId"]
-    run = client.get_run(run_id)
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["ortflow.client"] == "chromium" and run.data.tags["ortflow.source_version"] == "1"
-    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [1, 2]
-    # the state went through the server's artifact proxy and is the package's
-    stored = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="state/trained.state")
-    state = load_training_state(served["package"], stored)
-    assert (state.epochs, state.rows) == (2, served["rows"])
-    assert run.data.tags["ortflow.package_id"] == state.package.id
-    # the Web Worker example logs its state the same way
-    worker = open_page(f"{page.url}/examples/browser/worker.html?{query.replace('chromium', 'worker')}", timeout=180)
-    logged = client.get_run(worker["run"]["runId"])
-    assert logged.info.status == "FINISHED" and logged.data.tags["ortflow.client"] == "worker"
-    load_training_state(served["package"], mlflow.artifacts.download_artifacts(
-        run_id=logged.info.run_id, artifact_path="state/trained.state"))
+    query = (f"package=/package/&data=/input/data.json&epochs=2&autorun=1&tracking={served['server'].url}"
+             f"&experiment=browser-states&sourceModel={MODEL}&sourceVersion=1")
+    runs = {}
+    for seed, (name, path) in enumerate(PAGES.items()):  # each its seed: import_states refuses a state given twice
+        result = open_page(f"{page.url}/{path}?{query}&seed={seed}&tag=ortflow.client={name}", timeout=180)
+        run_id = runs[name] = result["run"]["runId"]
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED", name
+        assert run.data.tags["ortflow.client"] == name and run.data.tags["ortflow.source_version"] == "1"
+        assert [m.step for m in client.get_metric_history(run_id, "loss")] == [1, 2], name
+        # the state went through the server's artifact proxy and is the package's
+        stored = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="state/trained.state")
+        state = load_training_state(served["package"], stored)
+        assert (state.epochs, state.rows) == (2, served["rows"]), name
+        assert run.data.tags["ortflow.package_id"] == state.package.id, name
 
     # a run of the experiment without a state is named, before any run is made
     experiment = client.get_experiment_by_name("browser-states").experiment_id
@@ -99,17 +100,18 @@ def test_a_page_logs_its_state_to_the_server_and_import_states_registers_it(serv
     assert f"the run {empty} has no state artifact 'state/trained.state'" in err and "Traceback" not in err, err
     assert _imports(client, source_experiment) == []
 
-    client.set_tag(empty, "ortflow.client", "none")  # the page's run alone
-    main(["--experiment", "browser-states", "--tag", "ortflow.client=chromium", *served["overrides"],
-          "promotion.register=always"])
+    client.set_tag(empty, "ortflow.client", "none")  # the plain page's run, and the bundled app's by its id
+    main(["--run", runs["bundled"], "--experiment", "browser-states", "--tag", "ortflow.client=chromium",
+          *served["overrides"], "promotion.register=always"])
     assert "registered version 2" in capsys.readouterr().out
     version = client.get_model_version(MODEL, "2")
     assert version.tags["ortflow.lineage.source_version"] == "1"
-    assert version.tags["ortflow.lineage.state_runs"] == run_id
+    imported = [runs["bundled"], runs["chromium"]]  # the runs named, then the experiment's
+    assert version.tags["ortflow.lineage.state_runs"] == ",".join(imported)
     record = json.loads(version.tags["ortflow.lineage.states"])
-    assert [(r["run_id"], r["rows"], r["epochs"]) for r in record] == [(run_id, served["rows"], 2)]
-    imported = client.get_run(version.run_id)
-    assert imported.info.status == "FINISHED" and imported.data.metrics["imported_states"] == 1
+    assert [(r["run_id"], r["rows"], r["epochs"]) for r in record] == [(r, served["rows"], 2) for r in imported]
+    run = client.get_run(version.run_id)
+    assert run.info.status == "FINISHED" and run.data.metrics["imported_states"] == 2
 
 
 @pytest.mark.parametrize("argv, expected", [

@@ -3,19 +3,25 @@ checksum does not match, non-finite values in X or y, a label outside the classe
 not take, rows of the wrong width, a training loss that overflows. Each raises an error naming what is wrong
 (TrainingPackageError; TypeError or RangeError for a bad argument; ConvergenceError for a non-finite loss), and a
 failed fit leaves the state as it was before the failing step. One node process (onnxruntime-node)
-runs every case; the checks are the library's own code, the same on onnxruntime-web."""
+runs every case; the checks are the library's own code, the same on onnxruntime-web. A manifest or a state header
+giving a key twice (JSON.parse keeps the last value) is refused as Python refuses it, in Node and in Chromium."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
+from urllib.parse import quote
 
 import numpy as np
 import pytest
 
-from ortflow.package import TrainingPackage, train_package
+from bench.portable import PageServer, open_page
+from ortflow.exceptions import TrainingPackageError
+from ortflow.package import TrainingPackage, load_training_state, train_package
 
-from js_support import JS_GROUP, assert_named, make_package, node, require_node, weights_atol
+from js_support import (CHROMIUM, JS_GROUP, assert_named, make_package, node, require_node, state_file, state_parts,
+                        weights_atol)
 
 pytestmark = JS_GROUP
 
@@ -125,3 +131,49 @@ def test_an_unrolled_graph_is_checked_when_first_read(outcomes):
     """Trainer.load reads no unrolled graph: a package whose steps_2.onnx was altered loads, and the fit that first
     runs it (``unrolled: true``) stops before any step with the checksum error (test_bad_input_is_named)."""
     assert outcomes["after_checksum_unrolled"] == {"steps": 0, "runs": 0}
+
+
+# --- a key given twice: JSON.parse keeps the last value, Python's reader refuses the file -------------------------
+@pytest.fixture(scope="module")
+def twice(tmp_path_factory):
+    """pkgs/good, pkgs/manifest (optimizer.params gives eta0 twice, the last one 50 times larger), a state of the
+    good package whose header gives rows twice; Python refuses both."""
+    require_node()
+    pkgs = tmp_path_factory.mktemp("js_twice")
+    good, _, _ = make_package("linear", "sgd", pkgs / "good")
+    manifest = json.loads((good / "manifest.json").read_text())
+    eta0 = manifest["optimizer"]["params"]["eta0"]
+    manifest["optimizer"]["params"]["__again__"] = None
+    bad = shutil.copytree(good, pkgs / "manifest")
+    (bad / "manifest.json").write_text(json.dumps(manifest).replace('"__again__": null', f'"eta0": {50 * eta0}'))
+    state = TrainingPackage(good).initial_state().to_bytes()
+    header, body = state_parts(state)
+    state_twice = state_file(header, body, json.dumps(header)[:-1] + ', "rows": 7}')
+    with pytest.raises(TrainingPackageError, match=r"the key 'eta0' is given twice"):
+        TrainingPackage(bad)
+    with pytest.raises(TrainingPackageError, match=r"header: the key 'rows' is given twice"):
+        load_training_state(good, state_twice)
+    encode = lambda data: base64.b64encode(data).decode()  # noqa: E731
+    return {"pkgs": pkgs, "cases": {"good": {"package": "good", "state": encode(state)}, "manifest": "manifest",
+                                    "state": {"package": "good", "state": encode(state_twice)}}}
+
+
+@pytest.mark.parametrize("runtime", ["node", "chromium"])
+def test_a_key_given_twice_is_refused(twice, runtime):
+    def located(base: str) -> dict:
+        return {name: base + case if isinstance(case, str) else {**case, "package": base + case["package"]}
+                for name, case in twice["cases"].items()}
+
+    if runtime == "node":
+        outcomes = json.loads(node("test/load-cases.mjs", "node", json.dumps(located(f"{twice['pkgs']}/"))).stdout)
+    else:
+        if CHROMIUM is None:
+            pytest.fail("chromium is not installed: `make chromium` installs Debian's package")
+        with PageServer({"/pkgs/": twice["pkgs"]}) as server:
+            cases = quote(json.dumps(located(f"{server.url}/pkgs/")))
+            outcomes = open_page(f"{server.url}/js/test/load-cases.html?cases={cases}", timeout=120)["outcomes"]
+    assert outcomes["good"]["loaded"], outcomes["good"]
+    for case, words in (("manifest", ["manifest.json of the package", "the key 'eta0' is given twice (in "
+                                      "optimizer.params)"]),
+                        ("state", ["the state given to loadState's header: the key 'rows' is given twice"])):
+        assert_named({"thrown": not outcomes[case]["loaded"], **outcomes[case]}, "TrainingPackageError", words)

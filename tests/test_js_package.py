@@ -1,7 +1,8 @@
 """The npm package (js/) as npm users get it (issue 47): its package.json follows npm's conventions, the typings
 declare what the entries export and accept what the examples do (TypeScript 5.9 and 7.0, ``--strict``), the browser
-entry bundles for the browser with no flags, and the packed tarball installs into a new project beside
-onnxruntime-web alone with install scripts on (no onnxruntime-node), bundles with esbuild and Vite, type-checks, and
+entry bundles for the browser with no flags (esbuild, webpack), and the packed tarball installs into a new project
+beside onnxruntime-web alone with install scripts on (no onnxruntime-node), bundles with esbuild, Vite and webpack
+(the example's webpack.config.mjs), type-checks, and
 its bundled pages (examples/browser/bundled) and README.md's plain page train a package in headless Chromium and send
 the state back: the weights Python's reference loop reaches (the rule of tests/js_support.py).
 
@@ -24,11 +25,11 @@ import pytest
 from bench.portable import PageServer, open_page
 from ortflow.package import load_training_state, train_package
 
-from js_support import CHROMIUM, JS, JS_GROUP, NODE, NPM, ROOT, make_package, require_node, weights_atol
+from js_support import (BUNDLERS, CHROMIUM, ESBUILD, JS, JS_GROUP, NODE, NPM, ROOT, WEBPACK, bundle_example,
+                        copy_bundled_example, make_package, require_node, run_tool, weights_atol)
 
 pytestmark = JS_GROUP
 META = json.loads((JS / "package.json").read_text())
-BUNDLED = ROOT / "examples" / "browser" / "bundled"
 TSC = {"5.9": JS / "node_modules" / "typescript" / "bin" / "tsc", "7.0": JS / "node_modules" / "typescript7" / "bin" / "tsc"}
 #: the compiler options of a browser app (the same for both compilers)
 TSC_ARGS = ("--noEmit", "--strict", "--target", "es2022", "--module", "esnext", "--moduleResolution", "bundler",
@@ -46,19 +47,10 @@ def require_npm() -> None:
                        capture_output=True)
 
 
-def run(*args, cwd: Path, timeout: float = 300) -> str:
-    """Run a command, failing with its output; returns stdout and stderr together."""
-    done = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    output = done.stdout + done.stderr
-    if done.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, args))} exited {done.returncode}:\n{output[-6000:]}")
-    return output
-
-
 def packed_files() -> list[str]:
     """The files `npm pack` puts in the tarball."""
     require_npm()
-    [pack] = json.loads(run(NPM, "pack", "--dry-run", "--json", "--ignore-scripts", cwd=JS))
+    [pack] = json.loads(run_tool(NPM, "pack", "--dry-run", "--json", "--ignore-scripts", cwd=JS))
     return sorted(f["path"] for f in pack["files"])
 
 
@@ -126,7 +118,7 @@ def test_typings_declare_what_the_entries_export(tmp_path):
       const members = [...own(trainer), ...own(Trainer.prototype), ...own(Trainer).filter((k) => typeof Trainer[k] === 'function')];
       console.log(JSON.stringify({index: await names('index.js'), members}));
     """
-    found = json.loads(run(NODE, "--input-type=module", "-e", script, folder, cwd=JS))
+    found = json.loads(run_tool(NODE, "--input-type=module", "-e", script, folder, cwd=JS))
     text = (JS / "index.d.ts").read_text()
     declared = sorted(re.findall(r"^export (?:const|class|function) (\w+)", text, re.M))
     assert declared == found["index"], "index.d.ts and index.js export different values"
@@ -171,18 +163,33 @@ def test_usage_type_checks_strict(version):
     body, a transferred buffer, `manifest.metadata.standardization`, callbacks, errors; its `@ts-expect-error` lines
     fail the check if the typings accept anything."""
     require_npm()
-    run(NODE, TSC[version], *TSC_ARGS, "test/usage.ts", "test/usage-node.ts", cwd=JS)
+    run_tool(NODE, TSC[version], *TSC_ARGS, "test/usage.ts", "test/usage-node.ts", cwd=JS)
 
 
 # --- bundling ---------------------------------------------------------------------------------------------------
-def test_browser_entry_bundles_with_no_node_module(tmp_path):
+def entry_modules(bundler: str, out: Path) -> list[str]:
+    """The modules ``bundler`` takes in when it bundles the browser entry (index.js) for the browser with no option
+    beyond the entry and the output (webpack's mode: it warns when none is set), failing on any warning."""
+    if bundler == "esbuild":
+        log = run_tool(ESBUILD, "index.js", "--bundle", "--format=esm", "--platform=browser",
+                       f"--outfile={out / 'out.js'}", f"--metafile={out / 'meta.json'}", cwd=JS)
+        assert "warning" not in log.lower(), log
+        inputs = json.loads((out / "meta.json").read_text())["inputs"]
+        return [*inputs, *(i["path"] for entry in inputs.values() for i in entry["imports"])]
+    run_tool(NODE, WEBPACK, "--entry", "./index.js", "--mode", "production", "--output-path", out,
+             "--json", out / "stats.json", cwd=JS)
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["warnings"] == [] == stats["errors"], stats["warnings"] + stats["errors"]
+    return [module["name"] for module in stats["modules"]]
+
+
+@pytest.mark.parametrize("bundler", ["esbuild", "webpack"])
+def test_browser_entry_bundles_with_no_node_module(tmp_path, bundler):
+    """(Vite bundles the entry in the bundled example's build below.)"""
     require_npm()
-    esbuild = JS / "node_modules" / "esbuild" / "bin" / "esbuild"
-    run(esbuild, "index.js", "--bundle", "--format=esm", "--platform=browser", f"--outfile={tmp_path / 'out.js'}",
-        f"--metafile={tmp_path / 'meta.json'}", cwd=JS)
-    inputs = json.loads((tmp_path / "meta.json").read_text())["inputs"]
-    imports = [i["path"] for entry in inputs.values() for i in entry["imports"]]
-    assert not [path for path in imports if path.startswith("node:")]
+    modules = entry_modules(bundler, tmp_path)
+    assert any(name.endswith("src/trainer.js") for name in modules), modules
+    assert not [name for name in modules if name.startswith("node:")]
 
 
 # --- the tarball in a new project, bundled, trained in Chromium -------------------------------------------------
@@ -192,17 +199,14 @@ def app(tmp_path_factory):
     copied in."""
     require_npm()
     tmp = tmp_path_factory.mktemp("npm")
-    tarball = tmp / json.loads(run(NPM, "pack", "--json", "--ignore-scripts", "--pack-destination", tmp,
-                                   cwd=JS))[0]["filename"]
-    project = tmp / "app"
-    project.mkdir()
+    tarball = tmp / json.loads(run_tool(NPM, "pack", "--json", "--ignore-scripts", "--pack-destination", tmp,
+                                        cwd=JS))[0]["filename"]
+    project = copy_bundled_example(tmp)
     (project / "package.json").write_text(json.dumps({"name": "app", "private": True, "type": "module"}))
-    for name in ("index.html", "app.js"):
-        shutil.copy(BUNDLED / name, project / name)
     shutil.copy(JS / "test" / "usage.ts", project / "usage.ts")
     web = f"onnxruntime-web@{META['devDependencies']['onnxruntime-web']}"
-    run(NPM, "install", "--dangerously-allow-all-scripts", "--prefer-offline", "--no-audit", "--no-fund", tarball,
-        web, cwd=project, timeout=600)
+    run_tool(NPM, "install", "--dangerously-allow-all-scripts", "--prefer-offline", "--no-audit", "--no-fund", tarball,
+             web, cwd=project, timeout=600)
     return project
 
 
@@ -211,26 +215,17 @@ def test_tarball_installs_beside_onnxruntime_web_alone(app):
     installed = app / "node_modules"
     assert (installed / "ortflow" / "package.json").is_file() and (installed / "onnxruntime-web").is_dir()
     assert not (installed / "onnxruntime-node").exists(), "a browser app got onnxruntime-node (437 MB, CUDA script)"
-    run(NODE, TSC["5.9"], *TSC_ARGS, "usage.ts", cwd=app)
+    run_tool(NODE, TSC["5.9"], *TSC_ARGS, "usage.ts", cwd=app)
     # the Node entry reads a package from a folder; import by the package's name picks it
-    out = run(NODE, "--input-type=module", "-e",
-              "import * as o from 'ortflow'; console.log(JSON.stringify(Object.keys(o)))", cwd=app)
+    out = run_tool(NODE, "--input-type=module", "-e",
+                   "import * as o from 'ortflow'; console.log(JSON.stringify(Object.keys(o)))", cwd=app)
     assert "Trainer" in json.loads(out)
 
 
-@pytest.fixture(scope="module")
-def bundles(app):
-    """The bundled example built by esbuild (the .wasm copied beside, as its comment says) and by Vite."""
-    tools = JS / "node_modules"
-    esbuild_dir = app / "dist-esbuild"
-    out = run(tools / "esbuild" / "bin" / "esbuild", "app.js", "--bundle", "--format=esm", "--platform=browser",
-              f"--outfile={esbuild_dir / 'app.js'}", cwd=app)
-    assert "warning" not in out.lower(), out
-    shutil.copy(app / "index.html", esbuild_dir)
-    shutil.copy(app / "node_modules" / "onnxruntime-web" / "dist" / "ort-wasm-simd-threaded.wasm", esbuild_dir)
-    out = run(NODE, tools / "vite" / "bin" / "vite.js", "build", "--outDir", "dist-vite", cwd=app)
-    assert not re.search(r"node:|externali[sz]ed|warn", out, re.IGNORECASE), out
-    return {"esbuild": esbuild_dir, "vite": app / "dist-vite"}
+@pytest.fixture(scope="module", params=BUNDLERS)
+def bundle(request, app):
+    """The bundled example built by each bundler (js_support.bundle_example: no warning, no option)."""
+    return bundle_example(app, request.param)
 
 
 @pytest.fixture(scope="module")
@@ -244,12 +239,11 @@ def site(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bundler", ["esbuild", "vite"])
-def test_bundled_page_trains_in_chromium_and_sends_the_state_back(bundles, site, bundler):
+def test_bundled_page_trains_in_chromium_and_sends_the_state_back(bundle, site):
     if CHROMIUM is None:
         pytest.fail("chromium is not installed: `make chromium` installs Debian's package")
     # "/" (the bundle) last: the first matching prefix serves
-    with PageServer({"/package/": site["folder"], "/input/": site["data"], "/": bundles[bundler]}) as server:
+    with PageServer({"/package/": site["folder"], "/input/": site["data"], "/": bundle}) as server:
         query = f"package=/package/&data=/input/data.json&epochs={FIT['epochs']}&seed={FIT['seed']}&post=/state"
         page = open_page(f"{server.url}/index.html?{query}", timeout=120)
         posted = server.posted

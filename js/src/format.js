@@ -32,6 +32,62 @@ function show(value) {
 
 const key = (path, name) => (path ? `${path}.${name}` : name);
 
+/**
+ * The first key an object of the JSON `text` gives twice, as {key, path} (path: the object's place, '' for the
+ * top), or null. JSON.parse keeps the last value silently; Python's reader (ortflow/package/state.py's strict_json)
+ * refuses the file, so this one does too. `text` must be JSON (it scans what JSON.parse accepted): a string token
+ * ends at its first unescaped quote, and each key is decoded, so "a" and "\u0061" are the same key.
+ */
+function keyGivenTwice(text) {
+  const open = [];  // per enclosing object or list: {keys: Set (an object) or null (a list), key or index, path}
+  const inside = (top) => (top === undefined ? '' : top.keys ? key(top.path, top.key) : `${top.path}[${top.index}]`);
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    const top = open[open.length - 1];
+    if (c === '"') {
+      let end = i + 1;
+      while (text[end] !== '"') end += text[end] === '\\' ? 2 : 1;
+      if (top?.keys && top.key === undefined) {  // a key: the next token after `{` or an object's `,`
+        const name = JSON.parse(text.slice(i, end + 1));
+        if (top.keys.has(name)) return {key: name, path: top.path};
+        top.keys.add(name);
+        top.key = name;
+      }
+      i = end;
+    } else if (c === '{' || c === '[') {
+      open.push({keys: c === '{' ? new Set() : null, key: undefined, index: 0, path: inside(top)});
+    } else if (c === '}' || c === ']') {
+      open.pop();
+    } else if (c === ',') {
+      if (top.keys) top.key = undefined;
+      else top.index += 1;
+    }
+  }
+  return null;
+}
+
+/**
+ * The JSON value of `bytes` (UTF-8: a Uint8Array, or a string), refused as Python's reader refuses it: not JSON,
+ * not UTF-8, or an object giving a key twice (`${what}: the key 'rows' is given twice (in progress)`). `what` names
+ * the file in the message.
+ */
+export function parseJson(bytes, what) {
+  let text;
+  let value;
+  try {
+    text = typeof bytes === 'string' ? bytes : new TextDecoder('utf-8', {fatal: true}).decode(bytes);
+    value = JSON.parse(text);
+  } catch (err) {
+    throw new TrainingPackageError(`${what} is not readable JSON: ${err.message}`);
+  }
+  const twice = keyGivenTwice(text);
+  if (twice) {
+    throw new TrainingPackageError(`${what}: the key '${twice.key}' is given twice` +
+      (twice.path ? ` (in ${twice.path})` : ''));
+  }
+  return value;
+}
+
 function resolve(schema) {
   while (schema && schema.$ref) schema = SCHEMA.$defs[schema.$ref.slice('#/$defs/'.length)];
   return schema;
@@ -350,13 +406,8 @@ export function decodeState(bytes, manifest, where = 'the state') {
     throw new TrainingPackageError(`${where}: its header length ${length} runs past the file (${bytes.length} ` +
       `bytes) or the limit of ${MAX_HEADER} bytes`);
   }
-  let header;
-  try {
-    header = JSON.parse(new TextDecoder('utf-8', {fatal: true}).decode(bytes.subarray(8, 8 + length)));
-  } catch (err) {
-    throw new TrainingPackageError(`${where}'s header is not readable JSON: ${err.message}`);
-  }
   const at = `${where}'s header`;
+  const header = parseJson(bytes.subarray(8, 8 + length), at);
   if (header === null || typeof header !== 'object' || header.format !== STATE_FORMAT ||
       header.format_version !== FORMAT_VERSION) {
     fail(at, 'format_version', `the state has format ${show(header?.format)} version ` +

@@ -2,7 +2,7 @@
 // Python's reference loop `ortflow.package.train_package` trains it: the same batches, learning rates and step numbers
 // reach the same weights. Every graph's inputs are fed by their manifest role (format.js's inputsByRole).
 
-import {TrainingPackageError, checkGraph, decodeState, encodeState, inputsByRole, validateManifest}
+import {TrainingPackageError, checkGraph, decodeState, encodeState, inputsByRole, parseJson, validateManifest}
   from './format.js';
 import {checkFileName, packageReader, sha256Hex} from './files.js';
 import {checkFinite, dataColumns, plainRows, sliceColumn, targetsOf, weightsOf} from './data.js';
@@ -251,13 +251,7 @@ export class Trainer {
     const onNode = !!(ort.env && ort.env.versions && ort.env.versions.node);
     // onnxruntime-web's engine starts while the package downloads (onnxruntime-node's started when it was imported)
     const runtimeStarted = onNode ? null : startRuntime(ort);
-    const manifestBytes = await reader.read('manifest.json');
-    let manifest;
-    try {
-      manifest = JSON.parse(new TextDecoder().decode(manifestBytes));
-    } catch (err) {
-      throw new TrainingPackageError(`manifest.json of the package ${reader.where} is not JSON: ${err.message}`);
-    }
+    const manifest = parseJson(await reader.read('manifest.json'), `manifest.json of the package ${reader.where}`);
     const m = validateManifest(manifest, reader.where);
     const names = Object.keys(m.files || {});
     for (const name of names) checkFileName(name, reader.where);

@@ -1,4 +1,4 @@
-// Node: node load-cases.mjs <node|web> '<{name: folder or URL} as JSON>' prints tryLoads' outcomes as JSON.
+// Node: node load-cases.mjs <node|web> '<tryLoads' cases as JSON>' prints tryLoads' outcomes (load-cases.js) as JSON.
 import {Trainer} from '../node.js';
 import {runtime} from './runtime.mjs';
 import {tryLoads} from './load-cases.js';
