@@ -43,7 +43,9 @@ pytestmark = JS_GROUP
 EXAMPLE = ROOT / "examples" / "node" / "train.mjs"
 FEATURES = ["x1", "x2", "x3"]
 EPOCHS, SEED = 2, 3
-RUNTIMES = ("node", "chromium")
+#: where the examples train: Node (examples/node/train.mjs), headless Chromium (examples/browser/index.html) and its
+#: Web Worker (examples/browser/worker.html)
+RUNTIMES = ("node", "chromium", "worker")
 CHAIN = ["data=file", "data.target=target", "model=linear", "trainer.max_iter=3", "trainer.batch_size=16",
          "promotion.register=always"]
 
@@ -118,9 +120,8 @@ def mixed(tmp_path_factory, new_sqlite_store, run_chain_clean):
 
 
 def _train(runtime: str, folder: Path, csv: Path, tmp: Path):
-    """The package trained on the CSV file by the examples: examples/node/train.mjs (``node``) or
-    examples/browser/index.html in headless Chromium (``chromium``), ``EPOCHS`` shuffled epochs of seed ``SEED``:
-    the trained state and each epoch's logs."""
+    """The package trained on the CSV file by the example of ``runtime`` (:data:`RUNTIMES`), ``EPOCHS`` shuffled
+    epochs of seed ``SEED``: the trained state and each epoch's logs."""
     if runtime == "node":
         state, model, history = tmp / "node.state", tmp / "node.onnx", tmp / "node.json"
         node(EXAMPLE, folder, csv, "--header", "--epochs", EPOCHS, "--seed", SEED, "--state", state, "--model",
@@ -132,7 +133,8 @@ def _train(runtime: str, folder: Path, csv: Path, tmp: Path):
     with PageServer({"/package/": folder, "/input/": csv.parent}) as server:
         query = (f"package=/package/&data=/input/{csv.name}&header=1&epochs={EPOCHS}&seed={SEED}&shuffle=1"
                  "&autorun=1&post=/state")
-        page = open_page(f"{server.url}/examples/browser/index.html?{query}", timeout=180)
+        page_file = "worker.html" if runtime == "worker" else "index.html"
+        page = open_page(f"{server.url}/examples/browser/{page_file}?{query}", timeout=180)
         posted = server.posted
     return load_training_state(folder, posted), page["epochs"]
 
@@ -193,7 +195,7 @@ def _check_trained(package: TrainingPackage, split: Split, feeds: dict, y: np.nd
     assert python_epochs[-1]["loss"] < 1.0  # the standardized scale: the loss the Python trainer reports
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("runtime", RUNTIMES[:2])
 def test_a_pipelines_package_trains_in_node_and_chromium_on_the_raw_csv_rows(numbers, runtime, compose_pipeline,
                                                                              clean_mlflow_env, tmp_path):
     chain, split = numbers, numbers.split
@@ -233,20 +235,53 @@ def test_a_pipelines_package_trains_in_node_and_chromium_on_the_raw_csv_rows(num
     assert abs(metrics["test_mse"] - errors.mean()) <= float(float32_sum_atol(errors.sum(), len(errors))) / len(errors)
 
 
-def _converted(folder: Path, csv: Path) -> dict:
-    """The library's conversion (js/src/tables.js) of the CSV file's cells as examples/csv.mjs reads them: the data
-    inputs' values by name (float32 as numbers, NaN as null; dates as decimal text)."""
+def _converted(folder: Path, csv: Path | None = None, rows: list[dict] | None = None) -> dict:
+    """The library's conversion (js/src/tables.js) of the CSV file's cells as examples/csv.mjs reads them (or of
+    ``rows``, JSON records): the data inputs' values by name (float32 as numbers, NaN as null; dates as text)."""
+    data = (json.dumps(rows) if rows is not None else
+            f"csvData(readFileSync('{csv}', 'utf8'), manifest, {{header: true}}).X")
     script = f"""
 import {{readFileSync}} from 'node:fs';
 import {{csvData}} from '{(ROOT / "examples" / "csv.mjs").as_uri()}';
 import {{tableColumns}} from '{(JS / "src" / "tables.js").as_uri()}';
 const manifest = JSON.parse(readFileSync('{folder / "manifest.json"}', 'utf8'));
-const {{X}} = csvData(readFileSync('{csv}', 'utf8'), manifest, {{header: true}});
-const columns = tableColumns(manifest.data_inputs, manifest.preprocess, X);
+const columns = tableColumns(manifest.data_inputs, manifest.preprocess, {data});
 console.log(JSON.stringify(Object.fromEntries(columns.map((c) => [c.spec.name,
   Array.from(c.data, (v) => (typeof v === 'bigint' ? String(v) : v))]))));
 """
     return json.loads(node("--input-type=module", "-e", script).stdout)
+
+
+def _assert_same_cells(converted: dict, feeds: dict) -> None:
+    """The library's conversion (``_converted``) equals the served model's feeds, cell for cell (NaN for NaN)."""
+    assert set(converted) == set(feeds)
+    for name, expected in feeds.items():
+        ours = np.array(converted[name], dtype=object).reshape(expected.shape)
+        if expected.dtype == np.float32:
+            ours = np.where(ours == None, np.nan, ours).astype(np.float32)  # noqa: E711 - JSON's null: NaN
+        np.testing.assert_array_equal(ours.astype(expected.dtype), expected, err_msg=name)
+
+
+def test_the_conversion_of_edge_cells_is_the_served_models(mixed, tmp_path):
+    """Cells of every kind written as a CSV may write them (spaces, signs, exponents, letter cases, the texts
+    read_csv reads as missing, quoted text, times of day, dates before 1970), converted by the library as the
+    served model converts the same file read by pandas, and JSON's values as it converts a request's."""
+    csv = tmp_path / "edge.csv"
+    csv.write_text("area,garden,city,sold,target\n" + "\n".join([
+        '1.5,True,paris,2020-01-05,1', ' 2.5,FALSE, lyon,1969-12-31,2', '+3,true,NA,1970-01-01,3',
+        '-4e1,false,,2020-01-05 23:30,4', '.5,TRUE,1,2020-01-05T10:00:00,5', '6.,,007,,6', 'NA,NA,"a,b",NA,7',
+        ',True,"say ""hi""",1900-02-28,8', 'nan,False,\u00e9t\u00e9,2000-02-29,9', '1e-50,tRuE,None,2262-04-11,10']) + "\n")
+    pre = mixed.package.manifest["preprocess"]
+    inputs = mixed.package.record.data_inputs
+    _assert_same_cells(_converted(mixed.folder, csv), table_feeds(pd.read_csv(csv), pre["columns"], inputs,
+                                                                   pre["text_missing"]))
+    # JSON's values (a request to the served model): numbers and booleans in a text column as Python's str writes
+    # them, 1 and 0 in a bool column
+    rows = [{"area": a, "garden": b, "city": c, "sold": d} for a, b, c, d in zip(
+        [1.5, None, 3, -0.25, 1e30], [True, False, 1, 0, None], [1.0, 2.5, 1e-7, True, 1e22],
+        ["2020-01-05", None, "1969-07-20 20:17", "2000-02-29T00:00:00", "1700-03-01"])]
+    _assert_same_cells(_converted(mixed.folder, rows=rows), table_feeds(pd.DataFrame(rows), pre["columns"], inputs,
+                                                                         pre["text_missing"]))
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -265,16 +300,7 @@ def test_a_tables_package_trains_in_node_and_chromium_on_its_raw_cells(mixed, ru
     assert (feeds["city"] == pre["text_missing"]).any() and (feeds["sold"] == np.iinfo(np.int64).min).any()
 
     # the library's conversion of the CSV's cells is the served model's, cell for cell
-    converted = _converted(chain.folder, chain.csv)
-    for spec in inputs:
-        ours = np.array(converted[spec.name], dtype=object).reshape(-1, 1)
-        if feeds[spec.name].dtype == np.float32:
-            ours = np.array([np.nan if v is None else v for v in ours.ravel()], np.float32).reshape(-1, 1)
-            np.testing.assert_array_equal(ours, feeds[spec.name], err_msg=spec.name)
-        elif feeds[spec.name].dtype == np.int64:
-            np.testing.assert_array_equal(ours.astype(np.int64), feeds[spec.name], err_msg=spec.name)
-        else:
-            assert ours.ravel().tolist() == feeds[spec.name].ravel().tolist(), spec.name
+    _assert_same_cells(_converted(chain.folder, chain.csv), feeds)
 
     # the registered version (raw columns in) and the package's prediction graph on those feeds agree
     served = np.asarray(mlflow.pyfunc.load_model(chain.model).predict(raw)["prediction"], np.float64)
@@ -336,14 +362,24 @@ def test_the_browser_page_names_a_bad_cell_of_a_tables_csv(mixed, tmp_path):
     assert f"/input/bad.csv, line {row + 2})" in str(error.value), str(error.value)
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES[:2])
 @pytest.mark.parametrize("cell, message", [("", "empty cell"), ("abc", '"abc" is not a finite number')])
-def test_the_node_example_refuses_an_empty_or_non_numeric_cell(tmp_path, cell, message):
-    """A CSV cell of a package of numbers that is not a number is refused with its line and column, never read as 0."""
+def test_the_examples_refuse_an_empty_or_non_numeric_cell(tmp_path, runtime, cell, message):
+    """A CSV cell of a package of numbers that is not a number is refused with its line and column, never read as 0:
+    by the Node example and by the page (its CSV file read an empty cell as 0 before)."""
     require_node()
     folder, _, _ = make_package("linear", "sgd", tmp_path / "package")
-    csv = tmp_path / "rows.csv"
+    csv = tmp_path / "data" / "rows.csv"
+    csv.parent.mkdir()
     csv.write_text(f"a,b,c,d,e,y\n1,2,3,4,5,6\n1,{cell},3,4,5,6\n")
-    done = subprocess.run([NODE, EXAMPLE, folder, csv, "--header"], cwd=JS, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 1
-    assert f"line 3, column 2 (b): {message}" in done.stderr, done.stderr
+    if runtime == "node":
+        done = subprocess.run([NODE, EXAMPLE, folder, csv, "--header"], cwd=JS, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 1
+        assert f"line 3, column 2 (b): {message}" in done.stderr, done.stderr
+        return
+    require_chromium()
+    with PageServer({"/package/": folder, "/input/": csv.parent}) as server, pytest.raises(RuntimeError) as error:
+        open_page(f"{server.url}/examples/browser/index.html?package=/package/&data=/input/rows.csv&header=1"
+                  "&autorun=1", timeout=120)
+    assert f"/input/rows.csv, line 3, column 2 (b): {message}" in str(error.value), str(error.value)

@@ -163,7 +163,7 @@ function cellsByColumn(X, names, what) {
   let byName;
   if (Array.isArray(X)) {
     if (!X.length) throw new TrainingPackageError(`${what} is empty: at least one row is needed`);
-    if (X.every((row) => Array.isArray(row))) {
+    if (X.every((row) => Array.isArray(row) || ArrayBuffer.isView(row))) {
       const bad = X.findIndex((row) => row.length !== names.length);
       if (bad >= 0) {
         throw new TrainingPackageError(`${what} row ${bad} has ${X[bad].length} cells; rows of cells take ${order}`);
@@ -175,15 +175,15 @@ function cellsByColumn(X, names, what) {
       throw new TypeError(`${what} row ${bad} is ${shown(X[bad])}: give every row as an object keyed by column ` +
         `name, or every row as an array of cells (${order})`);
     }
-    byName = Object.fromEntries(names.filter((name) => X.some((row) => name in row))
+    byName = Object.fromEntries(names.filter((name) => X.some((row) => Object.hasOwn(row, name)))
       .map((name) => [name, X.map((row) => row[name])]));
   } else if (isRecord(X)) {
-    byName = Object.fromEntries(names.filter((name) => name in X).map((name) => [name, X[name]]));
+    byName = Object.fromEntries(names.filter((name) => Object.hasOwn(X, name)).map((name) => [name, X[name]]));
   } else {
     throw new TypeError(`${what} must be rows (objects keyed by column name, or arrays of cells: ${order}) or ` +
       `{column: cells}, got ${X === null ? 'null' : typeof X}`);
   }
-  const missing = names.filter((name) => !(name in byName));
+  const missing = names.filter((name) => !Object.hasOwn(byName, name));
   if (missing.length) {
     throw new TrainingPackageError(`${what} lacks the columns ${JSON.stringify(missing)}; the package takes the ` +
       `columns ${JSON.stringify(names)} (rows as objects keyed by column name, or {column: cells})`);
@@ -205,11 +205,11 @@ export function tableColumns(specs, preprocess, X, what = 'X') {
     const kind = KINDS[kinds[spec.name]];
     if (!kind) {
       throw new TrainingPackageError(`the package's input ${JSON.stringify(spec.name)} is ` +
-        (spec.name in kinds ? `a column of kind ${JSON.stringify(kinds[spec.name])}` : 'not among its columns') +
+        (Object.hasOwn(kinds, spec.name) ? `a column of kind ${JSON.stringify(kinds[spec.name])}` : 'not among its columns') +
         ` (preprocess.columns); this library converts the kinds ${JSON.stringify(Object.keys(KINDS))}`);
     }
-    if (!kind.dtypes.includes(spec.dtype) || spec.shape.length > 2 || spec.shape[1] !== undefined &&
-        spec.shape[1] !== 1) {
+    if (!kind.dtypes.includes(spec.dtype) || spec.shape.length > 2 ||
+        (spec.shape.length === 2 && spec.shape[1] !== 1)) {
       throw new TrainingPackageError(`the package's input ${JSON.stringify(spec.name)} (a ${kinds[spec.name]} ` +
         `column) takes ${spec.dtype} of shape ${JSON.stringify(spec.shape)}; this library feeds such a column as ` +
         `${kind.dtypes.join(' or ')} of shape [rows, 1]`);

@@ -36,8 +36,9 @@ def train_package(folder: str | os.PathLike | TrainingPackage, X, y, epochs: int
     epochs from ``state`` (default the package's own); each epoch's learning rate from the schedule at the rows
     seen before it, its row order :func:`ortflow.data.shuffle.epoch_order` ``(n, seed mod 2**32, epochs completed)``
     (or the rows as given without ``shuffle``), batches of ``batch_size`` rows (the last one shorter), ``step``
-    counting the updates from the state's. ``X``: an array (one data input) or a dict input name -> array; ``y``:
-    targets, or class labels of a classifier. ``on_epoch(record)`` is called after each epoch (see the module's
+    counting the updates from the state's. ``X``: an array (one data input) or a dict input name -> array (a table's
+    package: its columns converted by kind, as the served model's ``table_feeds`` gives them; a number or bool
+    column's gaps NaN, which the graph imputes); ``y``: targets, or class labels of a classifier. ``on_epoch(record)`` is called after each epoch (see the module's
     docstring). ``flat`` runs ``step_flat.onnx`` (the state as one vector) instead of ``step.onnx``: the same
     nodes, the same result. ``unrolled`` (implies ``flat``) runs, as the JavaScript library does, each epoch's full
     batches by the package's ``steps_<K>.onnx`` (the largest ``K`` that fits the full batches left, then the
