@@ -71,8 +71,8 @@ export function csvData(text, manifest, {header = false, where = 'the CSV'} = {}
   const width = names ? names.length : rows[0].length;
   rows.forEach((cells, r) => {
     if (cells.length !== width || width < 2) {
-      throw new Error(`${where}, line ${lines[r]}: ${cells.length} cells, the ${names ? 'header has' : 'first row has'} ` +
-        `${width} (the features, then the target)`);
+      throw new Error(`${where}, line ${lines[r]}: ${cells.length} cells, the ` +
+        `${names ? 'header has' : 'first row has'} ${width} (the features, then the target)`);
     }
   });
   const y = rows.map((cells) => cells[width - 1]);

@@ -56,7 +56,8 @@ def require_node() -> None:
 
 
 def require_chromium() -> None:
-    """Node's packages (``require_node``) and Debian's chromium, which the browser tests drive (a failure without it)."""
+    """Node's packages (``require_node``) and Debian's chromium, which the browser tests drive (a failure if
+    missing)."""
     require_node()
     if CHROMIUM is None:
         pytest.fail("chromium is not installed: `make chromium` installs Debian's package")

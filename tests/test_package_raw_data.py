@@ -163,6 +163,15 @@ def _loss(package: TrainingPackage, weights: dict, feeds: dict, y: np.ndarray) -
                  .mean())
 
 
+def _loss_atol(loss: float, expected: np.ndarray, y: np.ndarray, split: Split, d: float):
+    """The tolerance of a loss near ``loss`` (the loss of the predictions ``expected``) when each prediction moves by
+    at most ``d`` standardized units (the module's docstring): a function of the loss compared."""
+    r = (expected - y) / split.y_scale
+    c = loss / float(np.mean(r.astype(np.float64) ** 2))
+    return lambda value: (c * (2 * d * np.sqrt(value / c) + d * d) +
+                          float(float32_sum_atol(value * len(y), len(y))) / len(y))
+
+
 def _check_trained(package: TrainingPackage, split: Split, feeds: dict, y: np.ndarray, trained, epochs: list[dict],
                    python, python_epochs: list[dict]) -> None:
     """The state ``trained`` (and its epochs' logs) against Python's (the rule of the module's docstring) on the raw
@@ -181,13 +190,8 @@ def _check_trained(package: TrainingPackage, split: Split, feeds: dict, y: np.nd
     assert np.abs(predicted - y).mean() < y.std()  # the target's units, not standardized ones
 
     # the losses: each epoch's, and the trained weights' on all the raw rows (loss.onnx, in Python)
-    r = (expected - y) / split.y_scale
     final = _loss(package, python.weights, feeds, y)
-    c = final / float(np.mean(r.astype(np.float64) ** 2))
-
-    def loss_atol(loss: float) -> float:
-        return c * (2 * d * np.sqrt(loss / c) + d * d) + float(float32_sum_atol(loss * len(y), len(y))) / len(y)
-
+    loss_atol = _loss_atol(final, expected, y, split, d)
     assert abs(_loss(package, trained.weights, feeds, y) - final) <= loss_atol(final)
     assert [e["epoch"] for e in epochs] == [e["epoch"] for e in python_epochs]
     for ours, theirs in zip(epochs, python_epochs):
@@ -270,7 +274,8 @@ def test_the_conversion_of_edge_cells_is_the_served_models(mixed, tmp_path):
     csv.write_text("area,garden,city,sold,target\n" + "\n".join([
         '1.5,True,paris,2020-01-05,1', ' 2.5,FALSE, lyon,1969-12-31,2', '+3,true,NA,1970-01-01,3',
         '-4e1,false,,2020-01-05 23:30,4', '.5,TRUE,1,2020-01-05T10:00:00,5', '6.,,007,,6', 'NA,NA,"a,b",NA,7',
-        ',True,"say ""hi""",1900-02-28,8', 'nan,False,\u00e9t\u00e9,2000-02-29,9', '1e-50,tRuE,None,2262-04-11,10']) + "\n")
+        ',True,"say ""hi""",1900-02-28,8', 'nan,False,\u00e9t\u00e9,2000-02-29,9',
+        '1e-50,tRuE,None,2262-04-11,10']) + "\n")
     pre = mixed.package.manifest["preprocess"]
     inputs = mixed.package.record.data_inputs
     _assert_same_cells(_converted(mixed.folder, csv), table_feeds(pd.read_csv(csv), pre["columns"], inputs,
@@ -314,6 +319,46 @@ def test_a_tables_package_trains_in_node_and_chromium_on_its_raw_cells(mixed, ru
     python = train_package(chain.package, feeds, y, epochs=EPOCHS, seed=SEED, on_epoch=python_epochs.append)
     trained, epochs = _train(runtime, chain.folder, chain.csv, tmp_path)
     _check_trained(chain.package, split, feeds, y, trained, epochs, python, python_epochs)
+
+
+def test_predict_evaluate_and_validation_data_take_a_tables_rows(mixed, tmp_path):
+    """``predict`` takes a table's rows as objects, as arrays of cells and as {column: cells} alike, and gives what
+    the package's graph gives on the served model's feeds; ``evaluate`` the loss of ``loss.onnx`` on them;
+    ``validationData`` the same rows' loss after the epoch."""
+    script = f"""
+import {{createRequire}} from 'node:module';
+import {{readFileSync}} from 'node:fs';
+import {{Trainer}} from '{(JS / "node.js").as_uri()}';
+import {{csvData}} from '{(ROOT / "examples" / "csv.mjs").as_uri()}';
+const ort = createRequire('{JS / "package.json"}')('onnxruntime-node');
+const trainer = await Trainer.load('{mixed.folder}', {{ort}});
+const {{X, y}} = csvData(readFileSync('{mixed.csv}', 'utf8'), trainer.manifest, {{header: true}});
+const names = Object.keys(trainer.manifest.preprocess.columns);
+const forms = [X, X.map((row) => names.map((name) => row[name])),
+  Object.fromEntries(names.map((name) => [name, X.map((row) => row[name])]))];
+const predicted = [];
+for (const form of forms) predicted.push(await trainer.predict(form));
+const loss = await trainer.evaluate(X, y);
+const history = await trainer.fit(X, y, {{epochs: 1, validationData: [X, y]}});
+const after = await trainer.evaluate(X, y);
+console.log(JSON.stringify({{predicted, loss, valLoss: history.history.val_loss[0], after}}));
+"""
+    out = json.loads(node("--input-type=module", "-e", script).stdout)
+    assert out["predicted"][1] == out["predicted"][0] == out["predicted"][2]
+    pre, split = mixed.package.manifest["preprocess"], mixed.split
+    feeds = table_feeds(mixed.rows[list(pre["columns"])], pre["columns"], mixed.package.record.data_inputs,
+                        pre["text_missing"])
+    start = mixed.package.initial_state()
+    expected = _predict(start.trained_onnx_bytes(), feeds)
+    features = _weighed(start.trained_onnx_bytes(), feeds).astype(np.float64)
+    terms = np.abs(features) @ np.abs(start.weights["coef"].astype(np.float64)).reshape(features.shape[1], -1)
+    atol = float32_sum_atol(split.y_scale * (terms.ravel() + abs(float(start.weights["intercept"].ravel()[0]))) +
+                            np.abs(expected) + abs(split.y_mean), features.shape[1] + 4)
+    assert_close(np.array(out["predicted"][0]), expected, rtol=0.0, atol=atol, err_msg="predict vs the graph in Python")
+    y = mixed.rows["target"].to_numpy(np.float32)
+    loss = _loss(mixed.package, start.weights, feeds, y)
+    assert abs(out["loss"] - loss) <= _loss_atol(loss, expected, y, split, float(np.max(atol)) / split.y_scale)(loss)
+    assert out["valLoss"] == out["after"]  # validationData's loss is evaluate's on the same rows
 
 
 #: injected faults of a table's CSV: (what is done to the frame, the row, the column, the cell)

@@ -8,8 +8,8 @@
 // the columns), as the user has it: a registered model's package standardizes inside its graphs (the manifest's
 // `preprocess`), and a table's package takes the raw cells (text, booleans, dates, gaps), which the library
 // converts by column (examples/csv.mjs reads the file). A cell that does not fit is refused with its line and
-// column, never read as 0. Back in Python,
-// `ortflow.load_training_state(folder, "trained.state")` reads the state (docs/TRAINING_OUTSIDE_PYTHON.md).
+// column, never read as 0. Back in Python, `ortflow.load_training_state(folder, "trained.state")` reads the state
+// (docs/TRAINING_OUTSIDE_PYTHON.md).
 // The runtimes come from js/node_modules (`make js/node_modules/.stamp`, or `npm ci --ignore-scripts` in js/).
 import {readFile, writeFile} from 'node:fs/promises';
 import {createRequire} from 'node:module';

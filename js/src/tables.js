@@ -13,10 +13,10 @@ import {TrainingPackageError} from './format.js';
 import {ARRAYS, columnOf, dataColumns, isTensor, targetsOf} from './data.js';
 
 /** the texts pandas' read_csv reads as a missing cell (its default na_values), '' among them */
-export const GAP_TEXTS = new Set(['', '#N/A', '#N/A N/A', '#NA', '-1.#IND', '-1.#QNAN', '-NaN', '-nan', '1.#IND',
+const GAP_TEXTS = new Set(['', '#N/A', '#N/A N/A', '#NA', '-1.#IND', '-1.#QNAN', '-NaN', '-nan', '1.#IND',
   '1.#QNAN', '<NA>', 'N/A', 'NA', 'NULL', 'NaN', 'None', 'n/a', 'nan', 'null']);
 /** a date gap's day count: the smallest int64 (pandas' NaT), as ortflow.convert.tables' MISSING_DAY */
-export const MISSING_DAY = -(2n ** 63n);
+const MISSING_DAY = -(2n ** 63n);
 const FLOAT32_MAX = 3.4028234663852886e38;
 const DAY_MS = 86400000;
 /** the instants pandas holds (nanoseconds in an int64, NaT excluded), in whole milliseconds */
@@ -202,15 +202,16 @@ export function tableColumns(specs, preprocess, X, what = 'X') {
   const cells = cellsByColumn(X, Object.keys(kinds), what);
   const columns = specs.map((spec) => {
     const named = `${what} (${JSON.stringify(spec.name)})`;
-    const kind = KINDS[kinds[spec.name]];
+    const declared = Object.hasOwn(kinds, spec.name) ? kinds[spec.name] : undefined;
+    const kind = Object.hasOwn(KINDS, declared) ? KINDS[declared] : null;
     if (!kind) {
       throw new TrainingPackageError(`the package's input ${JSON.stringify(spec.name)} is ` +
-        (Object.hasOwn(kinds, spec.name) ? `a column of kind ${JSON.stringify(kinds[spec.name])}` : 'not among its columns') +
+        (declared === undefined ? 'not among its columns' : `a column of kind ${JSON.stringify(declared)}`) +
         ` (preprocess.columns); this library converts the kinds ${JSON.stringify(Object.keys(KINDS))}`);
     }
     if (!kind.dtypes.includes(spec.dtype) || spec.shape.length > 2 ||
         (spec.shape.length === 2 && spec.shape[1] !== 1)) {
-      throw new TrainingPackageError(`the package's input ${JSON.stringify(spec.name)} (a ${kinds[spec.name]} ` +
+      throw new TrainingPackageError(`the package's input ${JSON.stringify(spec.name)} (a ${declared} ` +
         `column) takes ${spec.dtype} of shape ${JSON.stringify(spec.shape)}; this library feeds such a column as ` +
         `${kind.dtypes.join(' or ')} of shape [rows, 1]`);
     }
