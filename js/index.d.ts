@@ -27,8 +27,18 @@ export interface OrtTensor {
 export type Row = number | bigint | string | ArrayLike<number> | Row[];
 /** Rows of one input: an array of rows, or a runtime tensor whose first axis is the rows. */
 export type Rows = Row[] | OrtTensor;
-/** The rows of the package's data input, or `{inputName: rows}` for a graph of several data inputs. */
-export type Features = Rows | Record<string, Rows>;
+/** One cell of a table as the user has it (a package whose manifest declares `preprocess.columns`): CSV text, a
+ * number, a boolean, a Date (its UTC day), or a gap (null, undefined, NaN, '' and the other texts pandas' read_csv
+ * reads as missing); the library converts it by its column's kind. */
+export type Cell = string | number | boolean | bigint | Date | null | undefined;
+/** A table's rows as the user has them: objects keyed by column name (what a CSV parser gives with a header; other
+ * keys ignored), arrays of cells in the order of `preprocess.columns`, or `{column: cells}`. */
+export type TableRows = Array<Record<string, Cell>> | Cell[][] | Record<string, ArrayLike<Cell> | OrtTensor>;
+/** The rows of the package's data input, `{inputName: rows}` for a graph of several data inputs, or a table's rows
+ * (`TableRows`) for a package that declares its columns. */
+export type Features = Rows | Record<string, Rows> | TableRows;
+/** Targets or class labels: rows, or a table's raw cells (text read as a number for a value target; a gap refused). */
+export type Targets = Rows | Cell[];
 
 // --- the format -------------------------------------------------------------------------------------------------
 export const FORMAT: 'ortflow-training-package';
@@ -183,12 +193,13 @@ export interface Affine {
 
 /** The preprocessing the package's graphs hold (they take raw features and targets and predict in the target's
  * units), and what no graph expresses: the kind of each table column and the text of a missing cell, which the
- * caller's rows must already follow. */
+ * library applies to the rows (`TableRows`). */
 export interface Preprocess {
   features?: Affine | null;
   target?: Affine | null;
   /** the prediction outputs brought back to the target's units */
   prediction?: string[];
+  /** a table's raw columns, name -> kind: 'number', 'bool', 'text' or 'date' */
   columns?: {[name: string]: string} | null;
   text_missing?: string | null;
 }
@@ -244,6 +255,9 @@ export interface Manifest {
  * the row and column). */
 export class TrainingPackageError extends Error {
   name: 'TrainingPackageError';
+  /** a table's cell that does not fit its column: its row (from 0) and its column (null: the target) */
+  row?: number;
+  column?: string | null;
 }
 
 /** `fit` was called while another `fit` of the same trainer runs. */
@@ -357,7 +371,7 @@ export interface FitOptions {
   /** stops training between steps once aborted (so does `trainer.stopTraining = true`) */
   signal?: AbortSignal;
   /** rows whose loss is reported as `val_loss` after each epoch: `[X, y]` or `[X, y, sampleWeight]` */
-  validationData?: [Features, Rows] | [Features, Rows, Rows];
+  validationData?: [Features, Targets] | [Features, Targets, Rows];
   /** the fraction (0 to 1) of the rows, taken from the end before shuffling, kept for `val_loss` */
   validationSplit?: number;
 }
@@ -411,10 +425,11 @@ export class Trainer {
   /** set to true (in a callback, or from elsewhere) to stop `fit` after the running step */
   stopTraining: boolean;
 
-  /** X: rows of the package's data input (or {inputName: rows} for several); y: targets, or class labels. */
-  fit(X: Features, y: Rows, options?: FitOptions): Promise<History>;
+  /** X: rows of the package's data input (or {inputName: rows} for several, or a table's rows as the user has
+   * them); y: targets, or class labels. */
+  fit(X: Features, y: Targets, options?: FitOptions): Promise<History>;
   /** The mean loss over the rows (the package's loss graph). */
-  evaluate(X: Features, y: Rows, options?: {sampleWeight?: Rows}): Promise<number>;
+  evaluate(X: Features, y: Targets, options?: {sampleWeight?: Rows}): Promise<number>;
   /** The trained graph's first output: one value per row (label, number) or one array of scores per row. */
   predict(X: Features): Promise<Array<number | string | number[]>>;
   /** Every output of the trained graph as tensors. */

@@ -12,6 +12,7 @@ export {Trainer, ConcurrentFitError, ConvergenceError} from './src/trainer.js';
 export {ExecutionProviderError} from './src/device.js';
 // Every module the library runs is named here, so a browser loading index.js as it is (no bundler) requests them all
 // at once after it, rather than the ones these import a round trip later.
-import './src/schema.js';
-import './src/files.js';
-import './src/data.js';
+export {} from './src/schema.js';
+export {} from './src/files.js';
+export {} from './src/data.js';
+export {} from './src/tables.js';

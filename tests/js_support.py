@@ -56,6 +56,14 @@ def require_node() -> None:
                            capture_output=True)
 
 
+def require_chromium() -> None:
+    """Node's packages (``require_node``) and Debian's chromium, which the browser tests drive (a failure if
+    missing)."""
+    require_node()
+    if CHROMIUM is None:
+        pytest.fail("chromium is not installed: `make chromium` installs Debian's package")
+
+
 def node(*args, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run node with ``args`` from js/, failing with its stderr."""
     done = subprocess.run([NODE, *map(str, args)], cwd=JS, capture_output=True, text=True, timeout=timeout)
@@ -192,8 +200,7 @@ def train_jobs(runtime: str, jobs: list[dict], folder: Path, site: Path | None =
     if runtime == "chromium":
         from bench.portable import PageServer, open_page
 
-        if CHROMIUM is None:
-            pytest.fail("chromium is not installed: `make chromium` installs Debian's package")
+        require_chromium()
         site = Path(site).resolve()
         served = [{**job, "package": "/site/" + Path(job["package"]).resolve().relative_to(site).as_posix() + "/"}
                   for job in jobs]
@@ -225,9 +232,7 @@ def served_example(tmp_path: Path):
     `/input/data.json`): yields ``{"server", "folder", "X", "y"}``. Needs Node's packages and Debian's chromium."""
     from bench.portable import PageServer
 
-    require_node()
-    if CHROMIUM is None:
-        pytest.fail("chromium is not installed: `make chromium` installs Debian's package")
+    require_chromium()
     folder, X, y = make_package("mlp", "adam", tmp_path / "package")
     data = tmp_path / "data"
     data.mkdir()

@@ -6,13 +6,16 @@
 // The package: `ortflow.export_training_package(estimator, folder)` in Python. The data: a JSON file {"X": [[...]],
 // "y": [...]} or a CSV file (one row per sample, the target in the last column; `--header`: the first line names
 // the columns), as the user has it: a registered model's package standardizes inside its graphs (the manifest's
-// `preprocess`). An empty or non-numeric feature cell is refused with its line and column. Back in Python,
-// `ortflow.load_training_state(folder, "trained.state")` reads the state (docs/TRAINING_OUTSIDE_PYTHON.md).
+// `preprocess`), and a table's package takes the raw cells (text, booleans, dates, gaps), which the library
+// converts by column (examples/csv.mjs reads the file). A cell that does not fit is refused with its line and
+// column, never read as 0. Back in Python, `ortflow.load_training_state(folder, "trained.state")` reads the state
+// (docs/TRAINING_OUTSIDE_PYTHON.md).
 // The runtimes come from js/node_modules (`make js/node_modules/.stamp`, or `npm ci --ignore-scripts` in js/).
 import {readFile, writeFile} from 'node:fs/promises';
 import {createRequire} from 'node:module';
 import {parseArgs} from 'node:util';
 import {Trainer} from '../../js/node.js';
+import {csvData, describeCsvError} from '../csv.mjs';
 
 const {values: opts, positionals} = parseArgs({allowPositionals: true, options: {
   epochs: {type: 'string', default: '5'}, seed: {type: 'string', default: '0'},
@@ -31,49 +34,17 @@ const require = createRequire(new URL('../../js/package.json', import.meta.url))
 const ort = require(opts.runtime === 'web' ? 'onnxruntime-web' : 'onnxruntime-node');
 if (opts.runtime === 'web') ort.env.wasm.numThreads = 1;
 
-async function readData(file) {
+async function readData(file, manifest) {
   const text = await readFile(file, 'utf8');
   if (file.endsWith('.json')) return JSON.parse(text);
-  return parseCsv(text, file, opts.header);
+  return csvData(text, manifest, {header: opts.header, where: file});
 }
 
-// The rows of a CSV text (no quoting: numbers, and labels without commas): features as numbers, the target a number
-// or a label. An empty cell, a feature that is not a finite number, a row of another width: an Error naming the
-// file's line and the column (both from 1), never a 0 in its place.
-function parseCsv(text, file, header) {
-  const lines = text.split(/\r?\n/);
-  while (lines.length && lines[lines.length - 1].trim() === '') lines.pop();
-  const first = header ? 1 : 0;
-  const names = header && lines.length ? lines[0].split(',').map((c) => c.trim()) : null;
-  const X = [];
-  const y = [];
-  let width = names ? names.length : null;
-  for (let i = first; i < lines.length; i++) {
-    const cells = lines[i].split(',').map((c) => c.trim());
-    const where = (j) => `${file}, line ${i + 1}, column ${j + 1}${names ? ` (${names[j]})` : ''}`;
-    width ??= cells.length;
-    if (cells.length !== width || width < 2) {
-      throw new Error(`${file}, line ${i + 1}: ${cells.length} cells, the ${names ? 'header has' : 'first row has'} ` +
-        `${width} (the features, then the target)`);
-    }
-    const row = cells.slice(0, -1).map((cell, j) => {
-      const value = Number(cell);
-      if (cell === '') throw new Error(`${where(j)}: empty cell`);
-      if (!Number.isFinite(value)) throw new Error(`${where(j)}: ${JSON.stringify(cell)} is not a finite number`);
-      return value;
-    });
-    const target = cells[width - 1];
-    if (target === '') throw new Error(`${where(width - 1)}: empty cell (the target)`);
-    X.push(row);
-    y.push(Number.isNaN(Number(target)) ? target : Number(target));
-  }
-  if (!X.length) throw new Error(`${file}: no rows`);
-  return {X, y};
-}
-
+let data = null;
 try {
   const trainer = await Trainer.load(packageFolder, {ort});
-  const {X, y} = await readData(dataFile);
+  data = await readData(dataFile, trainer.manifest);
+  const {X, y} = data;
   const m = trainer.manifest;
   console.log(`package ${trainer.packageId.slice(0, 12)}: ${m.optimizer.name}, batch size ${m.batch_size}, ` +
     `${X.length} rows, ${opts.runtime === 'web' ? 'onnxruntime-web (wasm)' : 'onnxruntime-node'}`);
@@ -94,6 +65,7 @@ try {
     console.log(`trained graph written to ${opts.model}`);
   }
 } catch (err) {
+  describeCsvError(err, data, dataFile);
   console.error(`${err.name}: ${err.message}`);
   process.exit(1);
 }

@@ -5,7 +5,8 @@
 import {TrainingPackageError, checkGraph, decodeState, encodeState, inputsByRole, parseJson, validateManifest}
   from './format.js';
 import {checkFileName, packageReader, sha256Hex} from './files.js';
-import {checkFinite, dataColumns, plainRows, sliceColumn, targetsOf, weightsOf} from './data.js';
+import {checkFinite, plainRows, sliceColumn, weightsOf} from './data.js';
+import {featureColumns, targetColumn} from './tables.js';
 import {epochOrder} from './shuffle.js';
 import {learningRateAt} from './schedules.js';
 import {watchDevice, watchedRun} from './device.js';
@@ -338,11 +339,12 @@ export class Trainer {
     }
   }
 
-  /** X, y and sample weights as the columns of the step's data, target and sample_weight inputs: {n, columns}. */
+  /** X, y and sample weights as the columns of the step's data, target and sample_weight inputs: {n, columns} (a
+   * table's raw cells converted by their columns' kinds, tables.js). */
   _columns(X, y, sampleWeight, names = ['X', 'y', 'sampleWeight']) {
-    const columns = dataColumns(this._dataSpecs, X, names[0]);
+    const columns = featureColumns(this._dataSpecs, X, names[0], this.manifest.preprocess);
     const n = columns[0].n;
-    const target = targetsOf(y, this._targetSpec, names[1]);
+    const target = targetColumn(y, this._targetSpec, names[1], this.manifest.preprocess);
     if (target.n !== n) throw new TrainingPackageError(`${names[1]} has ${target.n} rows, ${names[0]} has ${n}`);
     columns.push({spec: this._targetSpec, ...target});
     if (this._weightSpec) {
@@ -663,7 +665,7 @@ export class Trainer {
   async run(X) {
     this._alive();
     const feeds = {};
-    for (const c of dataColumns(this._dataSpecs, X)) {
+    for (const c of featureColumns(this._dataSpecs, X, 'X', this.manifest.preprocess)) {
       const spec = this.manifest.predict.inputs.find((i) => i.name === c.spec.name) || c.spec;
       feeds[c.spec.name] = tensorFor(this.ort, c.spec.dtype, c.data, [c.n, ...spec.shape.slice(1).map((d, i) =>
         (typeof d === 'number' ? d : c.spec.shape[i + 1]))]);

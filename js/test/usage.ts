@@ -3,7 +3,8 @@
 // Never run.
 import * as ort from 'onnxruntime-web/wasm';
 import {
-  ConcurrentFitError, ConvergenceError, Trainer, TrainingPackageError, type History, type Logs, type Standardization,
+  ConcurrentFitError, ConvergenceError, Trainer, TrainingPackageError, type Cell, type History, type Logs,
+  type Standardization, type TableRows,
 } from 'ortflow';
 
 ort.env.wasm.numThreads = 1;
@@ -59,6 +60,21 @@ export async function trainAndSendBack(packageUrl: string, X: number[][], y: Arr
   console.log(predictions.length, trainer.weights, trainer.epochs, trainer.steps, trainer.rowsSeen);
   await trainer.dispose();
   return history;
+}
+
+/** A table's package trained on the rows a CSV parser gives (objects keyed by column name, cells as text). */
+export async function trainOnTable(packageUrl: string, rows: Array<Record<string, string>>): Promise<number> {
+  const trainer = await Trainer.load(packageUrl, {ort});
+  const columns = Object.keys(trainer.manifest.preprocess?.columns ?? {});
+  const prices = rows.map((row) => row.price);
+  await trainer.fit(rows, prices, {epochs: 2, validationData: [rows.slice(0, 4), prices.slice(0, 4)]});
+  const cells: Cell[][] = rows.map((row) => columns.map((name) => (row[name] === '' ? null : row[name])));
+  const byColumn: TableRows = {sold: [new Date(), '2024-01-31', null], garden: [true, 'False', undefined]};
+  await trainer.predict(cells);
+  await trainer.run(byColumn).catch((err: unknown) => {
+    if (err instanceof TrainingPackageError && err.row !== undefined) console.log(err.row, err.column);
+  });
+  return trainer.evaluate(rows, prices.map(Number));
 }
 
 export function explain(err: unknown): string {

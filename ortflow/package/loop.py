@@ -36,8 +36,9 @@ def train_package(folder: str | os.PathLike | TrainingPackage, X, y, epochs: int
     epochs from ``state`` (default the package's own); each epoch's learning rate from the schedule at the rows
     seen before it, its row order :func:`ortflow.data.shuffle.epoch_order` ``(n, seed mod 2**32, epochs completed)``
     (or the rows as given without ``shuffle``), batches of ``batch_size`` rows (the last one shorter), ``step``
-    counting the updates from the state's. ``X``: an array (one data input) or a dict input name -> array; ``y``:
-    targets, or class labels of a classifier. ``on_epoch(record)`` is called after each epoch (see the module's
+    counting the updates from the state's. ``X``: an array (one data input) or a dict input name -> array (a table's
+    package: its columns converted by kind, as the served model's ``table_feeds`` gives them; a number or bool
+    column's gaps NaN, which the graph imputes); ``y``: targets, or class labels of a classifier. ``on_epoch(record)`` is called after each epoch (see the module's
     docstring). ``flat`` runs ``step_flat.onnx`` (the state as one vector) instead of ``step.onnx``: the same
     nodes, the same result. ``unrolled`` (implies ``flat``) runs, as the JavaScript library does, each epoch's full
     batches by the package's ``steps_<K>.onnx`` (the largest ``K`` that fits the full batches left, then the
@@ -177,11 +178,14 @@ def _check_weights(w: np.ndarray) -> None:
         raise TrainingPackageError("sample_weight is zero everywhere: the loss and every gradient would be 0")
 
 
-def _check_finite(what: str, array: np.ndarray, n: int, columns: list[str] | None = None) -> None:
+def _check_finite(what: str, array: np.ndarray, n: int, columns: list[str] | None = None,
+                  gaps: bool = False) -> None:
+    """``array`` has ``n`` rows and, if floats, no NaN or infinity (``gaps``: NaN allowed, a table column's gap)."""
     if len(array) != n:
         raise TrainingPackageError(f"{what} has {len(array)} rows, X has {n}")
-    if array.dtype.kind == "f" and not np.isfinite(array).all():
-        where = tuple(np.argwhere(~np.isfinite(array))[0].tolist())
+    bad = (np.isinf(array) if gaps else ~np.isfinite(array)) if array.dtype.kind == "f" else None
+    if bad is not None and bad.any():
+        where = tuple(np.argwhere(bad)[0].tolist())
         value = float(array[where])
         spelled = "NaN" if np.isnan(value) else "Infinity" if value > 0 else "-Infinity"  # JavaScript's spelling
         raise TrainingPackageError(f"{what} holds a non-finite value ({spelled}) at {_cell(where, columns)}")
@@ -221,7 +225,10 @@ def _cell(index: tuple, columns: list[str] | None) -> str:
 
 
 def _data_feeds(m: Manifest, X) -> dict[str, np.ndarray]:
+    """The data inputs' values of X; a table's number and bool columns (``preprocess.columns``) may hold NaN, a gap
+    their graph imputes."""
     inputs = inputs_by_role(m.step, "data")
+    gaps = {name for name, kind in (m.preprocess.columns or {}).items() if kind in ("number", "bool")}
     given = X if isinstance(X, Mapping) else {inputs[0].name: X} if len(inputs) == 1 else None
     if given is None or set(given) != {i.name for i in inputs}:
         raise TrainingPackageError(f"X must give the inputs {[i.name for i in inputs]}")
@@ -235,7 +242,7 @@ def _data_feeds(m: Manifest, X) -> dict[str, np.ndarray]:
                                                       zip((shape or [])[1:], array.shape[1:])):
             raise TrainingPackageError(f"input {spec.name!r} has shape {array.shape}; the package takes {shape}")
         n = len(array) if n is None else n
-        _check_finite(f"X ({spec.name!r})", array, n, columns)
+        _check_finite(f"X ({spec.name!r})", array, n, columns, gaps=spec.name in gaps)
         feeds[spec.name] = array
     return feeds
 
