@@ -32,8 +32,9 @@ thread, a new browser context per page, the HTTP cache off: js/bench/first-use.h
 use) instead of the default ``'auto'``.
 In a browser: **first use**, from the page's start (navigation) to ``--tfjs-epochs`` epochs done (the runtime, the
 library, the package and the rows downloaded, the runtime started, the epochs trained), then the **steady epoch**:
-the median epoch of a second fit of ``--tfjs-more`` epochs. In Node: the steady epoch (the median epoch of one fit
-of both counts, the first left out). Every repeat runs every engine (the order rotating; the pages of a repeat in one
+a second fit of ``--tfjs-more`` epochs, whose second half's median is the steady epoch (the runtime's code warmed
+up, the unrolled graphs that pay created by ``unrolled: 'auto'`` as a fit goes). In Node: one fit of both counts, the
+steady epoch the median of its last ``--tfjs-more // 2`` epochs. Every repeat runs every engine (the order rotating; the pages of a repeat in one
 browser), the ratios are paired per repeat (ortflow's number over TF.js's of the same repeat), and the load average
 is recorded before and after each repeat.
 """
@@ -351,6 +352,13 @@ def _page_url(engine: str, servers: dict, rows: int, epochs: int, more: int) -> 
     return f"{server.url}/js/bench/first-use.html?package=/work/package/&{common}{unrolled}"
 
 
+def steady_epoch(times, more: int) -> float:
+    """The steady epoch of one page or process: the median of its last ``more // 2`` epochs (the second half of the
+    epochs after first use), when the runtime's code has warmed up and ``unrolled: 'auto'`` has created the unrolled
+    graphs that pay; TF.js's the same way."""
+    return float(np.median(np.asarray(times, dtype=float)[-max(1, more // 2):]))
+
+
 def run_tfjs_case(key: str, engines: list[str], repeats: int, epochs: int, more: int, rows: int | None = None) -> dict:
     n, features, hidden = TFJS_CASES[key]
     n = rows or n
@@ -372,20 +380,20 @@ def run_tfjs_case(key: str, engines: list[str], repeats: int, epochs: int, more:
                     if e in results:
                         page = results[e]
                         out[e]["first_use_s"].append(page["firstUseMs"] / 1e3)
-                        out[e]["epoch_s"].append(float(np.median(page["epochMs"][epochs:])) / 1e3)
+                        out[e]["epoch_s"].append(steady_epoch(np.array(page["epochMs"]) / 1e3, more))
                         out[e]["extra"] = {k: page.get(k) for k in ("threads", "isolated", "runs", "backend")}
                         losses = page["losses"]
                     elif e == "tfjs-node":
                         got = _node_json(["bench/tfjs-epoch-times.mjs", "wasm", str(folder / "weights.json"),
                                           str(folder / "X.f32"), str(folder / "y.f32"), str(n), str(epochs + more),
                                           str(TFJS_BATCH), *map(str, ADAM.values())])
-                        out[e]["epoch_s"].append(per_repeat(got["times"]))
+                        out[e]["epoch_s"].append(steady_epoch(got["times"], more))
                         losses = got["losses"]
                     else:
                         got = _node_json(["bench/epoch-times.mjs", "web" if e == "wasm" else "node",
                                           str(folder / "package"), str(folder / "X.f32"), str(folder / "y.f32"),
                                           str(n), str(epochs + more)])
-                        out[e]["epoch_s"].append(per_repeat(got["times"]))
+                        out[e]["epoch_s"].append(steady_epoch(got["times"], more))
                         losses = got["losses"]
                     out[e]["losses"] = losses
                     first = out[e]["first_use_s"][-1] * 1e3 if out[e]["first_use_s"] else None
@@ -451,7 +459,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tfjs-cases", default=",".join(TFJS_CASES), help=f"comma-separated, of {','.join(TFJS_CASES)}")
     p.add_argument("--tfjs-rows", type=int, default=None, help="rows of every TF.js case (default: each case's)")
     p.add_argument("--tfjs-epochs", type=int, default=3, help="epochs of first use")
-    p.add_argument("--tfjs-more", type=int, default=5, help="epochs of the second fit (the steady epoch)")
+    p.add_argument("--tfjs-more", type=int, default=20,
+                   help="epochs after first use (the steady epoch: the median of their second half)")
     p.add_argument("--out", default=str(RESULTS / "portable.json"))
     return p.parse_args(argv)
 

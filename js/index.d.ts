@@ -387,7 +387,8 @@ export interface LoadOptions {
    * the package has it */
   flat?: boolean | 'auto';
   /** with flat: run K full batches at once by the package's unrolled graphs steps_<K>.onnx: 'auto' (default) once
-   * one pays for its creation over the rest of the fit (measured as it runs), true wherever one fits, false never */
+   * one pays for its creation over the rest of the fit (measured as it runs; downloaded while single steps go on),
+   * true wherever one fits, false never */
   unrolled?: boolean | 'auto';
 }
 

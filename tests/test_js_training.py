@@ -151,13 +151,8 @@ def test_shuffle_and_schedules_follow_python():
         assert rates == expected, s["name"]
 
 
-def test_unrolled_runs_reach_the_single_step_weights(tmp_path):
-    """A package with unrolled graphs of 2, 4 and 8 steps, 230 rows in batches of 16 (14 full batches and 6 rows,
-    not a multiple of 8 * 16): each epoch runs steps_8, steps_4, steps_2, then step_flat for the short batch (4 runs
-    instead of 15), on onnxruntime-node and WebAssembly, and ends at the weights of the reference loop's single steps
-    (the tolerance rule) with ``unrolled: true``; with ``unrolled: false``, and with the default ``'auto'`` (45 steps don't pay
-for an unrolled graph's creation), node runs 15 steps per epoch to the same weights."""
-    require_node()
+def _unrolled_package(tmp_path):
+    """An MLP's package with unrolled graphs of 2, 4 and 8 steps, and its 230 rows (batches of 16)."""
     X, y = make_regression(230, n_features=5, noise=1.0, random_state=1)
     X, y = X.astype(np.float32), (y / 50).astype(np.float32)
     mlp = MLPRegressor(hidden_layer_sizes=(8,), max_iter=1, random_state=0)
@@ -168,22 +163,74 @@ for an unrolled graph's creation), node runs 15 steps per epoch to the same weig
                                        learning_rate=optimizer("adam"), batch_size=16)
     folder = ortflow.export_training_package(est, tmp_path / "pkg", max_unrolled=8)
     assert [u["steps"] for u in TrainingPackage(folder).manifest["unrolled"]] == [2, 4, 8]
+    return folder, X, y
+
+
+def _train_node(tmp_path, name, kind, load, folder, X, y, fits, fails=False):
+    """The report and the state of a job of js/test/train-cases.mjs; with ``fails``, the error it wrote."""
+    job = {"package": str(folder), "load": load, "X": X, "y": y, "fits": fits, "state": str(tmp_path / name),
+           "prediction": str(tmp_path / f"{name}.json"), "predictX": X[:2]}
+    node("test/train-cases.mjs", kind, write_jobs(tmp_path / f"{name}-jobs.json", [job]))
+    error = tmp_path / f"{name}.error.json"
+    if fails:
+        return json.loads(error.read_text())
+    assert not error.exists(), error.read_text()
+    return json.loads((tmp_path / f"{name}.json").read_text()), load_training_state(folder, tmp_path / name)
+
+
+def test_unrolled_runs_reach_the_single_step_weights(tmp_path):
+    """A package with unrolled graphs of 2, 4 and 8 steps, 230 rows in batches of 16 (14 full batches and 6 rows,
+    not a multiple of 8 * 16): each epoch runs steps_8, steps_4, steps_2, then step_flat for the short batch (4 runs
+    instead of 15), on onnxruntime-node and WebAssembly, and ends at the weights of the reference loop's single steps
+    (the tolerance rule) with ``unrolled: true``; with ``unrolled: false``, and with the default ``'auto'`` (45 steps don't pay
+for an unrolled graph's creation), node runs 15 steps per epoch to the same weights."""
+    require_node()
+    folder, X, y = _unrolled_package(tmp_path)
     reference = train_package(folder, X, y, **FIT)
     runs = {"node": ("node", {"unrolled": True}), "web": ("web", {"unrolled": True}),
             "node-single": ("node", {"unrolled": False}), "node-auto": ("node", {})}
     for name, (kind, load) in runs.items():
-        job = {"package": str(folder), "load": load, "X": X, "y": y, "fits": [FIT], "state": str(tmp_path / name),
-               "prediction": str(tmp_path / f"{name}.json"), "predictX": X[:2]}
-        node("test/train-cases.mjs", kind, write_jobs(tmp_path / f"{name}-jobs.json", [job]))
-        assert not os.path.exists(tmp_path / f"{name}.error.json"), (tmp_path / f"{name}.error.json").read_text()
-        done = json.loads((tmp_path / f"{name}.json").read_text())
+        done, state = _train_node(tmp_path, name, kind, load, folder, X, y, [FIT])
         # 'auto' (the default): 45 steps never pay for an unrolled graph's creation
         assert done["runs"] == 3 * (15 if name in ("node-single", "node-auto") else 4), name
         assert done["unrolled"] == ([] if name == "node-single" else [2, 4, 8])
-        state = load_training_state(folder, tmp_path / name)
         assert (state.steps, state.epochs) == (reference.steps, 3) and reference.steps == 45
         for tensor, expected in reference.tensors.items():
             np.testing.assert_allclose(state.tensors[tensor], expected, rtol=0,
                                        atol=weights_atol(reference.steps, expected), err_msg=f"{name}: {tensor}")
         losses = [r["loss"] for r in done["epochs"]]
         assert losses[-1] < losses[0]
+
+
+
+def test_a_long_auto_fit_reads_the_unrolled_graphs_in_the_background_and_runs_them(tmp_path):
+    """The default ``unrolled: 'auto'`` over a fit long enough (2,000 epochs, 30,000 steps) to pay for an unrolled
+    graph's creation many times over: the fit reads the graph while single steps go on, then runs it (fewer runtime
+    runs than steps), and reaches the weights of single steps on the same runtime (the tolerance rule; Python's
+    reference loop on another onnxruntime drifts further over 30,000 Adam steps than the rule's bound)."""
+    require_node()
+    folder, X, y = _unrolled_package(tmp_path)
+    fit = {**FIT, "epochs": 2000}
+    done, state = _train_node(tmp_path, "auto", "node", {}, folder, X, y, [fit])
+    single, reference = _train_node(tmp_path, "single", "node", {"unrolled": False}, folder, X, y, [fit])
+    assert (state.steps, state.epochs) == (reference.steps, 2000) and reference.steps == 30_000
+    # 8 runs an epoch once steps_2 runs (16,000 in all had it run from the start), 4 once steps_8 does
+    assert single["runs"] == 30_000 and done["runs"] < reference.steps * 0.9, done["runs"]
+    for tensor, expected in reference.tensors.items():  # the same runtime: equal here (the rule covers another CPU)
+        np.testing.assert_allclose(state.tensors[tensor], expected, rtol=0,
+                                   atol=weights_atol(reference.steps, expected), err_msg=tensor)
+
+
+def test_an_unrolled_graph_read_in_the_background_that_fails_its_checksum_stops_the_fit(tmp_path):
+    """'auto' reads an unrolled graph while single steps go on; a file that does not match the manifest's checksum is
+    thrown by the fit's next step, naming the file, as ``unrolled: true`` throws it (tests/test_js_errors.py)."""
+    require_node()
+    folder, X, y = _unrolled_package(tmp_path)
+    for k in (2, 4, 8):
+        path = folder / f"steps_{k}.onnx"
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+    error = _train_node(tmp_path, "tampered", "node", {}, folder, X, y, [{**FIT, "epochs": 2000}], fails=True)
+    assert error["name"] == "TrainingPackageError", error
+    assert "does not match the manifest's checksum" in error["message"] and "steps_" in error["message"], error

@@ -43,9 +43,15 @@ const YIELD_EVERY_MS = 40;
 /** the share of a single step's time an unrolled graph of K steps is first assumed to save per step, times
  * (1 - 1/K): its runs then measure it (the runtime's overhead per run is most of a small step's time) */
 const ASSUMED_SAVING = 0.5;
-/** a graph's run time is the median of its last RECENT_RUNS runs; the unrolled graphs wait for 2 * RECENT_RUNS single
- * steps */
+/** a graph's run time is the median of its last RECENT_RUNS runs */
 const RECENT_RUNS = 9;
+/** the single step's time is steady (the unrolled graphs are considered) once the median of its last RECENT_RUNS runs
+ * is no more than STEADY_DROP below the median of the RECENT_RUNS runs STEADY_WINDOWS windows before: while the
+ * runtime's code warms up (V8 compiles WebAssembly in tiers; the first epoch of a wide MLP ran 5-10x slower than
+ * later ones in Chromium) single steps look far dearer than they are, and an unrolled graph created for them did
+ * not pay */
+const STEADY_DROP = 0.15;
+const STEADY_WINDOWS = 4;
 /** the smallest ONNX graph (Identity of one float, opset 13): onnxruntime-web starts its runtime (the WebAssembly
  * engine's download and compilation) on the first session, so Trainer.load creates this one while the package
  * downloads */
@@ -174,13 +180,18 @@ export class Trainer {
     /** the unrolled step graphs fit runs for runs of full batches (the manifest's `unrolled`), by steps: K -> entry */
     this.unrolled = new Map(ladder.map((plan) => [plan.steps, plan.entry]));
     this._ladder = new Map(ladder.map((plan) => [plan.steps, plan]));
+    /** the unrolled graphs' sessions by steps: promises (read and created once), and those created */
     this._unrolledSessions = new Map();
+    this._unrolledReady = new Map();
+    /** why an unrolled graph's file or session failed, thrown by the fit that asked for it */
+    this._unrolledError = null;
     /** how fit chooses unrolled graphs: 'auto' (when they pay), true (always where they fit), false (never) */
     this._unrolledMode = 'auto';
     /** each graph's run time (ms) by its steps (1: the single step), measured by fit: {ms, count, recent} */
     this._runTimes = new Map();
-    /** what reading and creating a session of the single step took per byte of its graph (ms), set by load */
-    this._costs = {readMsPerByte: 0, createMsPerByte: 0};
+    /** what creating a session took per byte of its graph (ms): the single step's, set by load, then the latest
+     * unrolled graph's */
+    this._costs = {createMsPerByte: 0};
     this._reader = null;
     this._predict = null;
     this._fitting = null;
@@ -273,13 +284,11 @@ export class Trainer {
     const ladderPlans = ladder.map((u) => graphPlan(m, u, u.file));
     const sessionSettings = {executionProviders: [onNode ? 'cpu' : 'wasm'], intraOpNumThreads: 1,
       interOpNumThreads: 1, ...(sessionOptions || {}), ...(executionProviders ? {executionProviders} : {})};
-    const costs = {readMsPerByte: 0, createMsPerByte: 0};
+    const costs = {createMsPerByte: 0};
     const files = {};
     const read = async (name) => (files[name] = await readChecked(reader, m, name));
     const stepSession = (async () => {  // created as soon as its graph is read, while the other files download
-      const started = now();
       const bytes = await read(single.file);
-      costs.readMsPerByte = (now() - started) / bytes.length;
       await runtimeStarted;
       const created = now();
       const session = await createSession(ort, bytes, sessionSettings,
@@ -529,10 +538,10 @@ export class Trainer {
         let singleUntil = 0; // a run of an unrolled graph with a non-finite loss goes again one step at a time
         while (start < n && !stopped()) {
           const count = start >= singleUntil ?
-            this._unrolledCount(n - start, batchSize, epochs - e - 1, fullBatches) : 0;
+            await this._unrolledReadyCount(n - start, batchSize, epochs - e - 1, fullBatches) : 0;
           const plan = count ? this._ladder.get(count) : this._single;
           const rows = count ? count * batchSize : Math.min(batchSize, n - start);
-          const session = count ? await this._unrolledSession(count) : this._step;
+          const session = count ? this._unrolledReady.get(count) : this._step;
           const began = now();
           const out = await watchedRun(this._device, session, this._feeds(plan, this._batch(batchers, order, start,
             rows), state, rateTensor, this.steps + 1), plan);
@@ -587,11 +596,33 @@ export class Trainer {
   }
 
   /**
+   * The steps K of the unrolled graph the next run runs, its session created; 0: a single step. With
+   * `unrolled: true` the session of `_unrolledCount`'s graph is created first (the fit waits). With 'auto' a graph
+   * that pays is read in the background while single steps go on, and runs once its session exists (reading is I/O:
+   * only the session's creation holds up the steps). A file or session that failed is thrown here.
+   */
+  async _unrolledReadyCount(rowsLeft, batchSize, epochsAfter, fullBatches) {
+    const failed = () => {
+      const err = this._unrolledError;
+      this._unrolledError = null;  // a later fit reads the file again
+      return err;
+    };
+    if (this._unrolledError) throw failed();
+    const count = this._unrolledCount(rowsLeft, batchSize, epochsAfter, fullBatches);
+    if (!count || this._unrolledReady.has(count)) return count;
+    const session = this._unrolledSession(count);
+    if (this._unrolledMode !== true) return 0;
+    await session;
+    if (this._unrolledError) throw failed();
+    return count;
+  }
+
+  /**
    * The steps K of the unrolled graph the next run of `rowsLeft` rows of the epoch runs (the epochs after it have
    * `fullBatches` full batches each); 0: a single step. With `unrolled: true` the largest graph that fits; with
-   * 'auto' the one that saves the most time over the steps it can still run in this fit, its creation (reading its
-   * file and compiling its session, estimated per byte from the single step's) counted until it exists: none before
-   * the single step's time is measured, nor when no graph pays.
+   * 'auto' the one that saves the most time over the steps it can still run in this fit, its session's creation
+   * (estimated per byte from the latest session's) counted until it exists: none before the single step's time is
+   * measured, nor when no graph pays.
    */
   _unrolledCount(rowsLeft, batchSize, epochsAfter, fullBatches) {
     let best = 0;
@@ -603,11 +634,10 @@ export class Trainer {
         if (k > best) best = k;
         continue;
       }
-      if (!single || single.count < 2 * RECENT_RUNS) return 0;
+      if (!single || !single.steady) return 0;
       const steps = Math.floor(rowsLeft / batchSize / k) * k + epochsAfter * Math.floor(fullBatches / k) * k;
       const cost = this._unrolledSessions.has(k) ? 0 :
-        (this._costs.readMsPerByte + this._costs.createMsPerByte) * (this.manifest.files[this._ladder.get(k)
-          .entry.file].bytes || 0);
+        this._costs.createMsPerByte * (this.manifest.files[this._ladder.get(k).entry.file].bytes || 0);
       const gain = steps * this._savingPerStep(k, single.ms) - cost;
       if (gain > bestGain) {
         best = k;
@@ -632,19 +662,26 @@ export class Trainer {
   }
 
   /** A run's wall time (ms) of the graph of `steps` steps: per graph, the median of its last RECENT_RUNS runs (the
-   * first runs are slower: the runtime's code warms up) and how many ran. */
+   * first runs are slower: the runtime's code warms up), how many ran, and whether the median stopped falling
+   * (`steady`: against the median of each full window of RECENT_RUNS runs before, the last STEADY_WINDOWS kept). */
   _timed(steps, ms) {
     let t = this._runTimes.get(steps);
-    if (!t) this._runTimes.set(steps, t = {ms, count: 0, recent: []});
+    if (!t) this._runTimes.set(steps, t = {ms, count: 0, recent: [], windows: [], steady: false});
     t.recent.push(ms);
     if (t.recent.length > RECENT_RUNS) t.recent.shift();
     const sorted = [...t.recent].sort((a, b) => a - b);
     t.ms = sorted[sorted.length >> 1];
     t.count += 1;
+    if (t.count % RECENT_RUNS === 0) {
+      t.steady = t.windows.length === STEADY_WINDOWS && t.ms >= (1 - STEADY_DROP) * t.windows[0];
+      t.windows.push(t.ms);
+      if (t.windows.length > STEADY_WINDOWS) t.windows.shift();
+    }
   }
 
-  /** The session of the unrolled graph of `count` steps, its file read (and checked) the first time. */
-  async _unrolledSession(count) {
+  /** The unrolled graph of `count` steps read (and checked) and its session created, once: a promise that never
+   * rejects (a failure is kept in `_unrolledError`). */
+  _unrolledSession(count) {
     if (!this._unrolledSessions.has(count)) {
       const {entry} = this._ladder.get(count);
       const costs = this._costs;
@@ -653,9 +690,17 @@ export class Trainer {
         const created = await createSession(this.ort, bytes, this._sessionOptions,
           {entry, path: `unrolled[${this.manifest.unrolled.indexOf(entry)}]`, where: this.where});
         costs.createMsPerByte = (now() - started) / bytes.length;  // the latest: the runtime's code warmed up
+        if (this._disposed) {
+          await created.release();
+        } else {
+          this._unrolledReady.set(count, created);
+        }
         return created;
+      }).catch((err) => {
+        this._unrolledError = err;
+        this._unrolledSessions.delete(count);
+        return null;
       });
-      session.catch(() => this._unrolledSessions.delete(count));
       this._unrolledSessions.set(count, session);
     }
     return this._unrolledSessions.get(count);
@@ -745,8 +790,9 @@ export class Trainer {
     }
     this._disposed = true;
     if (this._device) this._device.stop();
-    const sessions = [this._step, ...this._unrolledSessions.values()];
+    const sessions = [this._step, ...this._unrolledReady.values()];  // one created after this releases itself
     this._unrolledSessions.clear();
+    this._unrolledReady.clear();
     let predict = null;
     if (this._predict) {  // a prediction running now releases its session when it ends
       this._predict.stale = true;
