@@ -268,14 +268,15 @@ def _assert_same_cells(converted: dict, feeds: dict) -> None:
 
 def test_the_conversion_of_edge_cells_is_the_served_models(mixed, tmp_path):
     """Cells of every kind written as a CSV may write them (spaces, signs, exponents, letter cases, the texts
-    read_csv reads as missing, quoted text, times of day, dates before 1970), converted by the library as the
+    read_csv reads as missing, quoted text, times of day, dates before 1970 down to the first day pandas holds),
+    converted by the library as the
     served model converts the same file read by pandas, and JSON's values as it converts a request's."""
     csv = tmp_path / "edge.csv"
     csv.write_text("area,garden,city,sold,target\n" + "\n".join([
         '1.5,True,paris,2020-01-05,1', ' 2.5,FALSE, lyon,1969-12-31,2', '+3,true,NA,1970-01-01,3',
         '-4e1,false,,2020-01-05 23:30,4', '.5,TRUE,1,2020-01-05T10:00:00,5', '6.,,007,,6', 'NA,NA,"a,b",NA,7',
         ',True,"say ""hi""",1900-02-28,8', 'nan,False,\u00e9t\u00e9,2000-02-29,9',
-        '1e-50,tRuE,None,2262-04-11,10']) + "\n")
+        '1e-50,tRuE,None,2262-04-11,10', '0,false,x,1677-09-22,11']) + "\n")
     pre = mixed.package.manifest["preprocess"]
     inputs = mixed.package.record.data_inputs
     _assert_same_cells(_converted(mixed.folder, csv), table_feeds(pd.read_csv(csv), pre["columns"], inputs,

@@ -243,6 +243,9 @@ def test_days_since_1970_from_what_users_hold():
     assert to_days(np.array([pd.Timestamp("1970-01-03"), None, np.nan], dtype=object)).tolist() == \
         [2, MISSING_DAY, MISSING_DAY]
     assert to_days(np.array([5, -3])).tolist() == [5, -3]
+    # the first days pandas holds at nanoseconds, and a time before midnight (floored), NaT beside them
+    ns = np.array(["1677-09-22", "1969-12-31T23:00", "NaT", "2262-04-11"], dtype="datetime64[ns]")
+    assert to_days(ns).tolist() == [-106751, -1, MISSING_DAY, 106751]
 
 
 def test_date_parts_in_onnx_equal_sklearn_s_transform():

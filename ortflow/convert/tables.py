@@ -166,8 +166,13 @@ def to_days(values) -> np.ndarray:
         array = array.astype("datetime64[D]")
     if array.dtype.kind != "M":
         raise TypeError(f"dates of dtype {array.dtype}: expected datetime64, date strings or day counts")
-    # floor to days (numpy rounds toward -inf), then count them; NaT stays the smallest int64
-    return array.astype("datetime64[D]").astype(np.int64)
+    unit, count = np.datetime_data(array.dtype)
+    if unit in ("Y", "M", "W", "D"):  # whole days already (NaT stays the smallest int64)
+        return array.astype("datetime64[D]").astype(np.int64)
+    # ticks floored to days in integers: numpy's own datetime64[ns] -> [D] gave 1677-09-22 as +106751 (numpy 2.4)
+    ticks = array.astype(np.int64)
+    days = np.floor_divide(ticks, np.timedelta64(1, "D") // np.timedelta64(count, unit))
+    return np.where(np.isnat(array), MISSING_DAY, days).astype(np.int64)
 
 
 def _datetime64(value) -> np.datetime64:

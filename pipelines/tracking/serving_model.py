@@ -160,8 +160,7 @@ def table_feeds(model_input, columns: dict[str, str], inputs, text_missing: str)
             ambiguous = [r for r, v in enumerate(raw.tolist()) if isinstance(v, str) and _AMBIGUOUS_DATE.match(v)]
             problems += [f"column {name!r} row {r}: {raw.iloc[r]!r}, an ambiguous date (day or month first?): send "
                          "it as ISO text, YYYY-MM-DD" for r in ambiguous]
-            days = values.to_numpy("datetime64[ns]").astype("datetime64[D]").astype(np.int64)
-            feeds[name] = days.reshape(-1, 1)
+            feeds[name] = _days(values.to_numpy("datetime64[ns]")).reshape(-1, 1)
         else:
             text = [text_missing if gap else _text(v) for v, gap in zip(raw.tolist(), absent)]
             feeds[name] = np.array(text, dtype=object).reshape(-1, 1)
@@ -169,6 +168,14 @@ def table_feeds(model_input, columns: dict[str, str], inputs, text_missing: str)
         shown = "; ".join(problems[:SHOWN]) + (f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else "")
         raise invalid(f"{len(problems)} input cells do not fit their column ({shown})")
     return feeds
+
+
+def _days(values: np.ndarray) -> np.ndarray:
+    """int64 days since 1970-01-01 of datetime64[ns] values, floored; NaT the smallest int64 (what
+    ``ortflow.convert.tables.to_days`` gives the training data; this file imports no ortflow). Integer division:
+    numpy's own ``[ns] -> [D]`` cast gave 1677-09-22 as +106751 (numpy 2.4)."""
+    days = np.floor_divide(values.astype(np.int64), 86_400 * 10**9)
+    return np.where(np.isnat(values), np.iinfo(np.int64).min, days).astype(np.int64)
 
 
 def _cell(value) -> str:
