@@ -537,8 +537,10 @@ export class Trainer {
         let batch = 0;
         let singleUntil = 0; // a run of an unrolled graph with a non-finite loss goes again one step at a time
         while (start < n && !stopped()) {
-          const count = start >= singleUntil ?
-            await this._unrolledReadyCount(n - start, batchSize, epochs - e - 1, fullBatches) : 0;
+          if (this._unrolledError) throw this._takeUnrolledError();
+          let count = start >= singleUntil ?
+            this._unrolledCount(n - start, batchSize, epochs - e - 1, fullBatches) : 0;
+          if (count && !this._unrolledReady.has(count)) count = await this._whenCreated(count);
           const plan = count ? this._ladder.get(count) : this._single;
           const rows = count ? count * batchSize : Math.min(batchSize, n - start);
           const session = count ? this._unrolledReady.get(count) : this._step;
@@ -596,25 +598,23 @@ export class Trainer {
   }
 
   /**
-   * The steps K of the unrolled graph the next run runs, its session created; 0: a single step. With
-   * `unrolled: true` the session of `_unrolledCount`'s graph is created first (the fit waits). With 'auto' a graph
-   * that pays is read in the background while single steps go on, and runs once its session exists (reading is I/O:
-   * only the session's creation holds up the steps). A file or session that failed is thrown here.
+   * The steps the next run runs when `_unrolledCount` chose the graph of `count` steps, whose session does not exist
+   * yet. With `unrolled: true` the fit waits for it: `count`. With 'auto' it is read in the background while single
+   * steps go on (reading is I/O: only the session's creation holds up the steps): 0. A failure is thrown.
    */
-  async _unrolledReadyCount(rowsLeft, batchSize, epochsAfter, fullBatches) {
-    const failed = () => {
-      const err = this._unrolledError;
-      this._unrolledError = null;  // a later fit reads the file again
-      return err;
-    };
-    if (this._unrolledError) throw failed();
-    const count = this._unrolledCount(rowsLeft, batchSize, epochsAfter, fullBatches);
-    if (!count || this._unrolledReady.has(count)) return count;
+  async _whenCreated(count) {
     const session = this._unrolledSession(count);
     if (this._unrolledMode !== true) return 0;
     await session;
-    if (this._unrolledError) throw failed();
+    if (this._unrolledError) throw this._takeUnrolledError();
     return count;
+  }
+
+  /** The error of an unrolled graph's file or session, for the fit to throw; a later fit reads the file again. */
+  _takeUnrolledError() {
+    const err = this._unrolledError;
+    this._unrolledError = null;
+    return err;
   }
 
   /**
